@@ -1,0 +1,1 @@
+"""What happened during a run: timed events (trace), memory by category, and traced communication."""

@@ -1,0 +1,196 @@
+"""Per-rank memory by category, measured by torch's own tracker (not estimated).
+
+``torch.distributed._tools.mem_tracker.MemTracker`` is a TorchDispatchMode that sees every tensor
+a rank allocates and labels it Parameter / Buffer / Gradient / Activation / Temp / Optstate /
+Other. We keep its bookkeeping and replace its per-module peak statistics (which deep-copy a
+snapshot per op) with a cheap per-op sample: that gives the curve over time, the peak by
+category, and the simulated device capacity check (a rank over capacity fails like a GPU).
+"""
+from __future__ import annotations
+
+import re
+import time
+import weakref
+from contextlib import contextmanager
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.tensor import DTensor
+
+from mpkit.runtime.errors import DeviceOutOfMemory
+
+# Our categories; MemTracker's Parameter+Buffer -> parameters, Gradient -> gradients,
+# Optstate -> optimizer, Activation -> activations, Temp (backward temporaries)+Other -> other.
+CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "other")
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_bytes(value) -> int | None:
+    """``"64MiB"`` / ``"1.5GB"`` / ``4096`` -> bytes; ``None`` stays ``None`` (no capacity)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"device_memory={value!r} is not a size; write e.g. '64MiB', '2GB' or a number of bytes")
+        number = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if number <= 0:
+        raise ValueError(f"device_memory={value!r} must be positive")
+    return int(number)
+
+
+def mib(n_bytes: float) -> float:
+    return n_bytes / 2**20
+
+
+class _SamplingTracker(MemTracker):
+    """MemTracker that samples after every op instead of keeping per-module snapshots.
+
+    The module hooks keep only what categorisation needs: parameters seen in a forward get
+    gradient hooks, and a forward re-run inside backward marks an activation-checkpoint region.
+    """
+
+    def __init__(self, owner: "MemoryTracker"):
+        super().__init__()
+        self._owner = owner
+        self._seen_modules = weakref.WeakSet()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # The parent's version also handles fake-tensor (SAC) tracing and walks outputs with
+        # pytree; we only run eager, so a flat walk keeps the per-op cost low.
+        if DTensor in types:
+            return NotImplemented  # let DTensor desugar into local ops, which we then see
+        res = func(*args, **(kwargs or {}))
+        if self._in_opt:
+            reftype = _MemRefType.OPT
+        elif self._mod_tracker.is_bw and not self._in_ac:
+            reftype = _MemRefType.TEMP
+        else:
+            reftype = _MemRefType.ACT
+        for out in (res if isinstance(res, (tuple, list)) else (res,)):
+            if isinstance(out, torch.Tensor):
+                self._track(reftype, out)
+        self._owner._on_op(self._curr_mem_snap)
+        return res
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        if module not in self._seen_modules:
+            self._seen_modules.add(module)
+            self._track_module_params_and_buffers(module, install_grad_hooks=True)
+        elif self._mod_tracker.is_bw and self._ac_mod is None:
+            self._ac_mod = weakref.ref(module)
+            self._in_ac = True
+
+    def _post_fw_hook(self, module, inputs, outputs) -> None:
+        if self._mod_tracker.is_bw and self._ac_mod is not None and self._ac_mod() is module:
+            self._ac_mod = None
+            self._in_ac = False
+
+    def _pre_bw_hook(self, module, args) -> None:
+        pass
+
+    def _post_bw_hook(self, module, args) -> None:
+        pass
+
+
+class MemoryTracker:
+    """``ctx.memory``: wrap the training loop in ``with ctx.memory.track(model, optimizer):``.
+
+    Samples are (seconds, {category: bytes}) on the trace clock, so memory lines up with the
+    timeline. ``capacity`` (bytes) makes the rank raise ``DeviceOutOfMemory`` when exceeded.
+    """
+
+    def __init__(self, rank=0, device=None, capacity=None, enabled=True, clock=time.perf_counter):
+        self.rank = rank
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.capacity = capacity
+        self.enabled = enabled
+        self.clock = clock
+        self.samples: list[tuple[float, tuple[int, ...]]] = []
+        self.peak_total = 0
+        self.peak_breakdown = (0,) * len(CATEGORIES)
+        self._max = (0,) * len(CATEGORIES)
+        self._tracker = None
+        self.step = None
+
+    # ---- recording ----
+    @contextmanager
+    def track(self, *objects):
+        """Track everything allocated inside, plus the given modules/optimizers/tensors made before."""
+        if not self.enabled:
+            yield self
+            return
+        tracker = _SamplingTracker(self)
+        self._tracker = tracker
+        with tracker:
+            tracker.track_external(*objects)
+            self._on_op(tracker._curr_mem_snap)
+            yield self
+        self._tracker = None
+
+    def _on_op(self, snapshot) -> None:
+        dev = snapshot.get(self.device)
+        if dev is None:
+            return
+        get = dev.get
+        values = (get("Parameter", 0) + get("Buffer", 0), get("Gradient", 0), get("Optstate", 0),
+                  get("Activation", 0), get("Temp", 0) + get("Other", 0))
+        self.samples.append((self.clock(), values))
+        total = sum(values)
+        if total > self.peak_total:
+            self.peak_total = total
+            self.peak_breakdown = values
+        if values != self._max:
+            self._max = tuple(map(max, values, self._max))
+        if self.capacity is not None and total > self.capacity:
+            self._out_of_memory(dict(zip(CATEGORIES, values)), total)
+
+    def _out_of_memory(self, values, total):
+        raise DeviceOutOfMemory(
+            f"rank {self.rank}: simulated device out of memory: tried to hold {mib(total):.1f} MiB "
+            f"but capacity is {mib(self.capacity):.1f} MiB "
+            f"(parameters {mib(values['parameters']):.1f}, gradients {mib(values['gradients']):.1f}, "
+            f"optimizer {mib(values['optimizer']):.1f}, activations {mib(values['activations']):.1f}, "
+            f"other {mib(values['other']):.1f} MiB). Split the model across more devices, shard "
+            f"optimizer state, or use smaller micro-batches.")
+
+    def current(self) -> dict[str, int]:
+        if not self.samples:
+            return dict.fromkeys(CATEGORIES, 0)
+        return dict(zip(CATEGORIES, self.samples[-1][1]))
+
+    def reset_peak(self) -> None:
+        """Start a new peak measurement (e.g. after a warm-up step)."""
+        cur = self.samples[-1][1] if self.samples else (0,) * len(CATEGORIES)
+        self.peak_total = sum(cur)
+        self.peak_breakdown = self._max = cur
+
+    def report(self) -> "MemoryReport":
+        cuda_peak = None
+        if self.device.type == "cuda":
+            cuda_peak = torch.cuda.max_memory_allocated(self.device)
+        return MemoryReport(self.rank, self.capacity, self.peak_total, dict(zip(CATEGORIES, self.peak_breakdown)),
+                            dict(zip(CATEGORIES, self._max)), list(self.samples), cuda_peak)
+
+
+class MemoryReport:
+    """What one rank's memory did, sent back to the caller (plain data, picklable)."""
+
+    def __init__(self, rank, capacity, peak_total, peak_breakdown, max_by_category, samples, cuda_max_allocated=None):
+        self.rank = rank
+        self.capacity = capacity
+        self.peak_total = peak_total
+        self.peak_breakdown = peak_breakdown
+        self.max_by_category = max_by_category
+        self.samples = samples
+        self.cuda_max_allocated = cuda_max_allocated
+
+    def timeline(self, t0=0.0):
+        """[(seconds since t0, {category: bytes}), ...]."""
+        return [(t - t0, dict(zip(CATEGORIES, v))) for t, v in self.samples]
+
+    def __repr__(self):
+        parts = ", ".join(f"{c}={mib(self.max_by_category[c]):.2f}MiB" for c in CATEGORIES)
+        return f"MemoryReport(rank={self.rank}, peak={mib(self.peak_total):.2f}MiB, max: {parts})"

@@ -1,0 +1,180 @@
+"""One event log per run: every compute span and every message, on a clock shared by all ranks.
+
+Plots, bubble measurement, the Chrome trace and the cost-model comparison all read this log, so
+the recorder is deliberately tiny: a list of ``Event`` tuples with start/end in seconds.
+"""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+COMPUTE_KINDS = ("forward", "backward", "optimizer", "compute")
+COMM_KINDS = (
+    "send", "recv", "all_reduce", "all_gather", "reduce_scatter", "broadcast",
+    "reduce", "barrier", "all_to_all", "rpc", "wait",
+)
+IDLE_KIND = "idle"
+KINDS = (*COMPUTE_KINDS, *COMM_KINDS, IDLE_KIND)
+
+
+def category(kind: str) -> str:
+    """'compute', 'comm' or 'idle' for an event kind."""
+    if kind in COMPUTE_KINDS:
+        return "compute"
+    if kind in COMM_KINDS:
+        return "comm"
+    if kind == IDLE_KIND:
+        return "idle"
+    raise ValueError(f"unknown event kind {kind!r}; use one of {', '.join(KINDS)}")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One timed operation on one rank. ``bytes`` is what this rank put on the wire (0 for compute)."""
+
+    rank: int
+    kind: str
+    start: float
+    end: float
+    stage: int | None = None
+    micro_batch: int | None = None
+    bytes: int = 0
+    name: str = ""
+    step: int | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def category(self) -> str:
+        return category(self.kind)
+
+
+@dataclass
+class Trace:
+    """The events of all ranks of one run (or the recorder of one rank while it runs)."""
+
+    events: list[Event] = field(default_factory=list)
+    rank: int = 0
+    enabled: bool = True
+    clock: callable = time.perf_counter
+    step: int | None = None
+
+    # ---- recording (inside a rank) ----
+    def record(self, kind, start, end, *, stage=None, micro_batch=None, bytes=0, name="", rank=None):
+        if self.enabled:
+            category(kind)
+            self.events.append(Event(self.rank if rank is None else rank, kind, start, end,
+                                     stage, micro_batch, int(bytes), name, self.step))
+
+    @contextmanager
+    def span(self, kind, *, stage=None, micro_batch=None, bytes=0, name=""):
+        """Time the body as one event: ``with ctx.trace.span("forward", stage=1, micro_batch=0): ...``."""
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.record(kind, start, self.clock(), stage=stage, micro_batch=micro_batch, bytes=bytes, name=name)
+
+    def now(self) -> float:
+        return self.clock()
+
+    # ---- analysis (on the merged trace) ----
+    @classmethod
+    def merge(cls, traces) -> "Trace":
+        """One trace from per-rank ones, times shifted so the earliest event starts at 0."""
+        events = [e for t in traces for e in t.events]
+        t0 = min((e.start for e in events), default=0.0)
+        shifted = [Event(**{**asdict(e), "start": e.start - t0, "end": e.end - t0}) for e in events]
+        shifted.sort(key=lambda e: (e.rank, e.start))
+        return cls(events=shifted, enabled=False)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({e.rank for e in self.events})
+
+    def of_rank(self, rank: int) -> list[Event]:
+        return [e for e in self.events if e.rank == rank]
+
+    def filter(self, *, kind=None, category=None, step=None) -> "Trace":
+        keep = [e for e in self.events
+                if (kind is None or e.kind == kind)
+                and (category is None or e.category == category)
+                and (step is None or e.step == step)]
+        return Trace(events=keep, enabled=False)
+
+    def window(self) -> tuple[float, float]:
+        """(first start, last end) over all ranks."""
+        if not self.events:
+            return (0.0, 0.0)
+        return (min(e.start for e in self.events), max(e.end for e in self.events))
+
+    def busy_time(self, rank: int, category_name: str) -> float:
+        """Seconds in which ``rank`` did work of a category; overlapping spans count once."""
+        spans = sorted((e.start, e.end) for e in self.of_rank(rank) if e.category == category_name)
+        total, cur_start, cur_end = 0.0, None, None
+        for s, e in spans:
+            if cur_end is None or s > cur_end:
+                if cur_end is not None:
+                    total += cur_end - cur_start
+                cur_start, cur_end = s, e
+            else:
+                cur_end = max(cur_end, e)
+        if cur_end is not None:
+            total += cur_end - cur_start
+        return total
+
+    def bubble_share(self) -> float:
+        """Share of rank-time not spent computing, inside the trace window: the pipeline bubble
+        (plus any communication not hidden behind compute)."""
+        start, end = self.window()
+        span = end - start
+        if span <= 0 or not self.ranks:
+            return 0.0
+        busy = sum(self.busy_time(r, "compute") for r in self.ranks)
+        return 1.0 - busy / (span * len(self.ranks))
+
+    def comm_share(self) -> float:
+        """Share of rank-time during which communication was in flight."""
+        start, end = self.window()
+        span = end - start
+        if span <= 0 or not self.ranks:
+            return 0.0
+        return sum(self.busy_time(r, "comm") for r in self.ranks) / (span * len(self.ranks))
+
+    def bytes_by_kind(self) -> dict[int, dict[str, int]]:
+        """{rank: {kind: bytes sent}} for communication events."""
+        out: dict[int, dict[str, int]] = {}
+        for e in self.events:
+            if e.category == "comm" and e.bytes:
+                out.setdefault(e.rank, {}).setdefault(e.kind, 0)
+                out[e.rank][e.kind] += e.bytes
+        return out
+
+    # ---- export ----
+    def to_chrome(self, path) -> str:
+        """Write a Chrome/Perfetto trace (chrome://tracing, ui.perfetto.dev): one process per rank."""
+        records = []
+        for rank in self.ranks:
+            records.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                            "args": {"name": f"rank {rank}"}})
+            for tid, cat in enumerate(("compute", "comm", "idle")):
+                records.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
+                                "args": {"name": cat}})
+        lanes = {"compute": 0, "comm": 1, "idle": 2}
+        for e in self.events:
+            label = e.kind if e.micro_batch is None else f"{e.kind} mb{e.micro_batch}"
+            args = {k: v for k, v in (("stage", e.stage), ("micro_batch", e.micro_batch),
+                                      ("bytes", e.bytes), ("step", e.step), ("name", e.name)) if v not in (None, "", 0)}
+            records.append({"name": label, "cat": e.category, "ph": "X", "pid": e.rank,
+                            "tid": lanes[e.category], "ts": e.start * 1e6, "dur": max(e.duration, 0.0) * 1e6,
+                            "args": args})
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump({"traceEvents": records, "displayTimeUnit": "ms"}, fh)
+        return str(path)
+
+    def __len__(self):
+        return len(self.events)

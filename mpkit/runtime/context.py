@@ -1,0 +1,51 @@
+"""What ``fn(ctx, ...)`` sees on each rank: who it is, its device, and the recorders."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from mpkit.observe.comm import Comm
+from mpkit.observe.memory import MemoryTracker
+from mpkit.observe.trace import Trace
+
+
+@dataclass
+class RankContext:
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+    trace: Trace
+    memory: MemoryTracker
+    local_rank: int = 0
+    comm: Comm = field(init=False)
+
+    def __post_init__(self):
+        self.comm = Comm(self)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def set_step(self, step: int | None) -> None:
+        """Tag the events recorded from now on with the optimizer step they belong to."""
+        self.trace.step = step
+        self.memory.step = step
+
+
+def make_context(rank, world_size, local_rank, backend, *, device_memory=None, trace=True, memory=True) -> RankContext:
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    return RankContext(
+        rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend,
+        trace=Trace(rank=rank, enabled=trace),
+        memory=MemoryTracker(rank=rank, device=device, capacity=device_memory, enabled=memory),
+    )

@@ -1,0 +1,32 @@
+"""Errors a launch can end with. Each names the rank so a student knows where to look."""
+
+
+class LaunchError(RuntimeError):
+    """A rank failed: raised, died, or (subclass) did not finish in time.
+
+    ``rank`` is the first failing rank, ``traceback`` the text of its traceback (or exit reason),
+    ``output`` what it printed.
+    """
+
+    def __init__(self, message, *, rank=None, traceback="", output="", exc_type=""):
+        super().__init__(message)
+        self.rank = rank
+        self.traceback = traceback
+        self.output = output
+        self.exc_type = exc_type
+
+
+class LaunchTimeout(LaunchError):
+    """No result from some ranks within ``timeout`` seconds (deadlock, a rank that never joined)."""
+
+    def __init__(self, message, *, ranks=(), **kwargs):
+        super().__init__(message, rank=ranks[0] if ranks else None, **kwargs)
+        self.ranks = list(ranks)
+
+
+class DeviceOutOfMemory(RuntimeError):
+    """A simulated device's tracked tensors exceeded its capacity (what a GPU does at its limit)."""
+
+
+class RankOutOfMemory(LaunchError, DeviceOutOfMemory):
+    """In the caller: a rank ran out of (simulated) device memory. Catch either base class."""

@@ -1,0 +1,191 @@
+"""``mpkit.launch``: run ``fn(ctx, *args)`` on N ranks and return their results in rank order.
+
+CPU worlds are forked (0.1 s instead of ~10 s for spawn, and ``fn`` may live in a notebook
+cell). Every rank gets its own process group so teardown kills it and anything it started;
+results travel as plain pickles over pipes (no torch shared memory left behind).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import time
+from multiprocessing.connection import wait
+
+from mpkit.observe.trace import Trace
+from mpkit.runtime.devices import cuda_count
+from mpkit.runtime.errors import LaunchError, LaunchTimeout, RankOutOfMemory
+from mpkit.observe.memory import parse_bytes
+from mpkit.runtime.worker import run_rank
+
+BACKENDS = ("gloo", "nccl")
+
+
+class LaunchResult(list):
+    """The per-rank return values (a list), plus ``.trace`` (all ranks merged), ``.memory``
+    (one MemoryReport per rank) and ``.output`` (what each rank printed)."""
+
+    def __init__(self, results, trace, memory, output, backend):
+        super().__init__(results)
+        self.trace = trace
+        self.memory = memory
+        self.output = output
+        self.backend = backend
+
+
+def free_port() -> int:
+    """A port nobody listens on now, chosen by the OS (so notebooks on one host never collide)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _check_args(fn, world_size, timeout, backend):
+    if not callable(fn):
+        raise TypeError(f"fn must be a function fn(ctx, *args); got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r}: pass a whole number of ranks >= 1, e.g. world_size=4")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout={timeout!r}: pass a positive number of seconds, e.g. timeout=60")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is unknown; use one of {', '.join(BACKENDS)} or None (choose for me)")
+
+
+def choose_backend(world_size, backend=None) -> str:
+    """nccl when there are enough GPUs, gloo (simulated CPU devices) otherwise — only if allowed."""
+    gpus = cuda_count()
+    if backend == "gloo" or (backend is None and gpus == 0):
+        return "gloo"
+    if gpus == 0:
+        raise ValueError("backend='nccl' needs CUDA GPUs and this machine has none; use backend='gloo' "
+                         "(simulated CPU devices) or backend=None")
+    if world_size > gpus:
+        raise ValueError(f"world_size={world_size} is more than the {gpus} GPU(s) here; use world_size<={gpus}, "
+                         f"or backend='gloo' to run on simulated CPU devices instead")
+    return "nccl"
+
+
+def _start_method(backend, fn):
+    if backend == "gloo":
+        return "fork"
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return "fork"  # children initialise CUDA themselves; the parent never did
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:
+        raise TypeError("CUDA is already initialised in this process, so ranks must be spawned and fn must be "
+                        "importable (defined in a .py module, not a notebook cell); or restart the kernel "
+                        f"and launch before touching CUDA ({exc})") from None
+    return "spawn"
+
+
+def _kill_all(procs):
+    for proc in procs:
+        if proc.is_alive():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            except PermissionError:  # pragma: no cover - child had not reached setpgid yet
+                proc.kill()
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():  # pragma: no cover - setpgid race: kill the process itself
+            proc.kill()
+            proc.join()
+
+
+def _death_reason(exitcode):
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode} before returning a result"
+
+
+def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memory=None, trace=True,
+           memory=True) -> LaunchResult:
+    """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return ``[result of rank 0, rank 1, ...]``.
+
+    A rank that raises -> ``LaunchError`` naming it, with its traceback; a rank that dies ->
+    ``LaunchError`` with its exit code; no result within ``timeout`` s -> ``LaunchTimeout``
+    naming the ranks still running. In every case all ranks are gone when this returns.
+    ``device_memory="64MiB"`` gives each simulated device a capacity (out-of-memory like a GPU).
+    """
+    _check_args(fn, world_size, timeout, backend)
+    capacity = parse_bytes(device_memory)
+    backend = choose_backend(world_size, backend)
+    context = mp.get_context(_start_method(backend, fn))
+    options = {"timeout": float(timeout), "device_memory": capacity, "trace": trace, "memory": memory}
+    port = free_port()
+    procs, conns = [], []
+    try:
+        for rank in range(world_size):
+            reader, writer = context.Pipe(duplex=False)
+            proc = context.Process(target=run_rank, name=f"mpkit-rank-{rank}",
+                                   args=(rank, world_size, port, backend, fn, tuple(args), writer, options))
+            proc.start()
+            writer.close()
+            procs.append(proc)
+            conns.append(reader)
+        messages = _collect(procs, conns, float(timeout))
+    finally:
+        _kill_all(procs)
+        for conn in conns:
+            conn.close()
+    results = [m["result"] for m in messages]
+    merged = Trace.merge(Trace(events=m["events"]) for m in messages)
+    return LaunchResult(results, merged, [m["memory"] for m in messages],
+                        [m["output"] for m in messages], backend)
+
+
+def _collect(procs, conns, timeout):
+    """Wait for one message per rank; raise on the first failure, death or the deadline."""
+    deadline = time.monotonic() + timeout
+    messages = [None] * len(procs)
+    pending = set(range(len(procs)))
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            ranks = sorted(pending)
+            raise LaunchTimeout(
+                f"ranks {ranks} had not finished after timeout={timeout:g}s (a deadlock: mismatched collectives, "
+                f"a missing send/recv, or a rank that never joined?); all ranks were stopped", ranks=ranks)
+        ready = wait([conns[r] for r in pending] + [procs[r].sentinel for r in pending], timeout=remaining)
+        for rank in sorted(pending):
+            conn, proc = conns[rank], procs[rank]
+            if conn in ready or (proc.sentinel in ready and conn.poll()):
+                try:
+                    kind, payload = pickle.loads(conn.recv_bytes())
+                except EOFError:
+                    kind, payload = "died", {}
+            elif proc.sentinel in ready:
+                kind, payload = "died", {}
+            else:
+                continue
+            if kind == "died":
+                proc.join(timeout=1)
+                raise LaunchError(f"rank {rank} {_death_reason(proc.exitcode)}", rank=rank,
+                                  traceback=f"rank {rank} {_death_reason(proc.exitcode)}", exc_type="died")
+            _raise_for(kind, rank, payload)
+            messages[rank] = payload
+            pending.discard(rank)
+    return messages
+
+
+def _raise_for(kind, rank, payload):
+    if kind == "ok":
+        return
+    output = payload.get("output", "")
+    if kind == "unpicklable":
+        raise TypeError(f"rank {rank} returned a {payload['type_name']} that cannot be sent back "
+                        f"({payload['error']}); return plain Python values, numbers, lists/dicts or tensors")
+    error_cls = RankOutOfMemory if kind == "oom" else LaunchError
+    raise error_cls(f"rank {rank} failed: {payload['summary']}\n\n--- traceback of rank {rank} ---\n"
+                    f"{payload['traceback']}", rank=rank, traceback=payload["traceback"], output=output,
+                    exc_type=payload["exc_type"])
