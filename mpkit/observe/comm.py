@@ -3,9 +3,11 @@
 ``bytes`` on an event is what this rank put on the wire: exact for send/recv (payload), and for
 collectives the payload size S the op was called with (the name says which algorithm bytes apply,
 e.g. ring all-reduce moves 2(N-1)/N·S; see ``mpkit.sim.formulas``). Async ops record their
-real completion time through the Work's future, so overlap with compute shows in the timeline.
+real completion time (the Work's future, or wait()), so overlap with compute shows in the timeline.
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 import torch.distributed as dist
@@ -19,26 +21,32 @@ def nbytes(tensor: torch.Tensor) -> int:
 
 
 class TracedWork:
-    """A ``dist.Work`` whose completion is logged as one event (start at issue, end when done)."""
+    """A ``dist.Work`` whose completion is logged as one event (start at issue, end when done).
+
+    The end comes from the Work's future where the backend has one (gloo collectives), else
+    from ``wait()`` (gloo isend/irecv raise "getFuture not implemented"). ``wait()`` records too
+    when the callback has not run yet, since gloo may return from wait before running it.
+    """
 
     def __init__(self, work, trace, kind, start, **event):
         self._work = work
-        self._done = False
-        fut = work.get_future() if hasattr(work, "get_future") else None
-        if fut is not None:
-            fut.then(lambda _f: self._record(trace, kind, start, event))
-        else:  # pragma: no cover - every backend we use offers futures
-            self._fallback = (trace, kind, start, event)
+        self._pending = (trace, kind, start, event)
+        self._lock = threading.Lock()
+        try:
+            work.get_future().then(lambda _f: self._record())
+        except RuntimeError:
+            pass
 
-    def _record(self, trace, kind, start, event):
-        if not self._done:
-            self._done = True
-            trace.record(kind, start, trace.now(), **event)
+    def _record(self):
+        with self._lock:
+            if self._pending is not None:
+                trace, kind, start, event = self._pending
+                self._pending = None
+                trace.record(kind, start, trace.now(), **event)
 
     def wait(self):
         self._work.wait()
-        if not self._done and hasattr(self, "_fallback"):
-            self._record(*self._fallback)
+        self._record()
         return True
 
     def is_completed(self):

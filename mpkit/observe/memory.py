@@ -187,6 +187,13 @@ class MemoryReport:
         self.samples = samples
         self.cuda_max_allocated = cuda_max_allocated
 
+    @property
+    def final_by_category(self) -> dict[str, int]:
+        """{category: bytes} when tracking ended: the steady state (optimizer state without
+        the optimizer step's temporaries, gradients as the loop left them)."""
+        values = self.samples[-1][1] if self.samples else (0,) * len(CATEGORIES)
+        return dict(zip(CATEGORIES, values))
+
     def timeline(self, t0=0.0):
         """[(seconds since t0, {category: bytes}), ...]."""
         return [(t - t0, dict(zip(CATEGORIES, v))) for t, v in self.samples]

@@ -1,0 +1,238 @@
+"""The O/X quiz widget: ``quiz.show("pipeline")`` in a notebook, ``quiz.review()`` to drill misses.
+
+State lives in plain Python (each item's choice and whether it is revealed); widget values are
+re-rendered from that state and the current language, so a real button click, ``Quiz.answer()``
+and the language toggle all take one path. Feedback is written into ``HTML`` widget values and
+never printed through an ``Output`` widget, because nbval compares printed output.
+"""
+import html
+from collections import namedtuple
+
+import ipywidgets as W
+
+from mpkit.quiz.bank import ANSWERS, load_bank
+from mpkit.quiz.store import ResultStore
+from mpkit.quiz.text import LANG_LABELS, LANGS, check_lang, t
+
+MODES = ("drill", "exam")
+
+
+class Score(namedtuple("Score", "correct total")):
+    """Correct answers out of the quiz's items; prints as ``7/10``."""
+
+    def __str__(self):
+        return f"{self.correct}/{self.total}"
+
+
+class _ItemView:
+    """The widgets of one item: statement, O and X buttons, feedback."""
+
+    def __init__(self, item, number, on_click):
+        self.item, self.number = item, number
+        self.choice = None      # "O" / "X" once answered (exam: selected, may change until submit)
+        self.revealed = False   # feedback shown (drill: after answering; exam: after submit)
+        self.statement = W.HTML()
+        self.buttons = {}
+        for choice in ANSWERS:
+            button = W.Button(description=choice, layout=W.Layout(width="4em"))
+            button.add_class(f"mpkit-quiz-{choice.lower()}")
+            button.on_click(lambda _button, choice=choice: on_click(item.id, choice))
+            self.buttons[choice] = button
+        self.feedback = W.HTML()
+        self.feedback.add_class("mpkit-quiz-feedback")
+        self.box = W.VBox([self.statement, W.HBox(list(self.buttons.values())), self.feedback])
+        self.box.add_class("mpkit-quiz-item")
+        self.box.add_class(f"mpkit-item-{item.id}")
+
+    @property
+    def correct(self):
+        return self.choice == self.item.answer
+
+    def render(self, lang, locked):
+        self.statement.value = f"<b>{self.number}.</b> {html.escape(self.item.statement[lang])}"
+        for choice, button in self.buttons.items():
+            button.tooltip = t(f"{choice.lower()}_tooltip", lang)
+            button.disabled = locked
+            button.button_style = "info" if choice == self.choice else ""
+        self.feedback.value = self._feedback(lang)
+
+    def _feedback(self, lang):
+        if not self.revealed:
+            return f"{t('selected', lang)}: {self.choice}" if self.choice else ""
+        verdict = t("unanswered" if self.choice is None else "correct" if self.correct else "incorrect", lang)
+        given = f" · {t('your_answer', lang)}: {self.choice}" if self.choice else ""
+        parts = [f"<b>{verdict}</b>{given} · {t('right_answer', lang)}: {self.item.answer}",
+                 f"<b>{t('explanation', lang)}:</b> {html.escape(self.item.explanation[lang])}"]
+        if self.item.corrected:
+            parts.append(f"<b>{t('corrected', lang)}:</b> {html.escape(self.item.corrected[lang])}")
+        return "<br>".join(parts)
+
+
+class Quiz:
+    """A displayable O/X quiz (the ipywidgets tree is ``.widget``).
+
+    Use ``.answer(id, "O"|"X")`` (same path as a click), ``.set_lang("en")``, ``.submit()`` (exam),
+    ``.score`` and ``.feedback`` (id -> feedback HTML) from code and tests.
+    """
+
+    def __init__(self, items, bank, *, lang, mode, store):
+        self.items, self.mode, self.lang = list(items), mode, lang
+        self.submitted = False
+        self._bank, self._store = bank, store
+        self.views = {item.id: _ItemView(item, number, self._on_click)
+                      for number, item in enumerate(self.items, start=1)}
+        self.title = W.HTML()
+        self.lang_toggle = W.ToggleButtons(options=[(LANG_LABELS[code], code) for code in LANGS], value=lang)
+        self.lang_toggle.add_class("mpkit-quiz-lang")
+        self.lang_toggle.observe(self._on_toggle, names="value")
+        self.score_html = W.HTML()
+        self.score_html.add_class("mpkit-quiz-score")
+        self.summary = W.HTML()
+        self.summary.add_class("mpkit-quiz-summary")
+        self.submit_button = None
+        children = [W.HBox([self.title, self.lang_toggle]), *(view.box for view in self.views.values())]
+        if mode == "exam":
+            self.submit_button = W.Button(icon="check")
+            self.submit_button.add_class("mpkit-quiz-submit")
+            self.submit_button.on_click(lambda _button: self.submitted or self._submit())
+            children.append(self.submit_button)
+        self.widget = W.VBox([*children, self.score_html, self.summary])
+        self.widget.add_class("mpkit-quiz")
+        self.widget.add_class(f"mpkit-quiz-{mode}")
+        if not self.items:
+            self.widget.add_class("mpkit-quiz-empty")
+        self._render()
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = repr(self)  # short and stable, unlike the widget tree's repr
+        return bundle
+
+    def __repr__(self):
+        return f"<mpkit quiz: {len(self.items)} items, mode={self.mode}, lang={self.lang}>"
+
+    @property
+    def score(self):
+        """:class:`Score` so far (drill) or after submit (exam; None before)."""
+        if self.mode == "exam" and not self.submitted:
+            return None
+        return Score(sum(view.correct for view in self.views.values()), len(self.items))
+
+    @property
+    def feedback(self):
+        """Item id -> the current value of its feedback widget."""
+        return {item_id: view.feedback.value for item_id, view in self.views.items()}
+
+    def answer(self, item_id, choice):
+        """Answer one item exactly as clicking its O/X button would; ValueError if it cannot be taken."""
+        if item_id not in self.views:
+            raise ValueError(f"item {item_id!r} is not in this quiz; its items: {', '.join(self.views)}")
+        if choice not in ANSWERS:
+            raise ValueError(f'answer with "O" (true) or "X" (false), got {choice!r}')
+        refused = self._accept(item_id, choice)
+        if refused:
+            raise ValueError(refused)
+
+    def set_lang(self, lang):
+        """Switch every statement, tooltip, feedback and UI string to ``lang`` ("ko" or "en")."""
+        self.lang = check_lang(lang)
+        self.lang_toggle.value = lang  # its observer sees no change of language and does nothing
+        self._render()
+
+    def submit(self):
+        """Exam mode: record the answers, reveal feedback, score and per-pitfall summary."""
+        if self.mode != "exam":
+            raise ValueError("submit() is for mode='exam'; in drill mode every answer is checked at once")
+        if self.submitted:
+            raise ValueError("this quiz is already submitted; run the cell again to retake it")
+        self._submit()
+
+    def _on_toggle(self, change):
+        if change["new"] != self.lang:
+            self.set_lang(change["new"])
+
+    def _on_click(self, item_id, choice):
+        self._accept(item_id, choice)  # a click on a locked item is simply ignored
+
+    def _accept(self, item_id, choice):
+        """Take the answer, or return why not (the buttons are disabled in those cases)."""
+        view = self.views[item_id]
+        if self.submitted:
+            return "this quiz is already submitted; run the cell again to retake it"
+        if self.mode == "drill":
+            if view.revealed:
+                return f"{item_id} is already answered; run the cell again (or quiz.review()) to retry"
+            self._store.record([(item_id, choice, choice == view.item.answer)], lang=self.lang, mode="drill")
+            view.revealed = True
+        view.choice = choice
+        self._render()
+        return None
+
+    def _submit(self):
+        answered = [(view.item.id, view.choice, view.correct) for view in self.views.values() if view.choice]
+        if answered:
+            self._store.record(answered, lang=self.lang, mode="exam")
+        self.submitted = True
+        for view in self.views.values():
+            view.revealed = True
+        self._render()
+
+    def _render(self):
+        lang = self.lang
+        topics = {item.topic for item in self.items}
+        name = self._bank.titles[topics.pop()][lang] if len(topics) == 1 else None
+        self.title.value = f"<b>{t('title', lang)}{' · ' + html.escape(name) if name else ''}</b>"
+        self.lang_toggle.tooltip = t("lang_tooltip", lang)
+        for view in self.views.values():
+            view.render(lang, locked=self.submitted or (self.mode == "drill" and view.revealed))
+        if self.submit_button is not None:
+            self.submit_button.description = t("submit", lang)
+            self.submit_button.tooltip = t("submit_tooltip", lang)
+            self.submit_button.disabled = self.submitted
+        if not self.items:
+            self.score_html.value = (f"{html.escape(t('review_empty', 'ko'))}<br>"
+                                     f"{html.escape(t('review_empty', 'en'))}")
+        elif self.mode == "drill":
+            answered = sum(view.revealed for view in self.views.values())
+            self.score_html.value = f"{t('progress', lang)}: {self.score.correct} / {answered} / {len(self.items)}"
+        else:
+            self.score_html.value = f"<b>{t('score', lang)}: {self.score}</b>" if self.submitted else ""
+        self.summary.value = self._pitfall_table(lang) if self.submitted else ""
+
+    def _pitfall_table(self, lang):
+        tally = {}
+        for view in self.views.values():
+            right, total = tally.get(view.item.pitfall, (0, 0))
+            tally[view.item.pitfall] = (right + view.correct, total + 1)
+        rows = "".join(f"<tr><td>{html.escape(self._bank.pitfalls[tag][lang])}</td>"
+                       f"<td>{right}/{total}</td></tr>" for tag, (right, total) in tally.items())
+        return (f"<table><tr><th>{t('pitfall', lang)}</th><th>{t('pitfall_result', lang)}</th></tr>"
+                f"{rows}</table>")
+
+
+def _check_mode(mode):
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'drill' (feedback at once) or 'exam' (feedback after Submit), "
+                         f"got {mode!r}")
+
+
+def show(topic_or_ids, lang="ko", mode="drill", n=None, shuffle=False, seed=None,
+         student=None, results_dir=None, bank_dir=None):
+    """An O/X quiz over a topic, ``"all"``, or a list of item ids; answers are saved per student."""
+    check_lang(lang)
+    _check_mode(mode)
+    bank = load_bank(bank_dir)
+    items = bank.select(topic_or_ids, n=n, shuffle=shuffle, seed=seed)
+    return Quiz(items, bank, lang=lang, mode=mode, store=ResultStore(student, results_dir))
+
+
+def review(lang="ko", n=10, student=None, results_dir=None, bank_dir=None):
+    """Drill the items this student missed, lowest Leitner box first (never-answered items are not
+    missed); with nothing to review the quiz shows a short bilingual message instead."""
+    check_lang(lang)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a whole number of items, 1 or more, got {n!r}")
+    bank = load_bank(bank_dir)
+    store = ResultStore(student, results_dir)
+    ids = [item_id for item_id in store.missed() if item_id in bank.items][:n]
+    return Quiz(bank.select(ids) if ids else [], bank, lang=lang, mode="drill", store=store)

@@ -1,0 +1,155 @@
+"""``mpkit.train``: run one strategy on the built-in model and data, return a ``Run``.
+
+Options are checked here, in the caller, before any rank starts: a bad combination is a
+``ValueError`` that says what to change, never a hang inside the world.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+from mpkit.models import ModelConfig, describe
+from mpkit.observe.memory import CATEGORIES
+from mpkit.runtime.launch import launch
+from mpkit.strategies import get_strategy
+from mpkit.strategies.common import OPTIMIZERS, TrainConfig
+
+_MODEL_FIELDS = {f.name for f in fields(ModelConfig)} - {"kind"}
+_REFERENCE_KEYS = ("steps", "batch_size", "lr", "optimizer", "seed")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Largest absolute differences from the single-device run (losses and every parameter)."""
+
+    loss: float
+    params: float
+    worst_param: str
+
+    @property
+    def max(self) -> float:
+        return max(self.loss, self.params)
+
+    def __float__(self):
+        return self.max
+
+    def __str__(self):
+        return f"max |Δloss| = {self.loss:.2e}, max |Δparam| = {self.params:.2e} (worst: {self.worst_param})"
+
+
+class Run:
+    """The result of ``mpkit.train``: losses per step, the merged trace, per-rank memory, config."""
+
+    def __init__(self, config: TrainConfig, outputs, launch_result):
+        self.config = config
+        self.strategy = config.strategy
+        self.world_size = config.world_size
+        self.outputs = outputs
+        self.losses = next((o.losses for o in outputs if o.losses is not None), [])
+        self.params = {}
+        for out in outputs:  # replicated strategies repeat names: the lowest rank wins
+            for name, tensor in out.params.items():
+                self.params.setdefault(name, tensor)
+        self.trace = launch_result.trace
+        self.memory = launch_result.memory
+        self.backend = launch_result.backend
+        self._reference = None
+
+    @property
+    def extra(self):
+        return [o.extra for o in self.outputs]
+
+    def memory_by_category(self, kind="max") -> list[dict[str, int]]:
+        """Per rank {category: bytes}: ``max`` over the run per category, or ``peak`` breakdown."""
+        return [dict(m.max_by_category if kind == "max" else m.peak_breakdown) for m in self.memory]
+
+    def step_times(self) -> list[float]:
+        """Wall time of each step, from the first to the last event of that step on any rank."""
+        times = []
+        for step in range(self.config.steps):
+            events = [e for e in self.trace.events if e.step == step]
+            if events:
+                times.append(max(e.end for e in events) - min(e.start for e in events))
+        return times
+
+    def reference(self) -> "Run":
+        if self._reference is None:
+            cfg = self.config
+            self._reference = train("single", world_size=1, model=cfg.model,
+                                    **{k: getattr(cfg, k) for k in _REFERENCE_KEYS})
+        return self._reference
+
+    def compare_to_reference(self) -> Comparison:
+        ref = self.reference()
+        missing = sorted(set(ref.params) - set(self.params))
+        if missing:
+            raise RuntimeError(f"strategy {self.strategy!r} did not report parameters {missing[:5]}...")
+        loss_diff = max((abs(a - b) for a, b in zip(self.losses, ref.losses)), default=0.0)
+        worst, param_diff = "", 0.0
+        for name, ref_tensor in ref.params.items():
+            diff = (self.params[name].float() - ref_tensor.float()).abs().max().item()
+            if diff >= param_diff:
+                worst, param_diff = name, diff
+        return Comparison(loss_diff, param_diff, worst)
+
+    def summary(self) -> str:
+        mem = self.memory_by_category()
+        peak = max((m.peak_total for m in self.memory), default=0) / 2**20
+        return (f"{self.strategy} on {self.world_size} rank(s) [{self.backend}] — {describe(self.config.model)}\n"
+                f"  losses: {', '.join(f'{x:.4f}' for x in self.losses)}\n"
+                f"  peak memory per rank: {peak:.2f} MiB; rank 0: "
+                + ", ".join(f"{c} {mem[0][c] / 2**20:.2f}" for c in CATEGORIES) + " MiB\n"
+                f"  bubble share {self.trace.bubble_share():.1%}, comm share {self.trace.comm_share():.1%}")
+
+    def __repr__(self):
+        return f"<Run {self.strategy} world_size={self.world_size} steps={self.config.steps} losses={self.losses}>"
+
+
+def make_config(strategy, world_size, *, model="mlp", steps=3, batch_size=32, lr=1e-2, optimizer="adam",
+                seed=0, **options) -> TrainConfig:
+    """Resolve model sizes and strategy options into a checked ``TrainConfig``."""
+    module = get_strategy(strategy)
+    model_sizes = {k: options.pop(k) for k in list(options) if k in _MODEL_FIELDS}
+    if isinstance(model, ModelConfig):
+        model_cfg = ModelConfig(**{**model.as_dict(), **model_sizes})
+    elif isinstance(model, dict):
+        model_cfg = ModelConfig(**{**model, **model_sizes})
+    else:
+        model_cfg = ModelConfig(kind=model, **model_sizes)
+    unknown = sorted(set(options) - set(module.OPTIONS))
+    if unknown:
+        valid = ", ".join(module.OPTIONS) or "none"
+        raise ValueError(f"option(s) {unknown} do not apply to strategy={strategy!r}; its options are: {valid} "
+                         f"(model sizes: {', '.join(sorted(_MODEL_FIELDS))})")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r}: pass a whole number >= 1")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r}: pass a whole number of optimizer steps >= 1")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: pass a whole number >= 1")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} is unknown; use one of {', '.join(OPTIMIZERS)}")
+    if not lr > 0:
+        raise ValueError(f"lr={lr!r} must be positive")
+    cfg = TrainConfig(strategy, world_size, model_cfg, steps, batch_size, float(lr), optimizer, seed,
+                      {**module.OPTIONS, **options})
+    module.validate(cfg)
+    return cfg
+
+
+def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, device_memory=None, trace=True,
+          memory=True, **kwargs) -> Run:
+    """Run ``strategy`` for ``steps`` optimizer steps on ``world_size`` ranks; see README for options.
+
+    ``world_size`` defaults to 1 for ``single`` and 4 otherwise.
+    """
+    if world_size is None:
+        world_size = 1 if strategy == "single" else 4
+    cfg = make_config(strategy, world_size, **kwargs)
+    module = get_strategy(strategy)
+    result = launch(module.run_rank, world_size=cfg.world_size, args=(cfg,), timeout=timeout, backend=backend,
+                    device_memory=device_memory, trace=trace, memory=memory)
+    return Run(cfg, list(result), result)
+
+
+__all__ = ["train", "Run", "Comparison", "make_config"]
