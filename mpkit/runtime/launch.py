@@ -84,19 +84,30 @@ def _start_method(backend, fn):
 
 
 def _kill_all(procs):
+    """SIGKILL every rank's process group, also when the rank itself already exited: what it
+    started (a ``subprocess.Popen``) is still in that group. Then reap and close each rank."""
     for proc in procs:
-        if proc.is_alive():
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            except PermissionError:  # pragma: no cover - child had not reached setpgid yet
-                proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if proc.is_alive():  # its group did not exist yet: kill the process itself
+            proc.kill()
     for proc in procs:
         proc.join(timeout=5)
-        if proc.is_alive():  # pragma: no cover - setpgid race: kill the process itself
+        if proc.exitcode is None:  # pragma: no cover - stuck in the kernel; one last try
             proc.kill()
             proc.join()
+        proc.close()  # release its sentinel fd now, not at the next launch
+
+
+def _own_group(pid):
+    """Put a new rank in its own process group from this side too (the child does the same), so
+    killpg works even if the rank is stopped before it ran a line."""
+    try:
+        os.setpgid(pid, pid)
+    except OSError:  # already exited, or spawned and exec'd: it sets its own group
+        pass
 
 
 def _death_reason(exitcode):
@@ -130,6 +141,7 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
             proc = context.Process(target=run_rank, name=f"mpkit-rank-{rank}",
                                    args=(rank, world_size, port, backend, fn, tuple(args), writer, options))
             proc.start()
+            _own_group(proc.pid)
             writer.close()
             procs.append(proc)
             conns.append(reader)

@@ -15,6 +15,9 @@ from datetime import timedelta
 from mpkit.runtime.errors import DeviceOutOfMemory
 
 
+_BACKSTOP_S = 10.0
+
+
 def _message(kind, **payload) -> bytes:
     return pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -26,30 +29,35 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
     torch.set_num_threads(1)  # see DESIGN.md: GNU OpenMP after fork hangs without this
     captured = io.StringIO()
     sys.stdout = sys.stderr = captured  # a forked Jupyter kernel's streams must not be touched
-    code = 0
+    code, sent = 0, False
     try:
         import torch.distributed as dist
 
         from mpkit.runtime.context import make_context
 
+        # The caller enforces ``timeout`` and kills the world; the group's own timeout is a later
+        # backstop, so a deadlock reads as LaunchTimeout and not as a gloo error racing it.
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{master_port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=options["timeout"]))
+                                world_size=world_size,
+                                timeout=timedelta(seconds=options["timeout"] + _BACKSTOP_S))
         ctx = make_context(rank, world_size, rank, backend, device_memory=options["device_memory"],
                            trace=options["trace"], memory=options["memory"])
         result = fn(ctx, *args)
-        dist.barrier()  # rank 0 hosts the store: nobody leaves while a peer may still need it
         try:
             blob = _message("ok", result=result, events=ctx.trace.events, memory=ctx.memory.report(),
                             output=captured.getvalue())
         except Exception as exc:  # noqa: BLE001 - reported to the caller as a TypeError
             blob = _message("unpicklable", error=f"{type(exc).__name__}: {exc}", type_name=type(result).__name__,
                             output=captured.getvalue())
-        conn.send_bytes(blob)
+        conn.send_bytes(blob)  # before the barrier, so a timeout names only the ranks still in fn
+        sent = True
+        dist.barrier()  # rank 0 hosts the store: nobody leaves while a peer may still need it
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
-        kind = "oom" if isinstance(exc, DeviceOutOfMemory) else "error"
-        conn.send_bytes(_message(kind, traceback=traceback.format_exc(), exc_type=type(exc).__name__,
-                                 summary=f"{type(exc).__name__}: {exc}", output=captured.getvalue()))
         code = 1
+        if not sent:
+            kind = "oom" if isinstance(exc, DeviceOutOfMemory) else "error"
+            conn.send_bytes(_message(kind, traceback=traceback.format_exc(), exc_type=type(exc).__name__,
+                                     summary=f"{type(exc).__name__}: {exc}", output=captured.getvalue()))
     finally:
         conn.close()
         os._exit(code)
