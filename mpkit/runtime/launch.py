@@ -16,6 +16,7 @@ from multiprocessing.connection import wait
 
 from mpkit.observe.trace import Trace
 from mpkit.runtime.devices import cuda_count
+from mpkit.runtime import torchrun
 from mpkit.runtime.errors import LaunchError, LaunchTimeout, RankOutOfMemory
 from mpkit.observe.memory import parse_bytes
 from mpkit.runtime.worker import run_rank
@@ -126,10 +127,13 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
     A rank that raises -> ``LaunchError`` naming it, with its traceback; a rank that dies ->
     ``LaunchError`` with its exit code; no result within ``timeout`` s -> ``LaunchTimeout``
     naming the ranks still running. In every case all ranks are gone when this returns.
+    Inside a torchrun world this rank joins it instead (result on rank 0, None elsewhere).
     ``device_memory="64MiB"`` gives each simulated device a capacity (out-of-memory like a GPU).
     """
     _check_args(fn, world_size, timeout, backend)
     capacity = parse_bytes(device_memory)
+    if torchrun.in_torchrun():
+        return _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory)
     backend = choose_backend(world_size, backend)
     context = mp.get_context(_start_method(backend, fn))
     options = {"timeout": float(timeout), "device_memory": capacity, "trace": trace, "memory": memory}
@@ -154,6 +158,15 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
     merged = Trace.merge(Trace(events=m["events"]) for m in messages)
     return LaunchResult(results, merged, [m["memory"] for m in messages],
                         [m["output"] for m in messages], backend)
+
+
+def _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory):
+    """The same call under torchrun: the world already exists, so join it instead of forking."""
+    env_size = int(os.environ["WORLD_SIZE"])
+    if world_size != env_size:
+        raise ValueError(f"launch(world_size={world_size}) inside a torchrun world of WORLD_SIZE={env_size}: "
+                         f"pass world_size={env_size}, or start torchrun with --nproc-per-node {world_size}")
+    return torchrun.run_in_torchrun(fn, tuple(args), capacity, trace, memory, backend=backend, timeout=timeout)
 
 
 def _collect(procs, conns, timeout):
