@@ -154,7 +154,8 @@ class ResultStore:
         data = self._load()
         stamp = now()
         for item_id, answer, correct in answers:
-            entry = data["items"].setdefault(item_id, {"box": 1, "history": []})
+            entry = data["items"].setdefault(item_id, {"answer": answer, "correct": False, "at": stamp,
+                                                       "box": 1, "history": []})
             event = {"answer": answer, "correct": bool(correct), "at": stamp,
                      "lang": lang, "mode": mode, "session": self.session}
             entry["history"].append(event)

@@ -37,6 +37,18 @@ UI = {
         "en": "Mark O if the statement is true, X if it is false.",
     },
     "key_title": {"ko": "정답지", "en": "Answer key"},
+    "assign_steps": {
+        "ko": "1. 위에서부터 차례로 모든 셀을 실행하세요. 첫 코드 셀의 `STUDENT`에 이름(또는 학번)을 적으세요.\n"
+              "2. 각 문장이 맞으면 **O**, 틀리면 **X**를 누르세요.\n"
+              "3. 시험 모드에서는 퀴즈마다 **제출**을 눌러야 답이 저장되고 채점됩니다.\n"
+              "4. 답은 `quiz_results/` 폴더에 저장됩니다. 잠긴 셀은 고치지 마세요.",
+        "en": "1. Run every cell from the top. Put your name (or student id) in `STUDENT` in the first "
+              "code cell.\n"
+              "2. Press **O** if a statement is true, **X** if it is false.\n"
+              "3. In exam mode press **Submit** on each quiz: only then are answers saved and graded.\n"
+              "4. Answers are saved under `quiz_results/`. Do not edit the locked cells.",
+    },
+    "score_cell": {"ko": "아래 셀은 맞힌 문항 수를 보여 줍니다. 만점", "en": "The cell below shows how many items you got right, out of"},
 }
 
 
