@@ -62,6 +62,7 @@ class Trace:
     enabled: bool = True
     clock: callable = time.perf_counter
     step: int | None = None
+    t0: float = 0.0  # clock value subtracted by merge(), to align memory samples with events
 
     # ---- recording (inside a rank) ----
     def record(self, kind, start, end, *, stage=None, micro_batch=None, bytes=0, name="", rank=None):
@@ -85,12 +86,13 @@ class Trace:
     # ---- analysis (on the merged trace) ----
     @classmethod
     def merge(cls, traces) -> "Trace":
-        """One trace from per-rank ones, times shifted so the earliest event starts at 0."""
+        """One trace from per-rank ones, times shifted so the earliest event starts at 0 (the
+        shift is kept as ``t0``: ``MemoryReport.timeline(trace.t0)`` puts memory on the same axis)."""
         events = [e for t in traces for e in t.events]
         t0 = min((e.start for e in events), default=0.0)
         shifted = [Event(**{**asdict(e), "start": e.start - t0, "end": e.end - t0}) for e in events]
         shifted.sort(key=lambda e: (e.rank, e.start))
-        return cls(events=shifted, enabled=False)
+        return cls(events=shifted, enabled=False, t0=t0)
 
     @property
     def ranks(self) -> list[int]:
