@@ -48,7 +48,8 @@ UI = {
               "3. In exam mode press **Submit** on each quiz: only then are answers saved and graded.\n"
               "4. Answers are saved under `quiz_results/`. Do not edit the locked cells.",
     },
-    "score_cell": {"ko": "아래 셀은 맞힌 문항 수를 보여 줍니다. 만점", "en": "The cell below shows how many items you got right, out of"},
+    "score_cell": {"ko": "아래 셀은 맞힌 문항 수를 보여 줍니다. 만점",
+                   "en": "The cell below shows how many items you got right, out of"},
 }
 
 
