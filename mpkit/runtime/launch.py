@@ -36,11 +36,17 @@ class LaunchResult(list):
         self.backend = backend
 
 
-def free_port() -> int:
-    """A port nobody listens on now, chosen by the OS (so notebooks on one host never collide)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def store_socket() -> socket.socket:
+    """A listening socket on a port the OS picks, for rank 0's TCPStore.
+
+    It listens before any rank exists, so peers that come up first wait in its backlog instead
+    of being refused (torch's client then backs off for seconds), and no other notebook on this
+    host can take the port in between.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
 
 
 def _check_args(fn, world_size, timeout, backend):
@@ -135,9 +141,14 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
     if torchrun.in_torchrun():
         return _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory)
     backend = choose_backend(world_size, backend)
-    context = mp.get_context(_start_method(backend, fn))
-    options = {"timeout": float(timeout), "device_memory": capacity, "trace": trace, "memory": memory}
-    port = free_port()
+    method = _start_method(backend, fn)
+    context = mp.get_context(method)
+    listener = store_socket()
+    port = listener.getsockname()[1]
+    options = {"timeout": float(timeout), "device_memory": capacity, "trace": trace, "memory": memory,
+               "listen_fd": listener.fileno() if method == "fork" else None}
+    if method != "fork":
+        listener.close()  # a spawned rank 0 cannot inherit it and binds the port itself
     procs, conns = [], []
     try:
         for rank in range(world_size):
@@ -149,8 +160,10 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
             writer.close()
             procs.append(proc)
             conns.append(reader)
+        listener.close()  # rank 0 holds its own copy
         messages = _collect(procs, conns, float(timeout))
     finally:
+        listener.close()
         _kill_all(procs)
         for conn in conns:
             conn.close()

@@ -22,6 +22,17 @@ def _message(kind, **payload) -> bytes:
     return pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def _store(rank, world_size, port, listen_fd, timeout):
+    """Rank 0 serves the store on the socket the parent is already listening on (when forked)."""
+    import torch.distributed as dist
+
+    if listen_fd is not None and rank != 0:
+        os.close(listen_fd)  # inherited by fork; only rank 0 serves it
+        listen_fd = None
+    return dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, timeout=timeout,
+                         master_listen_fd=listen_fd)
+
+
 def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
     os.setpgid(0, 0)  # own process group: the parent can kill this rank and anything it started
     import torch
@@ -37,9 +48,9 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
 
         # The caller enforces ``timeout`` and kills the world; the group's own timeout is a later
         # backstop, so a deadlock reads as LaunchTimeout and not as a gloo error racing it.
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{master_port}", rank=rank,
-                                world_size=world_size,
-                                timeout=timedelta(seconds=options["timeout"] + _BACKSTOP_S))
+        group_timeout = timedelta(seconds=options["timeout"] + _BACKSTOP_S)
+        store = _store(rank, world_size, master_port, options["listen_fd"], group_timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=group_timeout)
         ctx = make_context(rank, world_size, rank, backend, device_memory=options["device_memory"],
                            trace=options["trace"], memory=options["memory"])
         result = fn(ctx, *args)
