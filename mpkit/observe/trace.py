@@ -169,8 +169,9 @@ class Trace:
         lanes = {"compute": 0, "comm": 1, "idle": 2}
         for e in self.events:
             label = e.kind if e.micro_batch is None else f"{e.kind} mb{e.micro_batch}"
-            args = {k: v for k, v in (("stage", e.stage), ("micro_batch", e.micro_batch),
-                                      ("bytes", e.bytes), ("step", e.step), ("name", e.name)) if v not in (None, "", 0)}
+            # stage 0 / micro-batch 0 / step 0 are real values; only "no bytes" and "no name" are dropped
+            args = {k: v for k, v in (("stage", e.stage), ("micro_batch", e.micro_batch), ("step", e.step),
+                                      ("bytes", e.bytes or None), ("name", e.name or None)) if v is not None}
             records.append({"name": label, "cat": e.category, "ph": "X", "pid": e.rank,
                             "tid": lanes[e.category], "ts": e.start * 1e6, "dur": max(e.duration, 0.0) * 1e6,
                             "args": args})
