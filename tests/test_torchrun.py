@@ -1,0 +1,70 @@
+"""The same mpkit.launch call under real torchrun: it joins the env:// world instead of forking."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+SCRIPT = '''
+import json, os
+import torch
+import mpkit
+
+def fn(ctx, base):
+    t = torch.tensor([float(ctx.rank + base)])
+    ctx.comm.all_reduce(t)
+    with ctx.trace.span("compute", micro_batch=ctx.rank):
+        pass
+    return {"sum": t.item(), "rank": ctx.rank, "pid": os.getpid()}
+
+one_host = mpkit.launch(fn, 2, args=(1,), timeout=30)
+os.environ["LOCAL_WORLD_SIZE"] = "1"  # pretend every rank has a host of its own: clocks get aligned
+two_hosts = mpkit.launch(fn, 2, args=(1,), timeout=30)
+try:
+    mpkit.launch(fn, 3)
+    wrong = ""
+except ValueError as exc:
+    wrong = str(exc)
+report = None
+if one_host is not None:
+    report = {"results": list(one_host), "backend": one_host.backend,
+              "events": sorted((e.rank, e.kind) for e in one_host.trace.events),
+              "t0": min(e.start for e in one_host.trace.events),
+              "offsets": [one_host.clock_offsets, two_hosts.clock_offsets],
+              "params": [m.rank for m in one_host.memory]}
+print("MPKIT " + json.dumps({"rank": int(os.environ["RANK"]), "report": report,
+                             "others_none": two_hosts is None, "wrong": wrong}), flush=True)
+'''
+
+
+@pytest.mark.timeout(180)
+def test_launch_under_torchrun(tmp_path):
+    script = tmp_path / "lab.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           str(script)], capture_output=True, text=True, timeout=150, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("MPKIT "):
+            record = json.loads(line[len("MPKIT "):])
+            lines[record["rank"]] = record
+    assert sorted(lines) == [0, 1], proc.stdout
+    assert lines[1]["report"] is None and lines[1]["others_none"]  # results only on rank 0
+    report = lines[0]["report"]
+    assert [r["sum"] for r in report["results"]] == [3.0, 3.0]  # (0+1) + (1+1)
+    assert [r["rank"] for r in report["results"]] == [0, 1]
+    assert len({r["pid"] for r in report["results"]}) == 2
+    assert report["backend"] == "gloo"
+    assert report["events"] == [[0, "all_reduce"], [0, "compute"], [1, "all_reduce"], [1, "compute"]]
+    assert report["t0"] == 0.0 and report["params"] == [0, 1]
+    one_host, two_hosts = report["offsets"]
+    assert one_host == [0.0, 0.0]  # one host: one perf_counter, nothing to align
+    assert two_hosts[0] == 0.0 and abs(two_hosts[1]) < 0.005  # estimated, and these clocks agree
+    for rank in (0, 1):
+        assert "WORLD_SIZE=2" in lines[rank]["wrong"] and "world_size=2" in lines[rank]["wrong"]
