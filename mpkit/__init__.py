@@ -8,12 +8,13 @@ from importlib import import_module
 from mpkit.runtime.devices import devices
 from mpkit.runtime.errors import DeviceOutOfMemory, LaunchError, LaunchTimeout
 from mpkit.runtime.launch import launch
+# Eager, not lazy: importing the submodule ``mpkit.train`` first (``from mpkit.train import
+# make_config``) would otherwise leave ``mpkit.train`` bound to the module, not the function.
+from mpkit.train import Run, train
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "train": ("mpkit.train", "train"),
-    "Run": ("mpkit.train", "Run"),
     "STRATEGIES": ("mpkit.strategies", "STRATEGIES"),
     "plot": ("mpkit.plot", None),
     "sim": ("mpkit.sim", None),
@@ -21,7 +22,7 @@ _LAZY = {
     "models": ("mpkit.models", None),
 }
 
-__all__ = ["devices", "launch", "LaunchError", "LaunchTimeout", "DeviceOutOfMemory", *_LAZY]
+__all__ = ["devices", "launch", "train", "Run", "LaunchError", "LaunchTimeout", "DeviceOutOfMemory", *_LAZY]
 
 
 def __getattr__(name):
