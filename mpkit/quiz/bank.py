@@ -22,7 +22,7 @@ ANSWERS = ("O", "X")
 DIFFICULTIES = (1, 2, 3)
 PITFALLS_FILE = "pitfalls.yaml"
 REQUIRED = ("id", "statement", "answer", "explanation", "pitfall", "difficulty", "source")
-OPTIONAL = ("corrected", "lab")
+OPTIONAL = ("corrected", "lab", "check")  # check: numeric items a test recomputes from the formula
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # ids become CSS classes and CSV cells
 
 
