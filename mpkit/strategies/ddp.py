@@ -1,0 +1,49 @@
+"""PyTorch's own data parallel, ``DistributedDataParallel``, on the same model and data as ``dp``.
+
+DDP does what ``dp`` spells out — broadcast at construction, buckets of ``bucket_mb`` MiB
+(``bucket_cap_mb``; its first bucket is capped at 1 MiB so communication starts early, and it
+re-orders buckets after the first step by the order gradients really arrived), all-reduces
+launched from autograd hooks during backward — in C++. To make its timeline comparable with
+``dp``'s, a comm hook wraps the default all-reduce hook and logs one ``all_reduce`` event per
+bucket: start when DDP hands the bucket over, end when its future completes.
+"""
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from mpkit.models import build_model
+from mpkit.strategies.common import RankOutput, make_optimizer, state_of
+from mpkit.strategies.dp_buckets import train_loop, validate_batch, validate_bucket_mb
+
+OPTIONS = {"bucket_mb": 25.0}
+
+
+def validate(cfg):
+    validate_batch(cfg)
+    validate_bucket_mb(cfg)
+
+
+def traced_allreduce_hook(ctx, bucket):
+    """DDP comm hook: the default (divide by world size, all-reduce), logged as one event."""
+    start = ctx.trace.now()
+    buffer = bucket.buffer()
+    nbytes, index = buffer.numel() * buffer.element_size(), bucket.index()
+
+    def done(fut):
+        ctx.trace.record("all_reduce", start, ctx.trace.now(), bytes=nbytes, name=f"bucket {index}")
+        return fut.value()
+
+    return default_hooks.allreduce_hook(None, bucket).then(done)
+
+
+def run_rank(ctx, cfg):
+    model = build_model(cfg.model, cfg.seed).to(ctx.device)
+    ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                                  bucket_cap_mb=cfg.option("bucket_mb"))
+    ddp.register_comm_hook(ctx, traced_allreduce_hook)
+    optimizer = make_optimizer(ddp.parameters(), cfg)
+    losses = train_loop(ctx, cfg, ddp, optimizer, track=(model, optimizer))
+    buckets = ctx.trace.filter(kind="all_reduce", step=cfg.steps - 1).events
+    extra = {"buckets": len(buckets), "bucket_bytes": [e.bytes for e in buckets],
+             "all_reduce_bytes_per_step": sum(e.bytes for e in buckets)}
+    return RankOutput(losses=losses if ctx.rank == 0 else None, params=state_of(model) if ctx.rank == 0 else {},
+                      extra=extra)
