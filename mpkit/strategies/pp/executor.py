@@ -1,0 +1,91 @@
+"""Runs any instruction list from ``schedules.schedule`` on one rank, for real.
+
+The executor knows nothing about GPipe or 1F1B: the order is all in the list. Communication
+instructions between two computations are one batch: posted together with ``isend``/``irecv``
+and waited together (the semantics ``schedules.simulate`` proves deadlock-free), so a rank
+blocked on its neighbour shows as send/recv time in the trace.
+"""
+from __future__ import annotations
+
+import torch
+
+from mpkit.models import loss_fn
+from mpkit.strategies.common import shard
+from mpkit.strategies.pp.schedules import (
+    Backward, Forward, OptimizerStep, RecvAct, RecvGrad, SendAct, SendGrad, batches,
+)
+from mpkit.strategies.pp.split import boundary_shape
+
+
+class PipelineExecutor:
+    """The stages of one rank (``{global stage: module}``), run micro-batch by micro-batch."""
+
+    def __init__(self, ctx, cfg, stages, num_stages, micro_batches, optimizer):
+        self.ctx, self.cfg, self.stages = ctx, cfg, stages
+        self.last = num_stages - 1
+        self.m = micro_batches
+        self.optimizer = optimizer
+        self.shape = boundary_shape(cfg.model, cfg.batch_size // micro_batches)
+
+    def step(self, program, x, y):
+        """One optimizer step; returns the loss (a float) if this rank holds the last stage."""
+        self.inputs = {}   # (mb, stage) -> input of the stage (data, or a received activation)
+        self.outputs = {}  # (mb, stage) -> output (the scaled loss on the last stage), kept for backward
+        self.grads = {}    # (mb, stage) -> received gradient of the output
+        self.dx = {}       # (mb, stage) -> gradient of the input, to send back
+        self.x, self.y = x, y
+        self.loss = None
+        for item in batches(program):
+            if isinstance(item, list):
+                self._communicate(item)
+            elif isinstance(item, Forward):
+                self._forward(item.mb, item.stage)
+            elif isinstance(item, Backward):
+                self._backward(item.mb, item.stage)
+            elif isinstance(item, OptimizerStep):
+                with self.ctx.trace.span("optimizer"):
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+        return None if self.loss is None else self.loss.item()
+
+    def _forward(self, mb, stage):
+        x = shard(self.x, mb, self.m) if stage == 0 else self.inputs[(mb, stage)]
+        self.inputs[(mb, stage)] = x
+        with self.ctx.trace.span("forward", stage=stage, micro_batch=mb):
+            out = self.stages[stage](x)
+            if stage == self.last:  # mean over micro-batches = the global batch's mean loss
+                out = loss_fn(self.cfg.model, out, shard(self.y, mb, self.m)) / self.m
+                self.loss = out.detach() if self.loss is None else self.loss + out.detach()
+        self.outputs[(mb, stage)] = out
+
+    def _backward(self, mb, stage):
+        out, grad = self.outputs.pop((mb, stage)), self.grads.pop((mb, stage), None)
+        with self.ctx.trace.span("backward", stage=stage, micro_batch=mb):
+            torch.autograd.backward(out, grad)  # accumulates into the parameters' .grad
+        x = self.inputs.pop((mb, stage))
+        if stage > 0:
+            self.dx[(mb, stage)] = x.grad
+
+    def _communicate(self, batch):
+        comm, device = self.ctx.comm, self.ctx.device
+        works, received = [], []  # works hold (work, tensor): a buffer must outlive its message
+        for ins in batch:
+            tags = dict(stage=ins.stage, micro_batch=ins.mb)
+            key = (ins.mb, ins.stage)
+            if isinstance(ins, SendAct):
+                tensor = self.outputs[key].detach()
+                works.append((comm.isend(tensor, ins.to, **tags), tensor))
+            elif isinstance(ins, SendGrad):
+                tensor = self.dx.pop(key)
+                works.append((comm.isend(tensor, ins.to, **tags), tensor))
+            else:
+                buffer = torch.empty(self.shape, device=device)
+                works.append((comm.irecv(buffer, ins.frm, **tags), buffer))
+                received.append((ins, buffer))
+        for work, _ in works:
+            work.wait()
+        for ins, buffer in received:
+            if isinstance(ins, RecvAct):
+                self.inputs[(ins.mb, ins.stage)] = buffer.requires_grad_()
+            else:
+                self.grads[(ins.mb, ins.stage)] = buffer
