@@ -79,7 +79,25 @@ class Run:
                                     **{k: getattr(cfg, k) for k in _REFERENCE_KEYS})
         return self._reference
 
-    def compare_to_reference(self) -> Comparison:
+    def _check_reference(self, ref: "Run") -> None:
+        if not isinstance(ref, Run) or ref.strategy != "single":
+            raise ValueError(f"reference must be a Run of mpkit.train('single', ...); got {ref!r}")
+        mine, theirs = self.config, ref.config
+        differ = [k for k in _REFERENCE_KEYS if getattr(mine, k) != getattr(theirs, k)]
+        if mine.model != theirs.model:
+            differ.insert(0, "model")
+        if differ:
+            raise ValueError(f"reference was trained with different {', '.join(differ)}; run "
+                             f"mpkit.train('single', ...) with the same model, steps, batch_size, lr, optimizer and seed")
+
+    def compare_to_reference(self, reference: "Run | None" = None) -> Comparison:
+        """Max |difference| from the single-device run with the same model, data and optimizer.
+
+        ``reference``: a ``single`` Run you already have (same settings), reused instead of
+        training a new one; by default one is trained once per Run and cached."""
+        if reference is not None:
+            self._check_reference(reference)
+            self._reference = reference
         ref = self.reference()
         missing = sorted(set(ref.params) - set(self.params))
         if missing:
