@@ -1,0 +1,103 @@
+"""How good is the cost model? Predict and really run a grid of configurations on cpu-sim.
+
+For every configuration: ``mpkit.sim.predict`` and ``mpkit.train`` (median step time over
+steps 2..K, skipping warm-up; timed with the memory tracker off, since its per-op bookkeeping
+is not part of what we model, then a short tracked run for memory). Prints each row — predicted
+and measured ms, abs % error, memory per category predicted vs measured — and the MAPE.
+Memory compares parameters/gradients/activations with the measured maxima and optimizer with
+the steady state after the last step (see ``mpkit.sim.memory``).
+
+Strategies that are not in this checkout are skipped. Usage: ``python benchmarks/costmodel.py``
+(``--quick`` for a smaller grid, ``--steps K``). Takes 1-3 minutes on 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+
+import mpkit
+from mpkit.observe.memory import CATEGORIES
+from mpkit.sim import predict
+from mpkit.sim.calibrate import cpu_sim
+
+MODELS = {
+    "mlp-256": dict(model="mlp", hidden=256, layers=4, batch_size=64),
+    "gpt-64": dict(model="gpt", hidden=64, layers=4, heads=4, seq_len=16, batch_size=32),
+}
+STRATEGY_OPTIONS = {
+    "dp": [{}],
+    "zero1": [{}],
+    "tp": [{}],
+    "pp": [dict(schedule="gpipe", micro_batches=4), dict(schedule="1f1b", micro_batches=8)],
+}
+MEMORY_KIND = {"optimizer": "final_by_category"}  # the rest: max_by_category
+
+
+def grid(quick: bool):
+    for strategy, option_sets in STRATEGY_OPTIONS.items():
+        if importlib.util.find_spec(f"mpkit.strategies.{strategy}") is None:
+            print(f"# skipping {strategy}: not in this checkout", file=sys.stderr)
+            continue
+        for world in (2, 4):
+            for model_name, sizes in MODELS.items():
+                for options in option_sets[:1] if quick else option_sets:
+                    yield strategy, world, model_name, {**sizes, **options}
+
+
+def measure(strategy, world, kwargs, steps):
+    timed = mpkit.train(strategy, world_size=world, steps=steps, memory=False, **kwargs)
+    step_time = statistics.median(timed.step_times()[2:])
+    tracked = mpkit.train(strategy, world_size=world, steps=2, **kwargs)
+    memory = [{c: getattr(m, MEMORY_KIND.get(c, "max_by_category"))[c] for c in CATEGORIES} for m in tracked.memory]
+    return step_time, memory
+
+
+def pct(pred, meas):
+    return abs(pred - meas) / meas * 100 if meas else (0.0 if pred == 0 else float("inf"))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args(argv)
+    started = time.time()
+    hw = cpu_sim()
+    print(f"cpu-sim: {hw.flops / 1e9:.1f} GFLOP/s, mem {hw.mem_bw / 1e9:.1f} GB/s, op overhead "
+          + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in hw.op_overhead.items())
+          + f"; p2p alpha {hw.p2p.alpha * 1e6:.1f} us {hw.p2p.bandwidth / 1e9:.2f} GB/s; collective alpha "
+          f"{hw.collective.alpha * 1e6:.1f} us {hw.collective.bandwidth / 1e9:.2f} GB/s; {hw.cores} cores")
+    time_errors, memory_errors = [], []
+    header = f"{'config':46s} {'pred ms':>8s} {'meas ms':>8s} {'err%':>6s}  memory KiB pred/meas (err%) per category"
+    print(header)
+    print("-" * len(header))
+    for strategy, world, model_name, kwargs in grid(args.quick):
+        options = {k: v for k, v in kwargs.items() if k in ("schedule", "micro_batches")}
+        label = f"{strategy} N={world} {model_name} " + " ".join(f"{k}={v}" for k, v in options.items())
+        pred = predict(strategy, world_size=world, **kwargs)
+        step_time, memory = measure(strategy, world, kwargs, args.steps)
+        err = pct(pred.step_time, step_time)
+        time_errors.append(err)
+        cells = []
+        for c in CATEGORIES:
+            p = max(m[c] for m in pred.memory)
+            q = max(m[c] for m in memory)
+            e = pct(p, q)
+            if c != "other":
+                memory_errors.append(e)
+            cells.append(f"{c[:5]} {p / 1024:.1f}/{q / 1024:.1f} ({e:.0f})")
+        print(f"{label:46s} {pred.step_time * 1e3:8.3f} {step_time * 1e3:8.3f} {err:6.1f}  " + ", ".join(cells),
+              flush=True)
+    if time_errors:
+        print(f"\nMAPE step time: {statistics.mean(time_errors):.1f}% over {len(time_errors)} configurations "
+              f"(median {statistics.median(time_errors):.1f}%)")
+        print(f"MAPE memory (parameters, gradients, optimizer, activations; max rank): "
+              f"{statistics.mean(memory_errors):.1f}%")
+    print(f"took {time.time() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

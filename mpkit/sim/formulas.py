@@ -1,0 +1,184 @@
+"""The closed-form numbers the labs teach, as pure functions (sources in each docstring).
+
+Everything here is arithmetic on sizes and rates, so a lab cell, a quiz answer key and the cost
+model in ``predict`` all quote the same formula. Sizes are bytes, times seconds, rates per second.
+"""
+from __future__ import annotations
+
+import math
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def _positive(**values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name}={value!r} must be a positive number")
+
+
+def _whole(**values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a whole number >= 1")
+
+
+def _schedule(schedule: str) -> str:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
+    return schedule
+
+
+# ---- pipelines -------------------------------------------------------------------------------
+
+def bubble_fraction(p: int, m: int, v: int = 1, schedule: str = "gpipe", relative_to: str | None = None) -> float:
+    """Idle share of a pipeline with ``p`` stages, ``m`` micro-batches, ``v`` chunks per device.
+
+    GPipe (Huang et al. 2019) and 1F1B (PipeDream-Flush, Narayanan et al. 2021) both idle for
+    (p-1) slots out of (m+p-1): share of step time (p-1)/(m+p-1). Interleaved 1F1B (Narayanan et
+    al. 2021, §2.2.2) shrinks the bubble time v-fold; the paper quotes it relative to the ideal
+    compute time, (p-1)/(v·m). ``relative_to`` picks the form: ``"step"`` (bubble / step time,
+    (p-1)/(v·m+p-1)) or ``"ideal"`` (bubble / compute time, (p-1)/(v·m)); by default each
+    schedule uses the form it is usually quoted in (step for gpipe/1f1b, ideal for interleaved).
+    """
+    _whole(p=p, m=m, v=v)
+    if _schedule(schedule) != "interleaved" and v != 1:
+        raise ValueError(f"v={v} virtual stages only apply to schedule='interleaved'")
+    if relative_to is None:
+        relative_to = "ideal" if schedule == "interleaved" else "step"
+    if relative_to == "step":
+        return (p - 1) / (v * m + p - 1)
+    if relative_to == "ideal":
+        return (p - 1) / (v * m)
+    raise ValueError(f"relative_to={relative_to!r} is unknown; use 'step', 'ideal' or None")
+
+
+def inflight_activations(schedule: str, p: int, m: int, rank: int, v: int = 1) -> int:
+    """Most micro-batches whose activations ``rank`` holds at once (waiting for their backward).
+
+    GPipe runs all m forwards before any backward: m. 1F1B (Narayanan et al. 2021) lets stage r
+    run p-r forwards before its first backward: min(p-r, m), at most p. Interleaved (Megatron-LM's
+    schedule, v model chunks per device) counts chunk-micro-batches (each 1/v of the rank's
+    layers): its warm-up of 2(p-r-1) + (v-1)·p forwards plus the one in flight, at most v·m.
+    """
+    _whole(p=p, m=m, v=v)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < p:
+        raise ValueError(f"rank={rank!r} must be in 0..{p - 1}")
+    if _schedule(schedule) == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(p - rank, m)
+    return min(2 * (p - rank - 1) + (v - 1) * p + 1, v * m)
+
+
+# ---- collectives: bytes each rank sends --------------------------------------------------------
+
+def ring_allreduce_bytes(S: float, N: int) -> float:
+    """Bytes one rank sends in a ring all-reduce of S bytes over N ranks: 2(N-1)/N · S
+    (reduce-scatter then all-gather, each N-1 steps of S/N; Patarasuk & Yuan 2009)."""
+    _positive(S=S)
+    _whole(N=N)
+    return 2 * (N - 1) / N * S
+
+
+def reduce_scatter_bytes(S: float, N: int) -> float:
+    """Ring reduce-scatter of S bytes: (N-1)/N · S per rank (N-1 steps of S/N)."""
+    _positive(S=S)
+    _whole(N=N)
+    return (N - 1) / N * S
+
+
+def all_gather_bytes(S: float, N: int) -> float:
+    """Ring all-gather to S bytes in total: (N-1)/N · S per rank (N-1 steps of S/N)."""
+    return reduce_scatter_bytes(S, N)
+
+
+def bus_bandwidth(algbw: float, N: int) -> float:
+    """nccl-tests bus bandwidth of an all-reduce: algbw · 2(N-1)/N (nccl-tests doc/PERFORMANCE.md),
+    where algbw = S / time. It is the per-link rate the ring achieved, comparable to hardware peak."""
+    _positive(algbw=algbw)
+    _whole(N=N)
+    return algbw * 2 * (N - 1) / N
+
+
+# ---- memory ----------------------------------------------------------------------------------
+
+def zero_memory(psi: float, N: int, stage: int, param_bytes: float = 2, grad_bytes: float = 2,
+                optim_bytes: float = 12) -> dict[str, float]:
+    """Per-rank model-state bytes {parameters, gradients, optimizer} under ZeRO (Rajbhandari et al.
+    2020, §5): stage 0 replicates all three, stage 1 shards optimizer state, stage 2 also
+    gradients, stage 3 also parameters. Defaults are mixed-precision Adam (2+2+12 = 16 bytes per
+    parameter: fp16 weights and gradients, fp32 master weights + momentum + variance); our fp32
+    CPU runs use param_bytes=4, grad_bytes=4, optim_bytes=8."""
+    _positive(psi=psi)
+    _whole(N=N)
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"stage={stage!r} is unknown; use one of {ZERO_STAGES}")
+    for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes), ("optim_bytes", optim_bytes)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"{name}={value!r} must be a number >= 0")
+    return {
+        "parameters": psi * param_bytes / (N if stage >= 3 else 1),
+        "gradients": psi * grad_bytes / (N if stage >= 2 else 1),
+        "optimizer": psi * optim_bytes / (N if stage >= 1 else 1),
+    }
+
+
+def activation_memory_per_layer(s: int, b: int, h: int, a: int, t: int = 1) -> float:
+    """Activation bytes one transformer layer keeps for backward (Korthikanti et al. 2022,
+    "Reducing Activation Recomputation", eq. 1 and 2; 16-bit activations, no recomputation):
+    s·b·h·(34 + 5·a·s/h) without tensor parallel, s·b·h·(10 + 24/t + 5·a·s/(h·t)) with tp size t
+    (the LayerNorm and dropout inputs, 10·s·b·h, stay replicated)."""
+    _whole(s=s, b=b, h=h, a=a, t=t)
+    if t == 1:
+        return s * b * h * (34 + 5 * a * s / h)
+    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+
+
+# ---- alpha-beta time ---------------------------------------------------------------------------
+
+def _alpha_beta(alpha: float, beta: float) -> None:
+    for name, value in (("alpha", alpha), ("beta", beta)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"{name}={value!r} must be a number of seconds (per byte for beta) >= 0")
+
+
+def p2p_time(nbytes: float, alpha: float, beta: float) -> float:
+    """Hockney's alpha-beta model of one message: alpha (latency, s) + n·beta (s per byte)."""
+    _positive(nbytes=nbytes)
+    _alpha_beta(alpha, beta)
+    return alpha + nbytes * beta
+
+
+def ring_allreduce_time(S: float, N: int, alpha: float, beta: float) -> float:
+    """Ring all-reduce: 2(N-1) steps, each one message of S/N (Thakur et al. 2005)."""
+    _positive(S=S)
+    _whole(N=N)
+    _alpha_beta(alpha, beta)
+    return 2 * (N - 1) * (alpha + S / N * beta)
+
+
+def ring_reduce_scatter_time(S: float, N: int, alpha: float, beta: float) -> float:
+    """Ring reduce-scatter (or all-gather) of S bytes: N-1 steps of S/N (Thakur et al. 2005)."""
+    _positive(S=S)
+    _whole(N=N)
+    _alpha_beta(alpha, beta)
+    return (N - 1) * (alpha + S / N * beta)
+
+
+ring_all_gather_time = ring_reduce_scatter_time
+
+
+def tree_allreduce_time(S: float, N: int, alpha: float, beta: float) -> float:
+    """Binary-tree reduce then broadcast of S bytes: 2·ceil(log2 N) steps of the whole message
+    (Thakur et al. 2005). Fewer latencies than the ring, N/(N-1)·log2 N times the bytes: it wins
+    for small messages, the ring for large ones."""
+    _positive(S=S)
+    _whole(N=N)
+    _alpha_beta(alpha, beta)
+    return 2 * math.ceil(math.log2(N)) * (alpha + S * beta) if N > 1 else 0.0
+
+
+def allreduce_time(S: float, N: int, alpha: float, beta: float) -> float:
+    """The faster of ring and tree, as NCCL and gloo pick by message size."""
+    return min(ring_allreduce_time(S, N, alpha, beta), tree_allreduce_time(S, N, alpha, beta))

@@ -1,0 +1,146 @@
+"""Machines the cost model can price a step on: rates, links and their sources.
+
+A ``Hardware`` turns counted work into seconds: each op costs a fixed overhead plus its FLOPs at
+the achieved matmul rate plus its bytes at memory bandwidth; each message costs alpha + n·beta on
+the link between its ranks. ``cpu-sim`` is measured on this machine (``mpkit.sim.calibrate``);
+the GPU presets come from vendor datasheets, with the efficiency factors stated next to them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class Link:
+    """Hockney alpha-beta link: ``alpha`` seconds per message, ``beta`` seconds per byte."""
+
+    alpha: float
+    beta: float
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second in one direction."""
+        return 1.0 / self.beta
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha + nbytes * self.beta
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One kind of device, how many there are per node, and how they are connected.
+
+    ``flops``: peak FLOP/s per device at ``precision``; ``mfu``: the share of it big matmuls reach.
+    ``op_overhead``: fixed seconds per aten op by phase (kernel launch on a GPU, Python + dispatch
+    on a CPU). ``p2p``/``collective``: links inside a node (p2p for send/recv, collective for the
+    per-step alpha/beta of ring algorithms); ``inter_node`` for groups that span nodes.
+    ``cores``: CPU cores the ranks share (None: every rank has its own device). ``allreduce``:
+    ``"ring"`` (gloo's algorithm, what cpu-sim is fitted to) or ``"auto"`` (ring or tree, whichever
+    is faster for the size, as NCCL chooses).
+    """
+
+    name: str
+    flops: float
+    mfu: float
+    mem_bw: float
+    op_overhead: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    p2p: Link = Link(0.0, 0.0)
+    collective: Link = Link(0.0, 0.0)
+    inter_node: Link | None = None
+    devices_per_node: int = 8
+    cores: int | None = None
+    memory_bytes: float | None = None
+    precision: str = "fp32"
+    allreduce: str = "auto"
+    source: str = ""
+
+    @property
+    def bytes_per_element(self) -> int:
+        """Activation/communication element size: fp32 = 4, bf16 = 2."""
+        return 2 if self.precision == "bf16" else 4
+
+    def compute_time(self, cost, phase: str) -> float:
+        """Seconds for a ``Cost`` (ops, flops, bytes counted in fp32) in ``phase``."""
+        scale = self.bytes_per_element / 4
+        return (cost.ops * self.op_overhead[phase] + cost.flops / (self.flops * self.mfu)
+                + cost.bytes * scale / self.mem_bw)
+
+    def link(self, ranks) -> Link:
+        """The link a group of ranks talks over: inter-node as soon as it spans two nodes."""
+        ranks = list(ranks)
+        nodes = {r // self.devices_per_node for r in ranks}
+        return self.inter_node if len(nodes) > 1 and self.inter_node is not None else self.collective
+
+    def p2p_link(self, a: int, b: int) -> Link:
+        if self.inter_node is not None and a // self.devices_per_node != b // self.devices_per_node:
+            return self.inter_node
+        return self.p2p
+
+    def with_bandwidth(self, gb_per_s: float) -> "Hardware":
+        """The same machine with every link's bandwidth set to ``gb_per_s`` GB/s (what-if slider)."""
+        if not gb_per_s > 0:
+            raise ValueError(f"bandwidth={gb_per_s!r} GB/s must be positive")
+        beta = 1.0 / (gb_per_s * 1e9)
+        inter = None if self.inter_node is None else replace(self.inter_node, beta=beta)
+        return replace(self, name=f"{self.name} @ {gb_per_s:g} GB/s", p2p=replace(self.p2p, beta=beta),
+                       collective=replace(self.collective, beta=beta), inter_node=inter)
+
+
+# GPU efficiency assumptions, shared by the presets so they stay comparable:
+# - MFU 0.5: large dense matmuls in bf16 typically reach 40-60 % of peak (Megatron-LM, Narayanan
+#   et al. 2021, report 44-52 % on A100 for GPT-3-sized models).
+# - 80 % of link peak as achieved bus bandwidth (nccl-tests all_reduce busbw on DGX A100/H100).
+# - alpha 5 µs NVLink / 10 µs PCIe / 15 µs InfiniBand: NCCL small-message latencies (nccl-tests).
+# - op overhead 5 µs: eager PyTorch kernel launch + dispatch per op on a modern host CPU.
+_MFU, _LINK_EFF, _GPU_OP = 0.5, 0.8, dict.fromkeys(PHASES, 5e-6)
+
+
+def _link(alpha, gb_per_s_one_way):
+    return Link(alpha, 1.0 / (gb_per_s_one_way * 1e9 * _LINK_EFF))
+
+
+def _gpu(name, flops, mem_bw, intra, memory, source, inter=None):
+    return Hardware(name=name, flops=flops, mfu=_MFU, mem_bw=mem_bw, op_overhead=_GPU_OP, p2p=intra,
+                    collective=intra, inter_node=inter, devices_per_node=8, memory_bytes=memory,
+                    precision="bf16", source=source)
+
+
+_NVLINK3 = _link(5e-6, 300)   # NVLink 3: 600 GB/s bidirectional per A100 = 300 GB/s each way
+_NVLINK4 = _link(5e-6, 450)   # NVLink 4: 900 GB/s bidirectional per H100 = 450 GB/s each way
+_PCIE5 = _link(10e-6, 64)     # PCIe Gen5 x16: ~64 GB/s per direction
+_IB_NDR = _link(15e-6, 50)    # InfiniBand NDR: 400 Gb/s = 50 GB/s per GPU (one NIC per GPU)
+
+GPU_PRESETS = {
+    "8xA100-nvlink": _gpu(
+        "8xA100-nvlink", 312e12, 2.039e12, _NVLINK3, 80e9,
+        "NVIDIA A100 datasheet: SXM4 80GB, 312 TFLOPS bf16 dense, 2,039 GB/s HBM2e, NVLink 3 600 GB/s"),
+    "8xH100-nvlink": _gpu(
+        "8xH100-nvlink", 989e12, 3.35e12, _NVLINK4, 80e9,
+        "NVIDIA H100 datasheet: SXM5 80GB, 989 TFLOPS bf16 dense, 3.35 TB/s HBM3, NVLink 4 900 GB/s"),
+    "8xH100-pcie": _gpu(
+        "8xH100-pcie", 756e12, 2.0e12, _PCIE5, 80e9,
+        "NVIDIA H100 datasheet: PCIe 80GB, 756 TFLOPS bf16 dense, 2.0 TB/s HBM2e; PCIe Gen5 x16 "
+        "64 GB/s per direction between cards (no NVLink bridge)"),
+    "2x8xH100-ib": _gpu(
+        "2x8xH100-ib", 989e12, 3.35e12, _NVLINK4, 80e9,
+        "two DGX H100 nodes: NVLink 4 inside a node, InfiniBand NDR 400 Gb/s per GPU between nodes "
+        "(ConnectX-7); a group spanning both nodes runs at the IB rate", inter=_IB_NDR),
+}
+
+PRESETS = ("cpu-sim", *GPU_PRESETS)
+
+
+def get_hardware(hardware="cpu-sim") -> Hardware:
+    """A preset by name (``cpu-sim`` is calibrated on first use), or a ``Hardware`` as given."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    if hardware == "cpu-sim":
+        from mpkit.sim.calibrate import cpu_sim
+
+        return cpu_sim()
+    if hardware in GPU_PRESETS:
+        return GPU_PRESETS[hardware]
+    raise ValueError(f"hardware={hardware!r} is unknown; use one of {', '.join(PRESETS)} or pass a "
+                     f"mpkit.sim.Hardware")

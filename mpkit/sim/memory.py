@@ -1,0 +1,135 @@
+"""Predicted memory per rank and category: model states from the ZeRO formulas on each rank's
+real parameter count, activations from the profiled piece times the micro-batches in flight.
+
+Conventions follow the measured ``MemoryReport``: ``parameters``/``gradients``/``activations``/
+``other`` are the largest value during a step; ``optimizer`` is the steady state (Adam's two
+moments, plus the 4-byte step counter torch keeps per tensor in fp32 runs), not the short-lived
+temporaries of the foreach step itself.
+"""
+from __future__ import annotations
+
+import math
+
+from mpkit.observe.memory import CATEGORIES
+from mpkit.sim import formulas
+from mpkit.sim.programs import Plan, fsdp_unsharded_bytes, padded_numel, stage_groups
+
+
+class PredictedMemory(dict):
+    """{category: bytes} of one rank, with the attributes ``mpkit.plot.memory`` reads from a
+    ``MemoryReport`` (so a prediction plots like a run)."""
+
+    def __init__(self, rank, values, capacity=None):
+        super().__init__({c: int(values.get(c, 0)) for c in CATEGORIES})
+        self.rank = rank
+        self.capacity = capacity
+
+    @property
+    def max_by_category(self):
+        return dict(self)
+
+    peak_breakdown = final_by_category = max_by_category
+
+    @property
+    def peak_total(self) -> int:
+        return sum(self.values())
+
+    def __repr__(self):
+        return f"PredictedMemory(rank={self.rank}, " + ", ".join(f"{k}={v}" for k, v in self.items()) + ")"
+
+
+def _states(plan: Plan, numel: float, stage: int, tensors: int, n: int) -> dict:
+    """Parameters, gradients and Adam state of ``numel`` parameters in ``tensors`` tensors."""
+    if plan.hw.precision == "bf16":
+        return formulas.zero_memory(numel, n, stage)  # mixed-precision Adam: 2 + 2 + 12
+    out = formulas.zero_memory(numel, n, stage, param_bytes=4, grad_bytes=4, optim_bytes=8)
+    out["optimizer"] += 4 * tensors  # torch.optim.Adam: one float32 step counter per tensor
+    return out
+
+
+def _scale(plan: Plan, nbytes: float) -> float:
+    return nbytes * plan.hw.bytes_per_element / 4
+
+
+def _input_bytes(plan: Plan, batch: int) -> int:
+    """Bytes of ``batch`` inputs as ``models.make_batch`` makes them (float features or token ids)."""
+    return batch * (plan.cfg.d_in * 4 if plan.cfg.kind == "mlp" else plan.cfg.seq_len * 8)
+
+
+def _target_bytes(plan: Plan, batch: int) -> int:
+    return batch * (8 if plan.cfg.kind == "mlp" else plan.cfg.seq_len * 8)
+
+
+def _batch_bytes(plan: Plan, batch: int) -> int:
+    return _input_bytes(plan, batch) + _target_bytes(plan, batch)
+
+
+def predict_memory(strategy: str, plan: Plan) -> list[PredictedMemory]:
+    n, cap = plan.world, plan.hw.memory_bytes
+    full = plan.piece(batch=1)
+    psi = full.total_param_bytes // 4
+    tensors = sum(len(s) for s in full.layer_shapes.values())
+
+    def replicated(local_batch, stage=0, numel=psi, ntensors=tensors, shards=n):
+        prof = plan.piece(batch=local_batch)
+        values = _states(plan, numel, stage, ntensors, shards)
+        extra = _batch_bytes(plan, plan.batch) - _batch_bytes(plan, local_batch)  # the global batch is made whole
+        values["activations"] = _scale(plan, prof.memory["activations"] + extra)
+        values["other"] = _scale(plan, prof.memory["other"])
+        return values
+
+    if strategy in ("single", "dp", "ddp"):
+        return [PredictedMemory(r, replicated(plan.batch // n), cap) for r in range(n)]
+    if strategy == "zero1":
+        flat = padded_numel(psi, n)
+        out = []
+        for r in range(n):
+            values = replicated(plan.batch // n, stage=1, numel=flat, ntensors=1)
+            values["gradients"] += _scale(plan, 4 * flat / n) if plan.hw.precision == "fp32" else 0  # reduced slice
+            out.append(PredictedMemory(r, values, cap))
+        return out
+    if strategy == "fsdp":
+        padded = sum(math.ceil(s[0] / n) * n * math.prod(s[1:]) for sh in full.layer_shapes.values() for s in sh)
+        values = replicated(plan.batch // n, stage=3, numel=padded)
+        largest = max(fsdp_unsharded_bytes(full, i, n) for i in full.layers)
+        values["other"] += _scale(plan, largest)  # one unit's gathered parameters at a time
+        return [PredictedMemory(r, values, cap) for r in range(n)]
+    if strategy == "tp":
+        prof = plan.piece(tp=n)
+        numel = prof.total_param_bytes // 4
+        values = _states(plan, numel, 0, sum(len(s) for s in prof.layer_shapes.values()), 1)
+        values["activations"] = _scale(plan, prof.memory["activations"])
+        values["other"] = _scale(plan, prof.memory["other"])
+        return [PredictedMemory(r, values, cap) for r in range(n)]
+    if strategy in ("mp", "pp"):
+        return _pipeline_memory(strategy, plan, cap)
+    raise ValueError(f"no memory model for strategy={strategy!r}")
+
+
+def _pipeline_memory(strategy, plan, cap):
+    n = plan.world
+    if strategy == "mp":
+        name, m, v = "gpipe", 1, 1
+    else:
+        name, m = plan.options["schedule"], plan.options["micro_batches"]
+        v = plan.options["virtual_stages"] if name == "interleaved" else 1
+    groups = stage_groups(plan, n * v)
+    mb = plan.batch // m
+    out = []
+    for r in range(n):
+        stages = list(range(r, n * v, n))
+        profs = [plan.piece(groups[s].start, groups[s].stop, batch=mb) for s in stages]
+        numel = sum(p.total_param_bytes for p in profs) // 4
+        ntensors = sum(len(sh) for p in profs for sh in p.layer_shapes.values())
+        values = _states(plan, numel, 0, ntensors, 1)
+        # every rank makes the whole batch; a profile also counted its own micro-batch's copy
+        own = [_target_bytes(plan, mb) + (_input_bytes(plan, mb) if groups[s].start == 0 else 0) for s in stages]
+        retained = [p.retained - o for p, o in zip(profs, own)]
+        peak_one = max(p.memory["activations"] - o for p, o in zip(profs, own))
+        in_flight = formulas.inflight_activations(name, n, m, r, v)
+        chunk_avg = sum(retained) / len(retained)
+        held = (in_flight - 1) * chunk_avg
+        values["activations"] = _scale(plan, _batch_bytes(plan, plan.batch) + held + peak_one)
+        values["other"] = _scale(plan, max(p.memory["other"] for p in profs))
+        out.append(PredictedMemory(r, values, cap))
+    return out

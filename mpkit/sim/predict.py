@@ -1,0 +1,106 @@
+"""``mpkit.sim.predict``: step time, its breakdown, memory per rank and a timeline — without running.
+
+Inputs are checked by the same ``make_config`` that ``mpkit.train`` uses, so a prediction
+accepts exactly the options a real run accepts and refuses the same bad ones. The step is built
+as per-rank instruction lists (``programs``), priced from the real model's op counts
+(``profile``) on a ``Hardware``, and played forward (``engine``).
+
+Shared CPU cores: on ``cpu-sim`` N ranks may share fewer cores. We first simulate without
+contention, measure how many ranks compute at once on average (total compute / step time), and
+stretch compute by that number over the core count when it is larger (processor sharing).
+"""
+from __future__ import annotations
+
+from mpkit.models import describe
+from mpkit.observe.trace import Trace
+from mpkit.sim.engine import simulate
+from mpkit.sim.hardware import Hardware, get_hardware
+from mpkit.sim.memory import predict_memory
+from mpkit.sim.programs import BUILDERS, Plan
+
+
+class Prediction:
+    """What ``predict`` returns; shaped like a ``Run`` where plots read it (``trace``, ``memory``
+    as per-rank reports, ``world_size``, ``strategy``, ``config``)."""
+
+    def __init__(self, config, hardware: Hardware, trace: Trace, memory, slowdown: float):
+        self.config = config
+        self.strategy = config.strategy
+        self.world_size = config.world_size
+        self.hardware = hardware
+        self.trace = trace
+        self.memory = memory
+        self.slowdown = slowdown
+        start, end = trace.window()
+        self.step_time = end - start
+        ranks = trace.ranks or [0]
+        compute = sum(trace.busy_time(r, "compute") for r in ranks) / len(ranks)
+        # communication counts only where it is not hidden behind compute on the same rank
+        busy_any = sum(_union(trace.of_rank(r)) for r in ranks) / len(ranks)
+        comm = busy_any - compute
+        self.breakdown = {"compute": compute, "comm": comm, "bubble": max(self.step_time - compute - comm, 0.0)}
+
+    def step_times(self) -> list[float]:
+        return [self.step_time]
+
+    def memory_by_category(self, kind="max") -> list[dict[str, int]]:
+        return [dict(m) for m in self.memory]
+
+    def summary(self) -> str:
+        b, peak = self.breakdown, max(m.peak_total for m in self.memory) / 2**20
+        return (f"predicted {self.strategy} on {self.world_size} x {self.hardware.name} — {describe(self.config.model)}\n"
+                f"  step {self.step_time * 1e3:.3f} ms: compute {b['compute'] * 1e3:.3f}, comm {b['comm'] * 1e3:.3f}, "
+                f"bubble {b['bubble'] * 1e3:.3f} ms; peak memory per rank {peak:.2f} MiB")
+
+    def __repr__(self):
+        return (f"<Prediction {self.strategy} world_size={self.world_size} on {self.hardware.name}: "
+                f"{self.step_time * 1e3:.3f} ms/step>")
+
+
+def _union(events) -> float:
+    """Seconds in which any of ``events`` was running."""
+    total, cur_start, cur_end = 0.0, None, None
+    for s, e in sorted((e.start, e.end) for e in events if e.category != "idle"):
+        if cur_end is None or s > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = s, e
+        else:
+            cur_end = max(cur_end, e)
+    return total + (cur_end - cur_start if cur_end is not None else 0.0)
+
+
+def _config(strategy, world_size, model, batch_size, options):
+    from mpkit.train import make_config  # lazily: mpkit.train imports every strategy's module
+
+    if strategy not in BUILDERS:
+        from mpkit.strategies import STRATEGIES
+
+        if strategy in STRATEGIES:
+            raise ValueError(f"strategy={strategy!r} has no cost model yet; predict one of {', '.join(BUILDERS)}")
+    if world_size is None:
+        world_size = 1 if strategy == "single" else 4
+    return make_config(strategy, world_size, model=model, batch_size=batch_size, **options)
+
+
+def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp", batch_size=32,
+            **options) -> Prediction:
+    """Predict one optimizer step of ``strategy`` on ``hardware`` (a preset name or a Hardware).
+
+    Options and model sizes are those of ``mpkit.train`` (e.g. ``schedule="1f1b", micro_batches=8,
+    hidden=256``); ``world_size`` defaults to 1 for ``single`` and 4 otherwise.
+    """
+    cfg = _config(strategy, world_size, model, batch_size, options)
+    hw = get_hardware(hardware)
+    plan = Plan(hw, cfg.model, cfg.world_size, cfg.batch_size, cfg.options)
+    build = BUILDERS[strategy]
+    trace = simulate(build(plan))
+    slowdown = 1.0
+    if hw.cores:
+        start, end = trace.window()
+        concurrency = sum(trace.busy_time(r, "compute") for r in trace.ranks) / max(end - start, 1e-12)
+        if concurrency > hw.cores:
+            slowdown = concurrency / hw.cores
+            plan.slowdown = slowdown
+            trace = simulate(build(plan))
+    return Prediction(cfg, hw, trace, predict_memory(strategy, plan), slowdown)

@@ -1,0 +1,287 @@
+"""One optimizer step of each strategy as per-rank instruction lists for ``engine.simulate``.
+
+Each builder mirrors what ``mpkit/strategies/<name>.py`` does in its step, op for op: which
+micro-batch sizes each rank computes (costs from ``profile``), which collectives or messages
+follow, and in what order. Pipelines take their order from the pp strategy's own
+``schedules.schedule`` — the same lists the executor runs — so predicted and measured
+timelines can only differ in durations, never in order.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from mpkit.models import ModelConfig
+from mpkit.sim import formulas
+from mpkit.sim.engine import Collective, Compute, P2P, Wait
+from mpkit.sim.hardware import Hardware
+from mpkit.sim.profile import PieceProfile, optimizer_cost, profile_piece
+
+MiB = 2**20
+DDP_FIRST_BUCKET = 1 * MiB  # torch DDP caps its first bucket at 1 MiB so communication starts early
+
+
+@dataclass
+class Plan:
+    """Everything a builder needs: the machine, the model, the world and the options."""
+
+    hw: Hardware
+    cfg: ModelConfig
+    world: int
+    batch: int
+    options: dict
+    slowdown: float = 1.0  # compute stretch when ranks share CPU cores (see predict)
+
+    def piece(self, first=0, last=None, batch=None, tp=1) -> PieceProfile:
+        last = self.cfg.num_layers if last is None else last
+        return profile_piece(self.cfg, first, last, self.batch if batch is None else batch, tp)
+
+    def seconds(self, cost, phase) -> float:
+        return self.hw.compute_time(cost, phase) * self.slowdown
+
+    def wire(self, nbytes) -> int:
+        """Bytes on the wire at the machine's precision (profiles count fp32)."""
+        return int(nbytes * self.hw.bytes_per_element / 4)
+
+    def collective(self, kind, group, nbytes, key, async_op=False, name="", **tags) -> Collective:
+        group = tuple(group)
+        return Collective(kind, group, int(nbytes), self.collective_time(kind, nbytes, group), key, async_op, name,
+                          **tags)
+
+    def collective_time(self, kind, nbytes, group) -> float:
+        n, link = len(group), self.hw.link(group)
+        if n == 1 or nbytes <= 0:
+            return 0.0
+        size = self.wire(nbytes)
+        if kind == "all_reduce":
+            ring = formulas.ring_allreduce_time(size, n, link.alpha, link.beta)
+            if self.hw.allreduce == "ring":
+                return ring
+            return min(ring, formulas.tree_allreduce_time(size, n, link.alpha, link.beta))
+        if kind in ("all_gather", "reduce_scatter"):
+            return formulas.ring_reduce_scatter_time(size, n, link.alpha, link.beta)
+        if kind == "broadcast":
+            return math.ceil(math.log2(n)) * link.time(size)
+        raise ValueError(f"no time model for collective {kind!r}")
+
+    def p2p(self, ops) -> P2P:
+        """One communication batch: ops = [("send"|"recv", peer, key, nbytes, stage, mb)]."""
+        return P2P(tuple(ops))
+
+    def p2p_time(self, src, dst, nbytes) -> float:
+        return self.hw.p2p_link(src, dst).time(self.wire(nbytes))
+
+    @cached_property
+    def all_ranks(self) -> tuple:
+        return tuple(range(self.world))
+
+
+def _fwd_bwd(plan, prof, stage=None, mb=None):
+    return [Compute("forward", plan.seconds(prof.cost("forward"), "forward"), stage, mb),
+            Compute("backward", plan.seconds(prof.cost("backward"), "backward"), stage, mb)]
+
+
+def _optimizer(plan, prof, extra_ops=None):
+    cost = prof.optimizer if extra_ops is None else prof.optimizer + extra_ops
+    return Compute("optimizer", plan.seconds(cost, "optimizer"))
+
+
+def single(plan):
+    prof = plan.piece()
+    return [[*_fwd_bwd(plan, prof), _optimizer(plan, prof)]]
+
+
+def _buckets(prof, cap_bytes, first_cap=None):
+    """dp_buckets.plan_buckets on layer granularity: reverse order, new bucket past the cap.
+    Returns [(bytes, index of the layer whose backward completes it)]."""
+    out, size, cap = [], 0, first_cap if first_cap is not None else cap_bytes
+    for i in reversed(prof.layers):
+        nbytes = prof.param_bytes[i]
+        if size and size + nbytes > cap:
+            out.append((size, last_layer))
+            size, cap = 0, cap_bytes
+        size += nbytes
+        last_layer = i
+    if size:
+        out.append((size, last_layer))
+    return out
+
+
+def _data_parallel(plan, bucket_bytes, overlap, first_cap=None):
+    """dp / ddp: forward, backward, bucketed all-reduce (after or during backward), optimizer."""
+    local = plan.batch // plan.world
+    prof = plan.piece(batch=local)
+    buckets = _buckets(prof, bucket_bytes, first_cap)
+    program = [Compute("forward", plan.seconds(prof.cost("forward"), "forward"))]
+    if overlap:
+        done_by = {layer: k for k, (_, layer) in enumerate(buckets)}
+        for i in reversed(prof.layers):
+            program.append(Compute("backward", plan.seconds(prof.cost("backward", [i]), "backward"), name=f"layer {i}"))
+            if i in done_by:
+                k = done_by[i]
+                program.append(plan.collective("all_reduce", plan.all_ranks, buckets[k][0], ("bucket", k), True,
+                                               f"bucket {k}"))
+        program += [Wait(("bucket", k)) for k in range(len(buckets))]
+    else:
+        program.append(Compute("backward", plan.seconds(prof.cost("backward"), "backward")))
+        program += [plan.collective("all_reduce", plan.all_ranks, size, ("bucket", k), name=f"bucket {k}")
+                    for k, (size, _) in enumerate(buckets)]
+    program.append(_optimizer(plan, prof))
+    return [list(program) for _ in range(plan.world)]
+
+
+def dp(plan):
+    return _data_parallel(plan, int(plan.options["bucket_mb"] * MiB), plan.options["overlap"])
+
+
+def ddp(plan):
+    return _data_parallel(plan, int(plan.options["bucket_mb"] * MiB), True, first_cap=DDP_FIRST_BUCKET)
+
+
+def padded_numel(total: int, parts: int) -> int:
+    """zero1's flat buffer: the parameter count padded to a multiple of the world size."""
+    return math.ceil(total / parts) * parts
+
+
+def zero1(plan):
+    """Reduce-scatter the flat gradient, Adam on this rank's slice, all-gather the parameters."""
+    local = plan.batch // plan.world
+    prof = plan.piece(batch=local)
+    flat = padded_numel(prof.total_param_bytes // 4, plan.world) * 4
+    step = optimizer_cost(((flat // 4 // plan.world,),))  # Adam sees one flat slice
+    program = [*_fwd_bwd(plan, prof),
+               plan.collective("reduce_scatter", plan.all_ranks, flat, ("grads",), name="grads"),
+               Compute("optimizer", plan.seconds(step, "optimizer")),
+               plan.collective("all_gather", plan.all_ranks, flat, ("params",), name="params")]
+    return [list(program) for _ in range(plan.world)]
+
+
+def fsdp(plan):
+    """FSDP2 with one unit per layer: all-gather before each layer's forward and again before its
+    backward, reduce-scatter after its backward, Adam on the local shards."""
+    local = plan.batch // plan.world
+    prof = plan.piece(batch=local)
+    program = []
+    gathered = {i: fsdp_unsharded_bytes(prof, i, plan.world) for i in prof.layers}
+    for i in prof.layers:
+        if gathered[i]:
+            program.append(plan.collective("all_gather", plan.all_ranks, gathered[i], ("ag", i), name=f"layers.{i}"))
+        program.append(Compute("forward", plan.seconds(prof.cost("forward", [i]), "forward"), name=f"layer {i}"))
+    for i in reversed(prof.layers):
+        if gathered[i]:
+            program.append(plan.collective("all_gather", plan.all_ranks, gathered[i], ("ag-b", i), name=f"layers.{i}"))
+        program.append(Compute("backward", plan.seconds(prof.cost("backward", [i]), "backward"), name=f"layer {i}"))
+        if gathered[i]:
+            program.append(plan.collective("reduce_scatter", plan.all_ranks, gathered[i], ("rs", i),
+                                           name=f"layers.{i}"))
+    shapes = tuple((math.ceil(s[0] / plan.world), *s[1:]) for i in prof.layers for s in prof.layer_shapes[i])
+    program.append(Compute("optimizer", plan.seconds(optimizer_cost(shapes), "optimizer")))
+    return [list(program) for _ in range(plan.world)]
+
+
+def fsdp_unsharded_bytes(prof: PieceProfile, layer: int, world: int) -> int:
+    """Bytes of one FSDP2 unit once gathered: every tensor's dim 0 padded to a multiple of N."""
+    return sum(math.ceil(s[0] / world) * world * math.prod(s[1:]) * 4 for s in prof.layer_shapes[layer])
+
+
+def tp(plan):
+    """Megatron tensor parallel: the whole batch on every rank, the tp strategy's own slices and
+    its f/g all-reduces in the order its code issues them (recorded while profiling)."""
+    prof = plan.piece(tp=plan.world)
+    program = []
+    for phase in ("forward", "backward"):
+        table = getattr(prof, phase)
+        order = prof.layers if phase == "forward" else reversed(prof.layers)
+        for i in order:
+            for k, item in enumerate(table[i]):
+                if hasattr(item, "flops"):
+                    program.append(Compute(phase, plan.seconds(item, phase), name=f"layer {i}"))
+                else:
+                    program.append(plan.collective(item.kind, plan.all_ranks, item.bytes, (phase, i, k),
+                                                   name=item.name))
+    program.append(_optimizer(plan, prof))
+    return [list(program) for _ in range(plan.world)]
+
+
+def stage_groups(plan, stages):
+    """The pp/mp split (balanced by parameter count, ``strategies.pp.split.partition``)."""
+    from mpkit.strategies.pp.split import partition
+
+    sizes = [b // 4 for b in plan.piece(batch=1).param_bytes.values()]
+    return partition(sizes, stages)
+
+
+def mp(plan):
+    """Layer-wise model parallel: the whole batch through rank 0, 1, ..., and gradients back."""
+    groups = stage_groups(plan, plan.world)
+    last = plan.world - 1
+    programs = []
+    for r, group in enumerate(groups):
+        prof = plan.piece(group.start, group.stop)
+        act = prof.output_bytes[group.stop - 1]
+        ins = []
+        if r > 0:
+            ins.append(_p2p(plan, "recv", r, r - 1, ("act", r), prof.input_bytes, r))
+        ins.append(Compute("forward", plan.seconds(prof.cost("forward"), "forward"), r))
+        if r < last:
+            ins.append(_p2p(plan, "send", r, r + 1, ("act", r + 1), act, r))
+            ins.append(_p2p(plan, "recv", r, r + 1, ("grad", r), act, r))
+        ins.append(Compute("backward", plan.seconds(prof.cost("backward"), "backward"), r))
+        if r > 0:
+            ins.append(_p2p(plan, "send", r, r - 1, ("grad", r - 1), prof.input_bytes, r))
+        ins.append(_optimizer(plan, prof))
+        programs.append(ins)
+    return programs
+
+
+def _p2p(plan, side, me, peer, key, nbytes, stage=None, mb=None):
+    src, dst = (me, peer) if side == "send" else (peer, me)
+    return P2P(((side, peer, key, plan.wire(nbytes), plan.p2p_time(src, dst, nbytes), stage, mb),))
+
+
+def pp(plan):
+    """The pp strategy's schedule lists, with each instruction priced on its stage's profile."""
+    from mpkit.strategies.pp import schedules as S
+
+    name, m = plan.options["schedule"], plan.options["micro_batches"]
+    v = plan.options["virtual_stages"] if name == "interleaved" else 1
+    p = plan.world
+    groups = stage_groups(plan, p * v)
+    mb_size = plan.batch // m
+    profs = {s: plan.piece(g.start, g.stop, batch=mb_size) for s, g in enumerate(groups)}
+    lists = S.schedule(name, p, m, v)
+    programs = []
+    for rank, program in enumerate(lists):
+        ins = []
+        for item in S.batches(program):
+            if isinstance(item, list):
+                ops = []
+                for c in item:
+                    send = isinstance(c, (S.SendAct, S.SendGrad))
+                    peer = c.to if send else c.frm
+                    key = S._message(c)
+                    stage_in = key[2]  # the stage whose input activation / output gradient this is
+                    nbytes = profs[stage_in].input_bytes if key[0] == "act" else profs[stage_in].output_bytes[
+                        groups[stage_in].stop - 1]
+                    src, dst = (rank, peer) if send else (peer, rank)
+                    ops.append(("send" if send else "recv", peer, key, plan.wire(nbytes),
+                                plan.p2p_time(src, dst, nbytes), c.stage, c.mb))
+                ins.append(P2P(tuple(ops)))
+            elif isinstance(item, S.Forward):
+                ins.append(Compute("forward", plan.seconds(profs[item.stage].cost("forward"), "forward"),
+                                   item.stage, item.mb))
+            elif isinstance(item, S.Backward):
+                ins.append(Compute("backward", plan.seconds(profs[item.stage].cost("backward"), "backward"),
+                                   item.stage, item.mb))
+            elif isinstance(item, S.OptimizerStep):
+                mine = [profs[s] for s in range(rank, p * v, p)]
+                cost = mine[0].optimizer
+                for extra in mine[1:]:
+                    cost = cost + extra.optimizer
+                ins.append(Compute("optimizer", plan.seconds(cost, "optimizer")))
+        programs.append(ins)
+    return programs
+
+
+BUILDERS = {"single": single, "dp": dp, "ddp": ddp, "zero1": zero1, "fsdp": fsdp, "mp": mp, "tp": tp, "pp": pp}
