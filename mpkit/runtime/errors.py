@@ -15,6 +15,11 @@ class LaunchError(RuntimeError):
         self.output = output
         self.exc_type = exc_type
 
+    @property
+    def summary(self) -> str:
+        """The message without the rank's traceback: what failed and where, in one paragraph."""
+        return str(self).split("\n\n--- traceback of rank", 1)[0]
+
 
 class LaunchTimeout(LaunchError):
     """No result from some ranks within ``timeout`` seconds (deadlock, a rank that never joined)."""
