@@ -2,9 +2,10 @@
 
 A strategy's step is data (as in ShallowSpeed / LLM-Training-Puzzles): for each rank, the ops
 it issues in program order. This executor gives every op its start and end: compute runs when
-the rank is free; a send/recv batch ends once every peer has posted its side and the data has
-moved (rendezvous, like gloo); a collective starts when the last
-member reaches it, so early members show the wait as communication (as gloo does); an async
+the rank is free; a send/recv batch moves its data once every peer has posted its side
+(rendezvous, like gloo); a collective starts when the last member reaches it. Events span only
+the data movement: waiting for a peer is left as a gap, so a predicted timeline shows the
+bubble as idle time (a measured one shows it inside recv or the collective); an async
 collective runs on the rank's communication lane and ``Wait`` joins it. A program that cannot
 finish (a recv nobody sends) raises instead of hanging.
 """
@@ -75,7 +76,7 @@ def simulate(programs: list[list], step: int = 0) -> Trace:
         end = start + ins.seconds
         finished[key] = end
         for rank, (ready, member_ins) in members.items():
-            emit(rank, ins.kind, ready, end, member_ins, ins.nbytes, ins.name)
+            emit(rank, ins.kind, start, end, member_ins, ins.nbytes, ins.name)
             if member_ins.async_op:
                 comm_clock[rank] = end
             else:
@@ -100,9 +101,10 @@ def simulate(programs: list[list], step: int = 0) -> Trace:
                              for side, peer, key, *_ in ins.ops]
                     if None in peers:
                         break
-                    end = max([clock[r], *peers]) + max(op[4] for op in ins.ops)
+                    begin = max([clock[r], *peers])
+                    end = begin + max(op[4] for op in ins.ops)
                     for side, _, _, nbytes, _, stage, mb in ins.ops:
-                        events.append(Event(r, side, clock[r], end, stage, mb,
+                        events.append(Event(r, side, begin, end, stage, mb,
                                             int(nbytes) if side == "send" else 0, "", step))
                     clock[r] = end
                 elif isinstance(ins, Collective):

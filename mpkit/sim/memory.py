@@ -64,6 +64,13 @@ def _batch_bytes(plan: Plan, batch: int) -> int:
     return _input_bytes(plan, batch) + _target_bytes(plan, batch)
 
 
+def _largest_tensor(plan: Plan, profs) -> float:
+    """Accumulating into an existing .grad (dp's bucket views, zero1's flat buffer, pp's
+    micro-batches) briefly holds one fresh gradient next to it: the largest tensor's bytes."""
+    biggest = max(math.prod(s) for p in profs for shapes in p.layer_shapes.values() for s in shapes)
+    return _scale(plan, 4 * biggest) if plan.hw.precision == "fp32" else 0
+
+
 def predict_memory(strategy: str, plan: Plan) -> list[PredictedMemory]:
     n, cap = plan.world, plan.hw.memory_bytes
     full = plan.piece(batch=1)
@@ -78,13 +85,18 @@ def predict_memory(strategy: str, plan: Plan) -> list[PredictedMemory]:
         values["other"] = _scale(plan, prof.memory["other"])
         return values
 
-    if strategy in ("single", "dp", "ddp"):
+    if strategy in ("single", "ddp"):
         return [PredictedMemory(r, replicated(plan.batch // n), cap) for r in range(n)]
+    if strategy == "dp":
+        values = replicated(plan.batch // n)
+        values["gradients"] += _largest_tensor(plan, [full])
+        return [PredictedMemory(r, values, cap) for r in range(n)]
     if strategy == "zero1":
         flat = padded_numel(psi, n)
         out = []
         for r in range(n):
             values = replicated(plan.batch // n, stage=1, numel=flat, ntensors=1)
+            values["gradients"] += _largest_tensor(plan, [full])
             values["gradients"] += _scale(plan, 4 * flat / n) if plan.hw.precision == "fp32" else 0  # reduced slice
             out.append(PredictedMemory(r, values, cap))
         return out
@@ -101,6 +113,13 @@ def predict_memory(strategy: str, plan: Plan) -> list[PredictedMemory]:
         values["activations"] = _scale(plan, prof.memory["activations"])
         values["other"] = _scale(plan, prof.memory["other"])
         return [PredictedMemory(r, values, cap) for r in range(n)]
+    if strategy == "ps":  # the server keeps parameters, gradient buffers and Adam; workers no optimizer
+        server = _states(plan, psi, 0, tensors, 1)
+        worker = replicated(plan.batch // (n - 1), shards=1)
+        worker["optimizer"] = 0
+        worker["activations"] += _scale(plan, _batch_bytes(plan, plan.batch // (n - 1))
+                                        - _batch_bytes(plan, plan.batch // n))  # replicated() assumed N shards
+        return [PredictedMemory(0, server, cap), *(PredictedMemory(r, worker, cap) for r in range(1, n))]
     if strategy in ("mp", "pp"):
         return _pipeline_memory(strategy, plan, cap)
     raise ValueError(f"no memory model for strategy={strategy!r}")
@@ -122,6 +141,8 @@ def _pipeline_memory(strategy, plan, cap):
         numel = sum(p.total_param_bytes for p in profs) // 4
         ntensors = sum(len(sh) for p in profs for sh in p.layer_shapes.values())
         values = _states(plan, numel, 0, ntensors, 1)
+        if m > 1:
+            values["gradients"] += _largest_tensor(plan, profs)
         # every rank makes the whole batch; a profile also counted its own micro-batch's copy
         own = [_target_bytes(plan, mb) + (_input_bytes(plan, mb) if groups[s].start == 0 else 0) for s in stages]
         retained = [p.retained - o for p, o in zip(profs, own)]

@@ -80,7 +80,10 @@ def _config(strategy, world_size, model, batch_size, options):
             raise ValueError(f"strategy={strategy!r} has no cost model yet; predict one of {', '.join(BUILDERS)}")
     if world_size is None:
         world_size = 1 if strategy == "single" else 4
-    return make_config(strategy, world_size, model=model, batch_size=batch_size, **options)
+    cfg = make_config(strategy, world_size, model=model, batch_size=batch_size, **options)
+    if strategy == "ps" and cfg.option("mode") != "sync":
+        raise ValueError("ps mode='async' has no step to predict (each push is its own update); use mode='sync'")
+    return cfg
 
 
 def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp", batch_size=32,

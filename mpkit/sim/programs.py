@@ -16,7 +16,7 @@ from mpkit.models import ModelConfig
 from mpkit.sim import formulas
 from mpkit.sim.engine import Collective, Compute, P2P, Wait
 from mpkit.sim.hardware import Hardware
-from mpkit.sim.profile import PieceProfile, optimizer_cost, profile_piece
+from mpkit.sim.profile import Cost, PieceProfile, optimizer_cost, profile_piece
 
 MiB = 2**20
 DDP_FIRST_BUCKET = 1 * MiB  # torch DDP caps its first bucket at 1 MiB so communication starts early
@@ -45,15 +45,14 @@ class Plan:
         return int(nbytes * self.hw.bytes_per_element / 4)
 
     def collective(self, kind, group, nbytes, key, async_op=False, name="", **tags) -> Collective:
-        group = tuple(group)
-        return Collective(kind, group, int(nbytes), self.collective_time(kind, nbytes, group), key, async_op, name,
-                          **tags)
+        group, size = tuple(group), self.wire(nbytes)
+        return Collective(kind, group, size, self.collective_time(kind, size, group), key, async_op, name, **tags)
 
-    def collective_time(self, kind, nbytes, group) -> float:
+    def collective_time(self, kind, size, group) -> float:
+        """Seconds of a collective moving ``size`` wire bytes among ``group``."""
         n, link = len(group), self.hw.link(group)
-        if n == 1 or nbytes <= 0:
+        if n == 1 or size <= 0:
             return 0.0
-        size = self.wire(nbytes)
         if kind == "all_reduce":
             ring = formulas.ring_allreduce_time(size, n, link.alpha, link.beta)
             if self.hw.allreduce == "ring":
@@ -241,16 +240,34 @@ def _p2p(plan, side, me, peer, key, nbytes, stage=None, mb=None):
 
 
 def pp(plan):
-    """The pp strategy's schedule lists, with each instruction priced on its stage's profile."""
-    from mpkit.strategies.pp import schedules as S
+    """The pp strategy's schedule lists, each instruction priced on its stage's profile."""
+    from mpkit.strategies.pp import schedules
 
     name, m = plan.options["schedule"], plan.options["micro_batches"]
     v = plan.options["virtual_stages"] if name == "interleaved" else 1
     p = plan.world
     groups = stage_groups(plan, p * v)
-    mb_size = plan.batch // m
-    profs = {s: plan.piece(g.start, g.stop, batch=mb_size) for s, g in enumerate(groups)}
-    lists = S.schedule(name, p, m, v)
+    profs = {s: plan.piece(g.start, g.stop, batch=plan.batch // m) for s, g in enumerate(groups)}
+
+    def message(kind, stage, src, dst):
+        prof = profs[stage]
+        nbytes = prof.input_bytes if kind == "act" else prof.output_bytes[groups[stage].stop - 1]
+        return plan.wire(nbytes), plan.p2p_time(src, dst, nbytes)
+
+    def optimizer(rank):
+        return plan.seconds(sum((profs[s].optimizer for s in range(rank, p * v, p)), Cost()), "optimizer")
+
+    return schedule_programs(schedules.schedule(name, p, m, v),
+                             lambda s: plan.seconds(profs[s].cost("forward"), "forward"),
+                             lambda s: plan.seconds(profs[s].cost("backward"), "backward"), message, optimizer)
+
+
+def schedule_programs(lists, forward, backward, message, optimizer):
+    """Engine programs from ``strategies.pp.schedules`` lists. ``forward(stage)``/``backward(stage)``
+    -> seconds; ``message(kind 'act'|'grad', stage it feeds, src, dst)`` -> (bytes, seconds);
+    ``optimizer(rank)`` -> seconds. Each communication batch stays one batch, as the executor runs it."""
+    from mpkit.strategies.pp import schedules as S
+
     programs = []
     for rank, program in enumerate(lists):
         ins = []
@@ -261,27 +278,42 @@ def pp(plan):
                     send = isinstance(c, (S.SendAct, S.SendGrad))
                     peer = c.to if send else c.frm
                     key = S._message(c)
-                    stage_in = key[2]  # the stage whose input activation / output gradient this is
-                    nbytes = profs[stage_in].input_bytes if key[0] == "act" else profs[stage_in].output_bytes[
-                        groups[stage_in].stop - 1]
-                    src, dst = (rank, peer) if send else (peer, rank)
-                    ops.append(("send" if send else "recv", peer, key, plan.wire(nbytes),
-                                plan.p2p_time(src, dst, nbytes), c.stage, c.mb))
+                    nbytes, seconds = message(key[0], key[2], *((rank, peer) if send else (peer, rank)))
+                    ops.append(("send" if send else "recv", peer, key, nbytes, seconds, c.stage, c.mb))
                 ins.append(P2P(tuple(ops)))
             elif isinstance(item, S.Forward):
-                ins.append(Compute("forward", plan.seconds(profs[item.stage].cost("forward"), "forward"),
-                                   item.stage, item.mb))
+                ins.append(Compute("forward", forward(item.stage), item.stage, item.mb))
             elif isinstance(item, S.Backward):
-                ins.append(Compute("backward", plan.seconds(profs[item.stage].cost("backward"), "backward"),
-                                   item.stage, item.mb))
+                ins.append(Compute("backward", backward(item.stage), item.stage, item.mb))
             elif isinstance(item, S.OptimizerStep):
-                mine = [profs[s] for s in range(rank, p * v, p)]
-                cost = mine[0].optimizer
-                for extra in mine[1:]:
-                    cost = cost + extra.optimizer
-                ins.append(Compute("optimizer", plan.seconds(cost, "optimizer")))
+                ins.append(Compute("optimizer", optimizer(rank)))
         programs.append(ins)
     return programs
 
 
-BUILDERS = {"single": single, "dp": dp, "ddp": ddp, "zero1": zero1, "fsdp": fsdp, "mp": mp, "tp": tp, "pp": pp}
+def ps(plan):
+    """Synchronous parameter server (rank 0; ``strategies.ps``): each worker pulls the parameters,
+    runs forward/backward on its shard and pushes its gradients; the server takes the pushes one
+    after another over its own link, averages them, steps, and replies. rpc (TensorPipe) is
+    priced with the gloo p2p link: same sockets, a little more per-message software."""
+    workers = plan.world - 1
+    prof = plan.piece(batch=plan.batch // workers)
+    size = prof.total_param_bytes
+    tensors = sum(len(sh) for sh in prof.layer_shapes.values())
+    server = []
+    for w in range(1, plan.world):
+        server.append(_p2p(plan, "send", 0, w, ("pull", w), size))
+    for w in range(1, plan.world):
+        server.append(_p2p(plan, "recv", 0, w, ("push", w), size))
+    average = Cost(ops=tensors * (workers + 1), bytes=3 * size * workers)  # copy, add_ per push, div_
+    server += [Compute("compute", plan.seconds(average, "optimizer"), name="average gradients"),
+               _optimizer(plan, prof)]
+    server += [_p2p(plan, "send", 0, w, ("reply", w), 8) for w in range(1, plan.world)]
+    programs = [server]
+    for w in range(1, plan.world):
+        programs.append([_p2p(plan, "recv", w, 0, ("pull", w), size), *_fwd_bwd(plan, prof),
+                         _p2p(plan, "send", w, 0, ("push", w), size), _p2p(plan, "recv", w, 0, ("reply", w), 8)])
+    return programs
+
+
+BUILDERS = {"single": single, "dp": dp, "ddp": ddp, "zero1": zero1, "fsdp": fsdp, "mp": mp, "tp": tp, "pp": pp, "ps": ps}

@@ -1,0 +1,300 @@
+"""The cost model: formulas on hand-computed cases, predicted pipeline timelines, memory against
+the ZeRO formulas, bad inputs, the what-if widget, and the cpu-sim calibration."""
+import json
+import math
+
+import matplotlib
+import pytest
+
+from mpkit.models import ModelConfig, parameter_count
+from mpkit.sim import GPU_PRESETS, Hardware, Link, formulas, predict
+from mpkit.sim.engine import simulate
+from mpkit.sim.programs import schedule_programs
+from mpkit.strategies.pp.schedules import schedule
+
+matplotlib.use("Agg")
+
+GB = 1e9
+# A machine with no communication cost and a pure FLOP clock: durations follow FLOPs exactly.
+IDEAL = Hardware(name="ideal", flops=1e9, mfu=1.0, mem_bw=math.inf,
+                 op_overhead={"forward": 0.0, "backward": 0.0, "optimizer": 0.0},
+                 p2p=Link(0.0, 0.0), collective=Link(0.0, 0.0))
+
+
+# ---- formulas ------------------------------------------------------------------------------
+
+def test_bubble_fractions():
+    assert formulas.bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert formulas.bubble_fraction(4, 4, schedule="1f1b") == pytest.approx(3 / 7)
+    assert formulas.bubble_fraction(4, 8, v=2, schedule="interleaved") == pytest.approx(3 / 16)
+    assert formulas.bubble_fraction(4, 8, v=2, schedule="interleaved", relative_to="step") == pytest.approx(3 / 19)
+    assert formulas.bubble_fraction(4, 4, relative_to="ideal") == pytest.approx(3 / 4)
+    assert formulas.bubble_fraction(1, 4) == 0
+
+
+def test_inflight_activations():
+    assert [formulas.inflight_activations("gpipe", 4, 8, r) for r in range(4)] == [8] * 4
+    assert [formulas.inflight_activations("1f1b", 4, 8, r) for r in range(4)] == [4, 3, 2, 1]
+    assert formulas.inflight_activations("1f1b", 4, 2, 0) == 2
+    assert formulas.inflight_activations("interleaved", 4, 8, 0, v=2) == 2 * 3 + 4 + 1
+
+
+def test_collective_bytes_and_bus_bandwidth():
+    S = 100e6
+    assert formulas.ring_allreduce_bytes(S, 4) == pytest.approx(150e6)
+    assert formulas.reduce_scatter_bytes(S, 4) == pytest.approx(75e6)
+    assert formulas.all_gather_bytes(S, 4) == pytest.approx(75e6)
+    assert formulas.bus_bandwidth(100 * GB, 8) == pytest.approx(175 * GB)
+
+
+def test_zero_memory_mixed_precision():
+    psi, n = 1e9, 8
+    totals = [sum(formulas.zero_memory(psi, n, stage).values()) for stage in (0, 1, 2, 3)]
+    assert totals == pytest.approx([16 * GB, 5.5 * GB, 3.75 * GB, 2 * GB])
+    fp32 = formulas.zero_memory(psi, n, 1, param_bytes=4, grad_bytes=4, optim_bytes=8)
+    assert fp32 == pytest.approx({"parameters": 4 * GB, "gradients": 4 * GB, "optimizer": 1 * GB})
+
+
+def test_activation_memory_korthikanti():
+    s, b, h, a = 2048, 1, 4096, 32
+    assert formulas.activation_memory_per_layer(s, b, h, a) == s * b * h * (34 + 5 * a * s / h) == 956_301_312
+    assert formulas.activation_memory_per_layer(s, b, h, a, t=8) == pytest.approx(s * b * h * (10 + 3 + 10))
+
+
+def test_alpha_beta_times():
+    alpha, beta = 1e-5, 1e-9
+    assert formulas.p2p_time(1e6, alpha, beta) == pytest.approx(1e-5 + 1e-3)
+    assert formulas.ring_allreduce_time(4e6, 4, alpha, beta) == pytest.approx(6 * (1e-5 + 1e-3))
+    assert formulas.ring_reduce_scatter_time(4e6, 4, alpha, beta) == pytest.approx(3 * (1e-5 + 1e-3))
+    assert formulas.tree_allreduce_time(4e6, 4, alpha, beta) == pytest.approx(4 * (1e-5 + 4e-3))
+    small, large = 64, 64e6  # tree wins on latency, ring on bandwidth
+    assert formulas.allreduce_time(small, 8, alpha, beta) == formulas.tree_allreduce_time(small, 8, alpha, beta)
+    assert formulas.allreduce_time(large, 8, alpha, beta) == formulas.ring_allreduce_time(large, 8, alpha, beta)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: formulas.ring_allreduce_bytes(-1, 4), lambda: formulas.ring_allreduce_bytes(100, 0),
+    lambda: formulas.zero_memory(0, 8, 1), lambda: formulas.zero_memory(1e9, 8, 4),
+    lambda: formulas.bubble_fraction(4, 0), lambda: formulas.bubble_fraction(4, 4, schedule="zigzag"),
+    lambda: formulas.activation_memory_per_layer(-2, 1, 1, 1), lambda: formulas.p2p_time(0, 1e-6, 1e-9),
+    lambda: formulas.p2p_time(10, -1, 1e-9), lambda: formulas.inflight_activations("1f1b", 4, 4, 4),
+])
+def test_formulas_reject_bad_sizes(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+# ---- pipeline timelines ----------------------------------------------------------------------
+
+def _equal_stage_trace(name, p, m, v=1, f=1.0, b=2.0):
+    programs = schedule_programs(schedule(name, p, m, v), lambda s: f / v, lambda s: b / v,
+                                 lambda kind, stage, src, dst: (0, 0.0), lambda rank: 0.0)
+    return simulate(programs).filter(category="compute")
+
+
+@pytest.mark.parametrize("name,p,m,v", [("gpipe", 4, 4, 1), ("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1),
+                                        ("1f1b", 3, 5, 1), ("interleaved", 4, 8, 2), ("interleaved", 2, 4, 3)])
+def test_bubble_of_predicted_trace_equals_formula(name, p, m, v):
+    trace = _equal_stage_trace(name, p, m, v)
+    expected = formulas.bubble_fraction(p, m, v, name, relative_to="step")
+    assert trace.bubble_share() == pytest.approx(expected, abs=1e-9)
+
+
+def _in_flight(trace, rank):
+    """Most forwards done on ``rank`` whose backward has not finished."""
+    marks = sorted([(e.end, 1) for e in trace.of_rank(rank) if e.kind == "forward"]
+                   + [(e.end, -1) for e in trace.of_rank(rank) if e.kind == "backward"])
+    level = peak = 0
+    for _, delta in marks:
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_predicted_pipeline_shape(name):
+    p, m = 4, 8
+    pred = predict("pp", hardware=IDEAL, world_size=p, model="mlp", d_in=64, hidden=64, classes=64,
+                   batch_size=32, schedule=name, micro_batches=m)
+    trace = pred.trace
+    first = {r: min(e.start for e in trace.of_rank(r) if e.kind == "forward") for r in range(p)}
+    slot = {r: next(e.duration for e in trace.of_rank(r) if e.kind == "forward") for r in range(p)}
+    for r in range(p):  # rank r waits for r forward slots of the ranks before it
+        assert first[r] == pytest.approx(sum(slot[q] for q in range(r)))
+    in_flight = [_in_flight(trace, r) for r in range(p)]
+    assert in_flight == ([m] * p if name == "gpipe" else [p - r for r in range(p)])
+    events = [e for e in trace.events if e.kind in ("forward", "backward")]
+    assert {(e.stage, e.micro_batch) for e in events} == {(s, i) for s in range(p) for i in range(m)}
+    assert all(e.step == 0 for e in trace.events)
+
+
+def test_pp_follows_the_strategy_schedule_order():
+    pred = predict("pp", hardware=IDEAL, world_size=2, schedule="1f1b", micro_batches=4)
+    lists = schedule("1f1b", 2, 4)
+    for rank in range(2):
+        predicted = [(e.kind, e.micro_batch) for e in pred.trace.of_rank(rank) if e.kind in ("forward", "backward")]
+        expected = [(type(i).__name__.lower(), i.mb) for i in lists[rank] if type(i).__name__ in ("Forward", "Backward")]
+        assert predicted == expected
+
+
+def test_dp_overlap_hides_communication():
+    kw = dict(hardware=GPU_PRESETS["8xH100-pcie"], world_size=8, model="mlp", hidden=1024, layers=8,
+              batch_size=64, bucket_mb=1)
+    plain, overlapped = predict("dp", **kw), predict("dp", overlap=True, **kw)
+    assert plain.breakdown["compute"] == pytest.approx(overlapped.breakdown["compute"])
+    assert overlapped.breakdown["comm"] < plain.breakdown["comm"]
+    assert overlapped.step_time < plain.step_time
+
+
+def test_dp_communication_is_the_ring_formula():
+    hw = GPU_PRESETS["8xA100-nvlink"]
+    pred = predict("dp", hardware=hw, world_size=8, model="mlp", hidden=1024, batch_size=64, bucket_mb=1000)
+    size = parameter_count(ModelConfig(kind="mlp", hidden=1024)) * 2  # one bf16 bucket
+    comm = [e for e in pred.trace.of_rank(0) if e.kind == "all_reduce"]
+    assert len(comm) == 1 and comm[0].bytes == size
+    expected = min(formulas.ring_allreduce_time(size, 8, hw.collective.alpha, hw.collective.beta),
+                   formulas.tree_allreduce_time(size, 8, hw.collective.alpha, hw.collective.beta))
+    assert comm[0].duration == pytest.approx(expected)
+    assert pred.breakdown["comm"] == pytest.approx(expected)
+
+
+def test_tp_issues_two_all_reduces_per_block_each_way():
+    pred = predict("tp", hardware=IDEAL, world_size=2, model="gpt", layers=3)
+    names = [e.name for e in pred.trace.of_rank(0) if e.kind == "all_reduce"]
+    assert sum(n.startswith("g forward") for n in names) == 2 * 3
+    assert sum(n.startswith("f backward") for n in names) == 2 * 3
+
+
+# ---- memory ------------------------------------------------------------------------------------
+
+def _psi(**sizes):
+    return parameter_count(ModelConfig(**sizes))
+
+
+def test_zero1_memory_is_the_formula():
+    n, psi = 4, _psi(kind="mlp", hidden=128)
+    pred = predict("zero1", hardware=IDEAL, world_size=n, hidden=128)
+    states = formulas.zero_memory(psi, n, 1, param_bytes=4, grad_bytes=4, optim_bytes=8)
+    for mem in pred.memory:
+        assert mem["parameters"] == states["parameters"]
+        assert mem["optimizer"] == states["optimizer"] + 4  # + Adam's one step counter (one flat tensor)
+        assert mem["gradients"] >= states["gradients"]
+
+
+def test_fsdp_memory_is_sharded_like_zero3():
+    n = 4
+    cfg = dict(kind="mlp", hidden=128, d_in=128, classes=128)  # every dim 0 divisible by n: no padding
+    psi = _psi(**cfg)
+    pred = predict("fsdp", hardware=IDEAL, world_size=n, model="mlp", hidden=128, d_in=128, classes=128)
+    states = formulas.zero_memory(psi, n, 3, param_bytes=4, grad_bytes=4, optim_bytes=8)
+    assert pred.memory[0]["parameters"] == states["parameters"]
+    assert pred.memory[0]["gradients"] == states["gradients"]
+    assert pred.memory[0]["optimizer"] == states["optimizer"] + 4 * 8  # 4 layers x (weight, bias) counters
+
+
+def test_tp_memory_splits_the_big_matrices():
+    h, t, layers = 64, 4, 2
+    pred = predict("tp", hardware=IDEAL, world_size=t, model="gpt", hidden=h, layers=layers)
+    cfg = ModelConfig(kind="gpt", hidden=h, layers=layers)
+    split = layers * (3 * h * h + 3 * h + h * h + 4 * h * h + 4 * h + 4 * h * h)  # qkv, proj w, up, down w
+    expected = parameter_count(cfg) - split + split // t
+    assert pred.memory[0]["parameters"] == 4 * expected
+    assert pred.memory[0]["optimizer"] == 8 * expected + 4 * sum(1 for _ in _named(cfg))
+
+
+def _named(cfg):
+    from mpkit.models import build_model
+
+    return list(build_model(cfg).parameters())
+
+
+def test_pipeline_activations_follow_in_flight_micro_batches():
+    kw = dict(hardware=IDEAL, world_size=4, micro_batches=8, batch_size=64, hidden=128)
+    gpipe, one_f = predict("pp", schedule="gpipe", **kw), predict("pp", schedule="1f1b", **kw)
+    assert one_f.memory[0]["activations"] < gpipe.memory[0]["activations"]
+    assert gpipe.memory[0]["parameters"] == one_f.memory[0]["parameters"]
+
+
+def test_gpu_presets_use_mixed_precision_states():
+    psi = _psi(kind="mlp", hidden=256)
+    pred = predict("zero1", hardware="8xH100-nvlink", world_size=8, hidden=256, batch_size=64)
+    states = formulas.zero_memory(psi + (-psi) % 8, 8, 1)
+    assert pred.memory[0]["parameters"] == pytest.approx(states["parameters"])
+    assert pred.memory[0]["optimizer"] == pytest.approx(states["optimizer"])
+
+
+def test_prediction_plots_like_a_run():
+    from mpkit import plot
+
+    pred = predict("pp", hardware=IDEAL, world_size=2, micro_batches=2)
+    assert plot.timeline(pred) is not None
+    assert plot.memory(pred) is not None
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(strategy="warp"), "unknown; use one of"),
+    (dict(strategy="dp", hardware="tpu-v9"), "cpu-sim, 8xA100-nvlink"),
+    (dict(strategy="tp", world_size=3, model="gpt"), "does not divide heads"),
+    (dict(strategy="tp", world_size=8, model="gpt"), "heads"),
+    (dict(strategy="pp", world_size=8, model="mlp"), "more than the 4 layers"),
+    (dict(strategy="dp", batch_size=-4), "batch_size"),
+    (dict(strategy="dp", hidden=-8), "hidden"),
+    (dict(strategy="pp", schedule="zigzag"), "gpipe"),
+    (dict(strategy="ps", mode="async", batch_size=30), "mode='sync'"),
+    (dict(strategy="dp", bogus=1), "options are"),
+])
+def test_bad_inputs_name_the_choices(kwargs, match):
+    kwargs.setdefault("hardware", IDEAL)
+    with pytest.raises(ValueError, match=match):
+        predict(**kwargs)
+
+
+# ---- what-if widget -------------------------------------------------------------------------
+
+def test_whatif_recomputes_on_slider_change():
+    from mpkit.sim.whatif import WhatIf
+
+    state = WhatIf("pp", hardware="8xA100-nvlink", draw=False)
+    assert state.prediction.world_size == 4
+    state.controls["world_size"].value = 2
+    assert state.prediction.world_size == 2
+    before = state.prediction.step_time
+    state.controls["micro_batches"].value = 8
+    assert len(state.prediction.trace.filter(kind="forward").events) == 2 * 8
+    assert state.prediction.step_time != before
+    slow = state.prediction.step_time
+    state.controls["bandwidth"].value = 0.1
+    assert state.prediction.step_time > slow
+    state.controls["micro_batches"].value = 5  # 32 % 5 != 0: refused, last good prediction kept
+    assert "micro_batches" in state.status.value and state.prediction.config.options["micro_batches"] == 8
+
+
+def test_whatif_hardware_switch_resets_bandwidth():
+    from mpkit.sim.whatif import WhatIf
+
+    state = WhatIf("dp", hardware="8xA100-nvlink", draw=False)
+    state.controls["hardware"].value = "8xH100-pcie"
+    assert state.controls["bandwidth"].value == pytest.approx(GPU_PRESETS["8xH100-pcie"].p2p.bandwidth / 1e9)
+    assert state.prediction.hardware.flops == GPU_PRESETS["8xH100-pcie"].flops
+
+
+# ---- calibration (forks ranks) ------------------------------------------------------------
+
+@pytest.mark.timeout(90)
+def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
+    from mpkit.sim import calibrate
+
+    path = tmp_path / "cpu-sim.json"
+    hw = calibrate.cpu_sim(refresh=True, cache_file=path)
+    assert 1e8 < hw.flops < 1e13 and hw.mem_bw > 1e8
+    assert all(0 < v < 1e-3 for v in hw.op_overhead.values())
+    assert 0 < hw.p2p.alpha < 0.05 and hw.p2p.bandwidth > 1e7
+    assert 0 < hw.collective.alpha < 0.05 and hw.collective.bandwidth > 1e6
+    assert calibrate.cpu_sim(cache_file=path) is hw  # this process's copy
+    calibrate._memory.clear()
+    again = calibrate.cpu_sim(cache_file=path)  # from the file, not measured again
+    assert again == hw and json.loads(path.read_text())
+    pred = predict("dp", hardware=again, world_size=2)
+    assert pred.step_time > 0 and pred.breakdown["comm"] > 0
