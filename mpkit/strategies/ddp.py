@@ -22,11 +22,19 @@ def validate(cfg):
     validate_bucket_mb(cfg)
 
 
-def traced_allreduce_hook(ctx, bucket):
+class HookState:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.bucket_bytes = {}  # step -> [bytes of each bucket, in the order DDP reduced them]
+
+
+def traced_allreduce_hook(state, bucket):
     """DDP comm hook: the default (divide by world size, all-reduce), logged as one event."""
+    ctx = state.ctx
     start = ctx.trace.now()
     buffer = bucket.buffer()
     nbytes, index = buffer.numel() * buffer.element_size(), bucket.index()
+    state.bucket_bytes.setdefault(ctx.trace.step, []).append(nbytes)
 
     def done(fut):
         ctx.trace.record("all_reduce", start, ctx.trace.now(), bytes=nbytes, name=f"bucket {index}")
@@ -39,11 +47,11 @@ def run_rank(ctx, cfg):
     model = build_model(cfg.model, cfg.seed).to(ctx.device)
     ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                                   bucket_cap_mb=cfg.option("bucket_mb"))
-    ddp.register_comm_hook(ctx, traced_allreduce_hook)
+    hook_state = HookState(ctx)
+    ddp.register_comm_hook(hook_state, traced_allreduce_hook)
     optimizer = make_optimizer(ddp.parameters(), cfg)
     losses = train_loop(ctx, cfg, ddp, optimizer, track=(model, optimizer))
-    buckets = ctx.trace.filter(kind="all_reduce", step=cfg.steps - 1).events
-    extra = {"buckets": len(buckets), "bucket_bytes": [e.bytes for e in buckets],
-             "all_reduce_bytes_per_step": sum(e.bytes for e in buckets)}
+    buckets = hook_state.bucket_bytes[cfg.steps - 1]  # after DDP's rebuild at the end of step 0
+    extra = {"buckets": len(buckets), "bucket_bytes": buckets, "all_reduce_bytes_per_step": sum(buckets)}
     return RankOutput(losses=losses if ctx.rank == 0 else None, params=state_of(model) if ctx.rank == 0 else {},
                       extra=extra)

@@ -75,7 +75,6 @@ def run_rank(ctx, cfg):
     local = {name: p.to_local() for name, p in model.named_parameters()}
     full = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}  # collective
     extra = {"local_numel": sum(t.numel() for t in local.values()),
-             "padded_numel": sum(p._local_tensor.untyped_storage().nbytes() // p.element_size()
-                                 for p in model.parameters()),
+             "padded_numel": sum(t.untyped_storage().nbytes() // t.element_size() for t in local.values()),
              "traced": "all_gather and reduce_scatter of every layer (not the final full_tensor gathers)"}
     return RankOutput(losses=losses if ctx.rank == 0 else None, params=full if ctx.rank == 0 else {}, extra=extra)
