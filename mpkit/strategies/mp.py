@@ -14,7 +14,7 @@ import torch
 
 from mpkit.models import loss_fn, make_batch
 from mpkit.strategies.common import RankOutput, make_optimizer
-from mpkit.strategies.pp.split import boundary_shape, build_stages, check_stage_count, plan
+from mpkit.strategies.pp.split import StageInput, boundary_shape, build_stages, check_stage_count, plan
 
 OPTIONS = {}
 
@@ -29,14 +29,15 @@ def run_rank(ctx, cfg):
     stage = build_stages(cfg.model, cfg.seed, groups, [rank])[rank].to(ctx.device)
     optimizer = make_optimizer(stage.parameters(), cfg)
     shape = boundary_shape(cfg.model, cfg.batch_size)
+    stage_input = StageInput(ctx.device)
     losses = []
     with ctx.memory.track(stage, optimizer):
         for step in range(cfg.steps):
             ctx.set_step(step)
             x, y = (t.to(ctx.device) for t in make_batch(cfg.model, cfg.batch_size, step, cfg.seed))
             if rank > 0:  # wait for the previous device's activation (the bubble shows as recv time)
-                x = ctx.comm.recv(torch.empty(shape, device=ctx.device), rank - 1, stage=rank)
-                x.requires_grad_()
+                received = ctx.comm.recv(torch.empty(shape, device=ctx.device), rank - 1, stage=rank)
+                x, grad_of_input = stage_input.attach(received)
             with ctx.trace.span("forward", stage=rank):
                 out = stage(x)
                 if rank == last:
@@ -47,7 +48,7 @@ def run_rank(ctx, cfg):
             with ctx.trace.span("backward", stage=rank):
                 torch.autograd.backward(out, None if rank == last else grad)
             if rank > 0:  # the gradient w.r.t. our input is the previous device's output gradient
-                ctx.comm.send(x.grad, rank - 1, stage=rank)
+                ctx.comm.send(grad_of_input.pop(), rank - 1, stage=rank)
             with ctx.trace.span("optimizer", stage=rank):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)

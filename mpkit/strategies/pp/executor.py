@@ -14,7 +14,7 @@ from mpkit.strategies.common import shard
 from mpkit.strategies.pp.schedules import (
     Backward, Forward, OptimizerStep, RecvAct, RecvGrad, SendAct, SendGrad, batches,
 )
-from mpkit.strategies.pp.split import boundary_shape
+from mpkit.strategies.pp.split import StageInput, boundary_shape
 
 
 class PipelineExecutor:
@@ -26,10 +26,11 @@ class PipelineExecutor:
         self.m = micro_batches
         self.optimizer = optimizer
         self.shape = boundary_shape(cfg.model, cfg.batch_size // micro_batches)
+        self.stage_input = StageInput(ctx.device)
 
     def step(self, program, x, y):
         """One optimizer step; returns the loss (a float) if this rank holds the last stage."""
-        self.inputs = {}   # (mb, stage) -> input of the stage (data, or a received activation)
+        self.inputs = {}   # (mb, stage) -> received activation, then the sink of its gradient
         self.outputs = {}  # (mb, stage) -> output (the scaled loss on the last stage), kept for backward
         self.grads = {}    # (mb, stage) -> received gradient of the output
         self.dx = {}       # (mb, stage) -> gradient of the input, to send back
@@ -49,8 +50,10 @@ class PipelineExecutor:
         return None if self.loss is None else self.loss.item()
 
     def _forward(self, mb, stage):
-        x = shard(self.x, mb, self.m) if stage == 0 else self.inputs[(mb, stage)]
-        self.inputs[(mb, stage)] = x
+        if stage == 0:
+            x = shard(self.x, mb, self.m)
+        else:
+            x, self.inputs[(mb, stage)] = self.stage_input.attach(self.inputs[(mb, stage)])
         with self.ctx.trace.span("forward", stage=stage, micro_batch=mb):
             out = self.stages[stage](x)
             if stage == self.last:  # mean over micro-batches = the global batch's mean loss
@@ -62,9 +65,8 @@ class PipelineExecutor:
         out, grad = self.outputs.pop((mb, stage)), self.grads.pop((mb, stage), None)
         with self.ctx.trace.span("backward", stage=stage, micro_batch=mb):
             torch.autograd.backward(out, grad)  # accumulates into the parameters' .grad
-        x = self.inputs.pop((mb, stage))
         if stage > 0:
-            self.dx[(mb, stage)] = x.grad
+            self.dx[(mb, stage)] = self.inputs.pop((mb, stage)).pop()
 
     def _communicate(self, batch):
         comm, device = self.ctx.comm, self.ctx.device
@@ -86,6 +88,6 @@ class PipelineExecutor:
             work.wait()
         for ins, buffer in received:
             if isinstance(ins, RecvAct):
-                self.inputs[(ins.mb, ins.stage)] = buffer.requires_grad_()
+                self.inputs[(ins.mb, ins.stage)] = buffer
             else:
                 self.grads[(ins.mb, ins.stage)] = buffer

@@ -8,6 +8,7 @@ taking a device of its own, as an equal count of layers would give it).
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from mpkit.models import ModelConfig, build_model
@@ -90,3 +91,35 @@ def boundary_shape(cfg: ModelConfig, batch: int) -> tuple[int, ...]:
     """Shape of the activation between two stages (and of its gradient), known in advance
     from the config, so a receiver can allocate the buffer before the message arrives."""
     return (batch, cfg.hidden) if cfg.kind == "mlp" else (batch, cfg.seq_len, cfg.hidden)
+
+
+class _FromPreviousStage(torch.autograd.Function):
+    """The received activation entering this stage's graph. Its backward hands the gradient
+    w.r.t. that activation — the message for the previous stage — to ``sink``.
+
+    Why not a leaf with ``requires_grad``: torch 2.13's MemTracker registers a hook on every
+    module input whose closure holds the input's autograd node, and a leaf's node holds the
+    leaf, so every received activation (and its .grad) would stay alive for good. Here the
+    node holds only ``anchor``, one scalar per rank."""
+
+    @staticmethod
+    def forward(ctx, anchor, x, sink):
+        ctx.sink = sink
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.sink.append(grad)
+        return None, None, None
+
+
+class StageInput:
+    """``attach(received) -> (input for the stage, sink)``; after backward ``sink.pop()`` is
+    the gradient to send back."""
+
+    def __init__(self, device):
+        self.anchor = torch.zeros((), device=device, requires_grad=True)
+
+    def attach(self, received):
+        sink = []
+        return _FromPreviousStage.apply(self.anchor, received, sink), sink
