@@ -1,0 +1,111 @@
+"""Pipeline parallel (``pp``): parity with ``single`` for every schedule, the same results as
+``torch.distributed.pipelining`` on the same split, the trace, and bad options."""
+from functools import lru_cache
+
+import pytest
+
+import mpkit
+from mpkit.strategies.pp import torch_pipelining
+from mpkit.strategies.pp.measure import step_bubble
+from mpkit.strategies.pp.schedules import COMPUTE, schedule
+from mpkit.train import make_config
+
+# Micro-batching changes only float32 summation order (per-micro-batch means / m, gradients
+# accumulated over micro-batches): ~1e-7 relative on losses ~2-4 and weights ~0.1-1.
+# 1e-5 leaves an order of magnitude. The gpt runs use SGD: Adam's first step moves a weight by
+# ~lr·g/(|g|+eps) whatever g's size, so weights whose true gradient is 0 (the attention key bias:
+# softmax ignores a per-query constant) turn float noise into ~1e-4 differences.
+ATOL = 1e-5
+OPTIMIZER = {"mlp": "adam", "gpt": "sgd"}
+CASES = [("gpipe", {}), ("1f1b", {}), ("interleaved", {"virtual_stages": 2})]
+
+
+def model_sizes(model, schedule_name):
+    # interleaved needs world_size*2 stages: 8 mlp layers / gpt 6 blocks + embedding + head
+    if schedule_name == "interleaved":
+        return {"layers": 8 if model == "mlp" else 6}
+    return {}
+
+
+@lru_cache(maxsize=None)
+def run(model, world_size, name, micro_batches=4, optimizer=None):
+    return mpkit.train("pp", world_size, model=model, steps=3, schedule=name, micro_batches=micro_batches,
+                       optimizer=optimizer or OPTIMIZER[model], **model_sizes(model, name))
+
+
+def assert_close(losses, params, ref_losses, ref_params, atol):
+    assert len(losses) == len(ref_losses) == 3
+    assert max(abs(a - b) for a, b in zip(losses, ref_losses)) <= atol
+    assert set(params) == set(ref_params)
+    for name, tensor in ref_params.items():
+        assert (params[name] - tensor).abs().max().item() <= atol, name
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_matches_single(model, world_size, name):
+    r = run(model, world_size, name)
+    ref = r.reference()
+    assert_close(r.losses, r.params, ref.losses, ref.params, ATOL)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("model,optimizer", [("mlp", "adam"), ("gpt", "adam")])
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_same_as_torch_distributed_pipelining(model, optimizer, world_size, name):
+    ours = run(model, world_size, name, optimizer=optimizer)
+    cfg = make_config("pp", world_size, model=model, steps=3, schedule=name, micro_batches=4, optimizer=optimizer)
+    outputs = mpkit.launch(torch_pipelining.run_rank, world_size, args=(cfg,), timeout=90, memory=False)
+    losses = next(o.losses for o in outputs if o.losses is not None)
+    params = {k: v for o in outputs for k, v in o.params.items()}
+    # same stages, same per-micro-batch ops: gradients agree to float32 rounding (Adam included,
+    # as both sum the same micro-batch gradients); torch averages the m losses in another order.
+    assert_close(losses, params, ours.losses, ours.params, 1e-6)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved"])
+def test_trace_follows_the_program(name):
+    r = run("mlp", 4, name)
+    v = 2 if name == "interleaved" else 1
+    programs = schedule(name, 4, 4, v)
+    for rank in range(4):
+        for step in range(3):
+            done = [(e.kind, e.micro_batch, e.stage) for e in r.trace.of_rank(rank)
+                    if e.step == step and e.kind in ("forward", "backward")]
+            planned = [(type(i).__name__.lower(), i.mb, i.stage) for i in programs[rank] if isinstance(i, COMPUTE)]
+            assert done == planned
+    hidden = r.config.model.hidden
+    sends = r.trace.filter(kind="send").events
+    assert sends and all(e.bytes == (32 // 4) * hidden * 4 for e in sends)  # one micro-batch's activation
+    assert all(e.micro_batch is not None and e.stage is not None for e in sends)
+    assert r.extra[0]["stages"] == ([0, 4] if v == 2 else [0])
+    assert r.losses and all(x is None for x in (o.losses for o in r.outputs[:-1]))
+
+
+@pytest.mark.timeout(120)
+def test_more_micro_batches_shrink_the_bubble():
+    # same work, m=1 is layer-wise MP (bubble 3/4 on 4 ranks); m=8 fills the pipeline
+    one, eight = run("mlp", 4, "gpipe", micro_batches=1), run("mlp", 4, "gpipe", micro_batches=8)
+    assert one.losses == pytest.approx(eight.losses, abs=ATOL)
+
+    # only one rank computes at a time with m=1: the bubble is at least (p-1)/p
+    assert step_bubble(one.trace, 2) >= 0.75
+    assert step_bubble(eight.trace, 2) < step_bubble(one.trace, 2)
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"schedule": "zb"}, "schedule='zb' is unknown; use one of 'gpipe', '1f1b', 'interleaved'"),
+    ({"micro_batches": 3}, "micro_batches=3 does not divide batch_size=32"),
+    ({"micro_batches": 0}, "micro_batches=0: pass a whole number >= 1"),
+    ({"schedule": "interleaved", "micro_batches": 6}, "micro_batches to be a multiple of world_size=4"),
+    ({"schedule": "interleaved", "virtual_stages": 1}, "virtual_stages=1"),
+    ({"schedule": "interleaved"}, r"world_size\*virtual_stages=4\*2: stages=8 is more than the 4 layers"),
+    ({"layers": 3}, "stages=4 is more than the 3 layers of the model; use stages<=3 or a deeper model"),
+])
+def test_bad_options(options, match):
+    with pytest.raises(ValueError, match=match):
+        make_config("pp", 4, **options)
