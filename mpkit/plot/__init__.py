@@ -1,0 +1,12 @@
+"""``mpkit.plot``: timelines, memory bars/curves and bytes-on-the-wire charts from a run's own logs.
+
+Every function takes ``lang="en"`` or ``lang="ko"`` and returns a matplotlib Figure.
+"""
+from mpkit.plot.comm import comm
+from mpkit.plot.labels import LANGS
+from mpkit.plot.memory import memory
+from mpkit.plot.memory_time import memory_over_time
+from mpkit.plot.style import save
+from mpkit.plot.timeline import timeline
+
+__all__ = ["timeline", "memory", "memory_over_time", "comm", "save", "LANGS"]

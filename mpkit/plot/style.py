@@ -1,0 +1,53 @@
+"""Fixed colours and the figure/drawing context shared by every plot, so plots are reproducible.
+
+Figures are plain ``matplotlib.figure.Figure`` objects (not pyplot's): a notebook shows the
+returned figure once, and tests do not accumulate open pyplot figures.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import matplotlib
+from matplotlib.figure import Figure
+
+from mpkit.plot import fonts
+from mpkit.plot.labels import check_lang
+
+# One colour per event kind: compute in blues/greens/purple, communication in warm colours.
+KIND_COLOURS = {
+    "forward": "#4C72B0", "backward": "#55A868", "optimizer": "#8172B3", "compute": "#64B5CD",
+    "all_reduce": "#C44E52", "send": "#DD8452", "recv": "#E8C547", "all_gather": "#2A9D8F",
+    "reduce_scatter": "#937860", "broadcast": "#DA8BC3", "reduce": "#B07AA1", "barrier": "#8C8C8C",
+    "all_to_all": "#9C755F", "rpc": "#6B8E23", "wait": "#BAB0AC",
+}
+# Memory categories avoid the compute colours: memory_over_time draws both in one figure.
+CATEGORY_COLOURS = {
+    "parameters": "#34495E", "gradients": "#E9C46A", "optimizer": "#E76F51",
+    "activations": "#2A9D8F", "other": "#BAB0AC",
+}
+IDLE_COLOUR = "#D9D9D9"
+IDLE_HATCH = "////"
+IDEAL_EDGE = "#222222"
+
+
+@contextmanager
+def drawing(lang):
+    """Check ``lang`` and make the artists inside with the Hangul font (per figure, not globally)."""
+    check_lang(lang)
+    with matplotlib.rc_context(fonts.rc()):
+        yield
+
+
+def new_figure(width: float, height: float, **subplots):
+    """(figure, axes) of a fixed size; ``subplots`` go to ``Figure.subplots``."""
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots(**subplots)
+
+
+def save(fig, path) -> str:
+    """Write ``fig`` as PNG (dpi 110, tight bounding box), creating the folder; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
+    return str(path)
