@@ -1,7 +1,7 @@
 """Measure the ``cpu-sim`` preset on this machine, in a few seconds, the way ranks really run.
 
 Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each, like training):
-- compute: a 256x256 matmul (FLOP rate), a 16 MiB add (memory bandwidth), and one training step
+- compute: lab-sized matmuls (FLOP rate), adds of 256 KiB-16 MiB (memory bandwidth), one training step
   of a tiny MLP whose ops cost almost nothing but their fixed overhead (seconds per op, by phase;
   the op counts come from ``mpkit.sim.profile``, the same counter ``predict`` uses);
 - gloo: a ping-pong sweep between 2 ranks fits alpha/beta for send/recv, an all-reduce sweep on
@@ -27,6 +27,10 @@ from mpkit.sim.hardware import PHASES, Hardware, Link
 DEFAULT_CACHE = Path.home() / ".cache" / "mpkit" / "cpu-sim.json"
 _TINY = dict(kind="mlp", layers=4, hidden=16, d_in=16, classes=4)
 _TINY_BATCH = 4
+# Lab-sized shapes, not one best case: a 256-wide layer on a 64-sample batch runs well below
+# the 512^3 rate, and tensors of a few hundred KiB stream from cache, not DRAM.
+_GEMMS = ((64, 256, 256), (256, 256, 256), (512, 512, 512))
+_STREAMS = (1 << 16, 1 << 18, 1 << 22)
 _P2P_SIZES = (4, 1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)
 _AR_SIZES = (4, 1 << 12, 1 << 16, 1 << 19, 1 << 22)
 _memory: dict[str, Hardware] = {}
@@ -46,10 +50,16 @@ def _compute_rank(ctx):
     """Runs in a rank: raw rates and the per-phase time of one tiny training step."""
     from mpkit.models import ModelConfig, build_model, loss_fn, make_batch
 
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
-    flops = 2 * 256**3 / _timeit(lambda: a @ b, 30)
-    x = torch.randn(1 << 22)
-    mem_bw = 3 * x.numel() * 4 / _timeit(lambda: x + x, 10)
+    rates = []
+    for m, k, n in _GEMMS:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        rates.append(2 * m * k * n / _timeit(lambda: a @ b, 20))
+    flops = statistics.median(rates)
+    bws = []
+    for numel in _STREAMS:
+        x = torch.randn(numel)
+        bws.append(3 * numel * 4 / _timeit(lambda: x + x, 20))
+    mem_bw = statistics.median(bws)
     cfg = ModelConfig(**_TINY)
     model = build_model(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
@@ -81,12 +91,12 @@ def _pingpong_rank(ctx):
         for rep in range(reps + 2):
             dist.barrier()
             start = time.perf_counter()
-            if ctx.rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
+            if ctx.rank == 0:  # isend/irecv + wait, as the pipeline executor talks
+                dist.isend(buf, 1).wait()
+                dist.irecv(buf, 1).wait()
             else:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
+                dist.irecv(buf, 0).wait()
+                dist.isend(buf, 0).wait()
             if rep >= 2:
                 times.append((time.perf_counter() - start) / 2)
         out.append((buf.numel() * 4, statistics.median(times)))
