@@ -64,10 +64,6 @@ class Plan:
             return math.ceil(math.log2(n)) * link.time(size)
         raise ValueError(f"no time model for collective {kind!r}")
 
-    def p2p(self, ops) -> P2P:
-        """One communication batch: ops = [("send"|"recv", peer, key, nbytes, stage, mb)]."""
-        return P2P(tuple(ops))
-
     def p2p_time(self, src, dst, nbytes) -> float:
         return self.hw.p2p_link(src, dst).time(self.wire(nbytes))
 
