@@ -64,8 +64,8 @@ def test_interleaved_no_deadlock_each_chunk_once_and_bubble_shrinks_by_v(p, v, m
     assert (sim.makespan - ideal) / ideal == Fraction(p - 1, v * m)
     gpipe = simulate(schedule("gpipe", p, m))
     assert sim.bubble < gpipe.bubble
-    # Megatron's warm-up: 2(p-r-1) + (v-1)p forwards before the first backward (all when m == p)
-    warm = [m * v if m == p else min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) for r in range(p)]
+    # Megatron's warm-up: 2(p-r-1) + (v-1)p forwards before the first backward, then one more
+    warm = [min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) for r in range(p)]
     assert sim.peak_in_flight == warm
 
 

@@ -1,9 +1,10 @@
 """Runs any instruction list from ``schedules.schedule`` on one rank, for real.
 
 The executor knows nothing about GPipe or 1F1B: the order is all in the list. Communication
-instructions between two computations are one batch: posted together with ``isend``/``irecv``
-and waited together (the semantics ``schedules.simulate`` proves deadlock-free), so a rank
-blocked on its neighbour shows as send/recv time in the trace.
+instructions between two computations are one batch, posted together with ``isend``/``irecv``;
+its receives are waited at once, its sends at the next batch (or before the optimizer step), so
+a send overlaps the next computation as in torch's schedules. ``schedules.simulate`` proves
+these semantics deadlock-free; a rank blocked on its neighbour shows as recv/send time.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class PipelineExecutor:
         self.grads = {}    # (mb, stage) -> received gradient of the output
         self.dx = {}       # (mb, stage) -> gradient of the input, to send back
         self.x, self.y = x, y
+        self.sending = []  # (work, tensor) of the last batch's sends, waited at the next batch
         self.loss = None
         for item in batches(program):
             if isinstance(item, list):
@@ -44,6 +46,7 @@ class PipelineExecutor:
             elif isinstance(item, Backward):
                 self._backward(item.mb, item.stage)
             elif isinstance(item, OptimizerStep):
+                self._wait_sends()
                 with self.ctx.trace.span("optimizer"):
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
@@ -68,25 +71,30 @@ class PipelineExecutor:
         if stage > 0:
             self.dx[(mb, stage)] = self.inputs.pop((mb, stage)).pop()
 
+    def _wait_sends(self):
+        for work, _ in self.sending:
+            work.wait()
+        self.sending = []
+
     def _communicate(self, batch):
         comm, device = self.ctx.comm, self.ctx.device
-        works, received = [], []  # works hold (work, tensor): a buffer must outlive its message
+        sends, receives = [], []  # (work, tensor): a buffer must outlive its message
         for ins in batch:
             tags = dict(stage=ins.stage, micro_batch=ins.mb)
             key = (ins.mb, ins.stage)
             if isinstance(ins, SendAct):
                 tensor = self.outputs[key].detach()
-                works.append((comm.isend(tensor, ins.to, **tags), tensor))
+                sends.append((comm.isend(tensor, ins.to, **tags), tensor))
             elif isinstance(ins, SendGrad):
                 tensor = self.dx.pop(key)
-                works.append((comm.isend(tensor, ins.to, **tags), tensor))
+                sends.append((comm.isend(tensor, ins.to, **tags), tensor))
             else:
                 buffer = torch.empty(self.shape, device=device)
-                works.append((comm.irecv(buffer, ins.frm, **tags), buffer))
-                received.append((ins, buffer))
-        for work, _ in works:
+                receives.append((comm.irecv(buffer, ins.frm, **tags), buffer, ins))
+        self._wait_sends()  # the previous batch's: they had a computation's time to be received
+        self.sending = sends
+        for work, buffer, ins in receives:
             work.wait()
-        for ins, buffer in received:
             if isinstance(ins, RecvAct):
                 self.inputs[(ins.mb, ins.stage)] = buffer
             else:

@@ -9,10 +9,11 @@ there are ``p·v`` stages and stage ``s`` lives on rank ``s % p`` (Megatron's in
 rank 0 holds stages 0, p, 2p, ...). Without interleaving (v = 1) stage = rank.
 
 Communication semantics (what the executor does and the simulator models): the communication
-instructions between two computations form one *batch*, posted together (isend/irecv) and
-waited together, like torch's ``batch_isend_irecv`` and Megatron's ``send_forward_recv_backward``.
-A batch finishes once every peer has reached the batch holding the matching operation (gloo
-sends are rendezvous: data moves only when the receive is posted). Messages between two ranks
+instructions between two computations form one *batch*, posted together (isend/irecv), like
+torch's ``batch_isend_irecv`` and Megatron's ``send_forward_recv_backward``. Its receives are
+waited at once; its sends at the rank's next batch (or before the optimizer step), so a send
+overlaps the next computation. A send completes only once the receiver posted the receive
+(gloo sends are rendezvous: data moves when the receive is posted). Messages between two ranks
 are matched in the order they were posted, so the receiver must post them in the sender's order.
 """
 from __future__ import annotations
@@ -95,11 +96,10 @@ def check_schedule_args(name, stages, micro_batches, virtual=1) -> None:
                          f"(micro-batches go round the ranks in groups of {stages}); got micro_batches={micro_batches}")
 
 
-def _compute_units(name, p, m, v, rank):
-    """The Forward/Backward sequence of one rank, grouped into units: computations that run
-    back to back with no communication between them."""
+def _compute_order(name, p, m, v, rank):
+    """The Forward/Backward sequence of one rank."""
     if name == "gpipe":  # fill, then drain: all m activations alive at once
-        return [[Forward(i, rank)] for i in range(m)] + [[Backward(i, rank)] for i in range(m)]
+        return [Forward(i, rank) for i in range(m)] + [Backward(i, rank) for i in range(m)]
     if name == "1f1b":
         def fwd(k):
             return Forward(k, rank)
@@ -117,46 +117,33 @@ def _compute_units(name, p, m, v, rank):
 
         def bwd(k):
             return Backward(*virtual_mb(k, True))
-        # with m == p the steady state's combined batches would wait on each other in a cycle:
-        # Megatron runs all forwards first in that case, and so do we
-        total = m * v
-        warmup = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
-    # steady state: one forward, one backward. Interleaved fuses the pair (Megatron's
-    # send_forward_backward_recv_forward_backward): the receive for the backward is posted
-    # before the forward, which the chunks going round the ranks need to avoid a wait cycle.
-    steady = [[fwd(warmup + k), bwd(k)] for k in range(total - warmup)]
-    if name == "1f1b":
-        steady = [[op] for pair in steady for op in pair]
-    return ([[fwd(k)] for k in range(warmup)] + steady
-            + [[bwd(k)] for k in range(total - warmup, total)])  # warm-up, steady state, cool-down
+        total, warmup = m * v, min((p - rank - 1) * 2 + (v - 1) * p, m * v)
+    order = [fwd(k) for k in range(warmup)]  # warm-up
+    for k in range(total - warmup):  # steady state: one forward, one backward
+        order += [fwd(warmup + k), bwd(k)]
+    return order + [bwd(k) for k in range(total - warmup, total)]  # cool-down
 
 
 def schedule(name: str, stages: int, micro_batches: int, virtual: int = 1) -> list[list]:
     """Instruction lists, one per rank, for ``stages`` ranks and ``micro_batches`` micro-batches.
 
-    The receives a unit of computation needs go right before it, its sends right after it, so
-    the sends of one unit and the receives of the next form one communication batch.
+    A receive goes right before the computation that needs it, a send right after the one
+    that produced it, so the sends of one computation and the receives of the next form a batch.
     """
     check_schedule_args(name, stages, micro_batches, virtual)
     p, v = stages, (virtual if name == "interleaved" else 1)
     last = p * v - 1
-
-    def receives(op):
-        if isinstance(op, Forward):
-            return [RecvAct(op.mb, op.stage, (op.stage - 1) % p)] if op.stage > 0 else []
-        return [RecvGrad(op.mb, op.stage, (op.stage + 1) % p)] if op.stage < last else []
-
-    def sends(op):
-        if isinstance(op, Forward):
-            return [SendAct(op.mb, op.stage, (op.stage + 1) % p)] if op.stage < last else []
-        return [SendGrad(op.mb, op.stage, (op.stage - 1) % p)] if op.stage > 0 else []
-
     programs = []
     for rank in range(p):
         program = []
-        for unit in _compute_units(name, p, micro_batches, v, rank):
-            program += [ins for op in unit for ins in receives(op)] + unit
-            program += [ins for op in unit for ins in sends(op)]
+        for op in _compute_order(name, p, micro_batches, v, rank):
+            s = op.stage
+            if isinstance(op, Forward):
+                program += [RecvAct(op.mb, s, (s - 1) % p)] if s > 0 else []
+                program += [op] + ([SendAct(op.mb, s, (s + 1) % p)] if s < last else [])
+            else:
+                program += [RecvGrad(op.mb, s, (s + 1) % p)] if s < last else []
+                program += [op] + ([SendGrad(op.mb, s, (s - 1) % p)] if s > 0 else [])
         programs.append(program + [OptimizerStep()])
     return programs
 
@@ -220,6 +207,7 @@ def simulate(programs, forward=1, backward=2, comm=0) -> Simulation:
     receives = {}  # (message, receiver) -> time the receive was posted
     arrived = set()  # (rank, item index) of batches already posted
     have = [set() for _ in range(p)]  # ("in"|"out"|"grad"|"dx", mb, stage) held by each rank
+    sending = [[] for _ in range(p)]  # sends of each rank's last batch, not yet waited
     in_flight, peak = [0] * p, [0] * p
     busy, spans = [Fraction(0)] * p, []
     last = max((ins.stage for prog in programs for ins in prog if isinstance(ins, Forward)), default=0)
@@ -243,8 +231,13 @@ def simulate(programs, forward=1, backward=2, comm=0) -> Simulation:
                     channels.setdefault((rank, ins.to), deque()).append((_message(ins), clock[rank]))
                 else:
                     receives[(_message(ins), rank)] = clock[rank]
-        done, taken = clock[rank], {}
+        done = sends_done(rank)
+        if done is None:
+            return False
+        taken = {}
         for ins in batch:
+            if isinstance(ins, (SendAct, SendGrad)):
+                continue  # waited at the next batch
             if isinstance(ins, (RecvAct, RecvGrad)):  # the next unmatched message must be ours
                 channel, index = channels.get((ins.frm, rank), ()), taken.get(ins.frm, 0)
                 if index >= len(channel):
@@ -254,10 +247,6 @@ def simulate(programs, forward=1, backward=2, comm=0) -> Simulation:
                     raise ScheduleError(f"rank {rank}: {ins} would be matched by {message} from rank {ins.frm} "
                                         f"(messages between two ranks are matched in posting order)")
                 taken[ins.frm] = index + 1
-            else:  # rendezvous: the receiver must have posted the receive
-                when = receives.get((_message(ins), ins.to))
-                if when is None:
-                    return False
             done = max(done, when)
         for frm, count in taken.items():
             for _ in range(count):
@@ -265,8 +254,19 @@ def simulate(programs, forward=1, backward=2, comm=0) -> Simulation:
         for ins in batch:
             if isinstance(ins, (RecvAct, RecvGrad)):
                 have[rank].add(("in" if isinstance(ins, RecvAct) else "grad", ins.mb, ins.stage))
+        sending[rank] = [ins for ins in batch if isinstance(ins, (SendAct, SendGrad))]
         clock[rank] = done + comm
         return True
+
+    def sends_done(rank):
+        """When the sends of the rank's previous batch completed (None: not yet received)."""
+        done = clock[rank]
+        for ins in sending[rank]:  # rendezvous: the receiver must have posted the receive
+            when = receives.get((_message(ins), ins.to))
+            if when is None:
+                return None
+            done = max(done, when)
+        return done
 
     def run_compute(rank, ins):
         s, mb = ins.stage, ins.mb
@@ -299,6 +299,11 @@ def simulate(programs, forward=1, backward=2, comm=0) -> Simulation:
                         break
                 elif isinstance(item, COMPUTE):
                     run_compute(rank, item)
+                else:  # OptimizerStep: the last sends must be through first
+                    done = sends_done(rank)
+                    if done is None:
+                        break
+                    clock[rank], sending[rank] = done, []
                 pc[rank] += 1
                 progress = True
     stuck = [r for r in range(p) if pc[r] < len(items[r])]
