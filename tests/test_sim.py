@@ -137,6 +137,15 @@ def test_pp_follows_the_strategy_schedule_order():
         assert predicted == expected
 
 
+def test_engine_reports_a_deadlock_instead_of_hanging():
+    from mpkit.sim.engine import P2P
+
+    waits_for_each_other = [[P2P((("recv", 1, "a", 4, 0.0, None, None),)), P2P((("send", 1, "b", 4, 0.0, None, None),))],
+                            [P2P((("recv", 0, "b", 4, 0.0, None, None),)), P2P((("send", 0, "a", 4, 0.0, None, None),))]]
+    with pytest.raises(RuntimeError, match="deadlocks: rank 0 waits"):
+        simulate(waits_for_each_other)
+
+
 def test_dp_overlap_hides_communication():
     kw = dict(hardware=GPU_PRESETS["8xH100-pcie"], world_size=8, model="mlp", hidden=1024, layers=8,
               batch_size=64, bucket_mb=1)

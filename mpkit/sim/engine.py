@@ -2,10 +2,11 @@
 
 A strategy's step is data (as in ShallowSpeed / LLM-Training-Puzzles): for each rank, the ops
 it issues in program order. This executor gives every op its start and end: compute runs when
-the rank is free; a send/recv batch moves its data once every peer has posted its side
-(rendezvous, like gloo); a collective starts when the last member reaches it. Events span only
-the data movement: waiting for a peer is left as a gap, so a predicted timeline shows the
-bubble as idle time (a measured one shows it inside recv or the collective); an async
+the rank is free; a message moves once both sides have posted it (rendezvous, like gloo), and a
+batch waits for its receives (and its sends, unless deferred to the next batch); a collective
+starts when the last member reaches it. Events span only the data movement: waiting for a peer
+is left as a gap, so a predicted timeline shows the bubble as idle time (a measured one shows it
+inside recv or the collective); an async
 collective runs on the rank's communication lane and ``Wait`` joins it. A program that cannot
 finish (a recv nobody sends) raises instead of hanging.
 """
@@ -27,12 +28,20 @@ class Compute:
 
 @dataclass(frozen=True)
 class P2P:
-    """One communication batch, posted together and waited together (the pp executor's
-    isend/irecv batches; a lone blocking send or recv is a batch of one). ``ops``: tuples
-    (side "send"|"recv", peer rank, message key, bytes, transfer seconds, stage, micro_batch).
-    gloo sends are rendezvous: a message moves once both sides have posted it."""
+    """One communication batch, posted together (the pp executor's isend/irecv batches; a lone
+    blocking send or recv is a batch of one). ``ops``: tuples (side "send"|"recv", peer rank,
+    message key, bytes, transfer seconds, stage, micro_batch). gloo sends are rendezvous: a
+    message moves once both sides have posted it. Receives are waited at once; sends too unless
+    ``defer_sends``, in which case they are waited at the rank's next batch or ``WaitSends``
+    (the executor lets a send overlap the next computation)."""
 
     ops: tuple
+    defer_sends: bool = False
+
+
+@dataclass(frozen=True)
+class WaitSends:
+    """Wait for this rank's deferred sends (before the optimizer step)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ def simulate(programs: list[list], step: int = 0) -> Trace:
     comm_clock = [0.0] * n     # communication lane (async collectives)
     posted: dict = {}          # (message key, side, rank) -> time that side was posted
     entered: set = set()       # (rank, pc) of P2P batches already posted
+    deferred = [[] for _ in range(n)]  # per rank: (op, post time) of sends not waited yet
     joined: dict = {}          # collective key -> {rank: (ready time, instruction)}
     finished: dict = {}        # collective key -> end time
     events: list[Event] = []
@@ -92,21 +102,24 @@ def simulate(programs: list[list], step: int = 0) -> Trace:
                 if isinstance(ins, Compute):
                     emit(r, ins.kind, clock[r], clock[r] + ins.seconds, ins, name=ins.name)
                     clock[r] += ins.seconds
-                elif isinstance(ins, P2P):
+                elif isinstance(ins, (P2P, WaitSends)):
+                    ops = getattr(ins, "ops", ())
                     if (r, pc[r]) not in entered:
                         entered.add((r, pc[r]))
-                        for side, _, key, *_ in ins.ops:
-                            posted[(key, side, r)] = clock[r]
-                    peers = [posted.get((key, "recv" if side == "send" else "send", peer))
-                             for side, peer, key, *_ in ins.ops]
+                        for op in ops:
+                            posted[(op[2], op[0], r)] = clock[r]
+                    now = [(op, clock[r]) for op in ops if not (op[0] == "send" and ins.defer_sends)]
+                    waited = deferred[r] + now
+                    peers = [posted.get((op[2], "recv" if op[0] == "send" else "send", op[1])) for op, _ in waited]
                     if None in peers:
                         break
-                    begin = max([clock[r], *peers])
-                    end = begin + max(op[4] for op in ins.ops)
-                    for side, _, _, nbytes, _, stage, mb in ins.ops:
-                        events.append(Event(r, side, begin, end, stage, mb,
+                    for (op, post), peer in zip(waited, peers):
+                        side, _, _, nbytes, seconds, stage, mb = op
+                        begin = max(post, peer)
+                        events.append(Event(r, side, begin, begin + seconds, stage, mb,
                                             int(nbytes) if side == "send" else 0, "", step))
-                    clock[r] = end
+                        clock[r] = max(clock[r], begin + seconds)
+                    deferred[r] = [(op, clock[r]) for op in ops if op[0] == "send" and ins.defer_sends]
                 elif isinstance(ins, Collective):
                     members = joined.setdefault(ins.key, {})
                     if r not in members:

@@ -14,7 +14,7 @@ from functools import cached_property
 
 from mpkit.models import ModelConfig
 from mpkit.sim import formulas
-from mpkit.sim.engine import Collective, Compute, P2P, Wait
+from mpkit.sim.engine import Collective, Compute, P2P, Wait, WaitSends
 from mpkit.sim.hardware import Hardware
 from mpkit.sim.profile import Cost, PieceProfile, optimizer_cost, profile_piece
 
@@ -261,7 +261,8 @@ def pp(plan):
 def schedule_programs(lists, forward, backward, message, optimizer):
     """Engine programs from ``strategies.pp.schedules`` lists. ``forward(stage)``/``backward(stage)``
     -> seconds; ``message(kind 'act'|'grad', stage it feeds, src, dst)`` -> (bytes, seconds);
-    ``optimizer(rank)`` -> seconds. Each communication batch stays one batch, as the executor runs it."""
+    ``optimizer(rank)`` -> seconds. Each communication batch stays one batch, as the executor runs
+    it: receives waited at once, sends at the next batch or before the optimizer step."""
     from mpkit.strategies.pp import schedules as S
 
     programs = []
@@ -276,13 +277,13 @@ def schedule_programs(lists, forward, backward, message, optimizer):
                     key = S._message(c)
                     nbytes, seconds = message(key[0], key[2], *((rank, peer) if send else (peer, rank)))
                     ops.append(("send" if send else "recv", peer, key, nbytes, seconds, c.stage, c.mb))
-                ins.append(P2P(tuple(ops)))
+                ins.append(P2P(tuple(ops), defer_sends=True))
             elif isinstance(item, S.Forward):
                 ins.append(Compute("forward", forward(item.stage), item.stage, item.mb))
             elif isinstance(item, S.Backward):
                 ins.append(Compute("backward", backward(item.stage), item.stage, item.mb))
             elif isinstance(item, S.OptimizerStep):
-                ins.append(Compute("optimizer", optimizer(rank)))
+                ins += [WaitSends(), Compute("optimizer", optimizer(rank))]
         programs.append(ins)
     return programs
 
