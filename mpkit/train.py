@@ -10,7 +10,10 @@ from dataclasses import dataclass, fields
 
 from mpkit.models import ModelConfig, describe
 from mpkit.observe.memory import CATEGORIES
-from mpkit.runtime.launch import launch
+from mpkit.observe.trace import Trace
+from mpkit.runtime.context import make_context
+from mpkit.runtime.launch import LaunchResult, launch
+from mpkit.runtime.torchrun import in_torchrun
 from mpkit.strategies import get_strategy
 from mpkit.strategies.common import OPTIMIZERS, TrainConfig
 
@@ -75,8 +78,11 @@ class Run:
     def reference(self) -> "Run":
         if self._reference is None:
             cfg = self.config
-            self._reference = train("single", world_size=1, model=cfg.model,
-                                    **{k: getattr(cfg, k) for k in _REFERENCE_KEYS})
+            kwargs = {"model": cfg.model, **{k: getattr(cfg, k) for k in _REFERENCE_KEYS}}
+            if in_torchrun():  # this process is a rank of torchrun's world and cannot start another
+                self._reference = _single_in_process(make_config("single", 1, **kwargs))
+            else:
+                self._reference = train("single", world_size=1, **kwargs)
         return self._reference
 
     def _check_reference(self, ref: "Run") -> None:
@@ -156,10 +162,11 @@ def make_config(strategy, world_size, *, model="mlp", steps=3, batch_size=32, lr
 
 
 def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, device_memory=None, trace=True,
-          memory=True, **kwargs) -> Run:
+          memory=True, **kwargs) -> Run | None:
     """Run ``strategy`` for ``steps`` optimizer steps on ``world_size`` ranks; see README for options.
 
-    ``world_size`` defaults to 1 for ``single`` and 4 otherwise.
+    ``world_size`` defaults to 1 for ``single`` and 4 otherwise. Under torchrun every rank calls
+    this; rank 0 gets the Run and the other ranks ``None``.
     """
     if world_size is None:
         world_size = 1 if strategy == "single" else 4
@@ -167,7 +174,16 @@ def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, de
     module = get_strategy(strategy)
     result = launch(module.run_rank, world_size=cfg.world_size, args=(cfg,), timeout=timeout, backend=backend,
                     device_memory=device_memory, trace=trace, memory=memory)
+    if result is None:  # a rank other than 0 under torchrun: rank 0 holds the Run
+        return None
     return Run(cfg, list(result), result)
+
+
+def _single_in_process(cfg) -> Run:
+    """The 1-rank reference run right here: ``single`` needs no process group."""
+    ctx = make_context(0, 1, 0, "gloo")
+    out = get_strategy("single").run_rank(ctx, cfg)
+    return Run(cfg, [out], LaunchResult([out], Trace.merge([ctx.trace]), [ctx.memory.report()], [""], "gloo"))
 
 
 __all__ = ["train", "Run", "Comparison", "make_config"]
