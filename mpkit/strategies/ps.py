@@ -1,0 +1,207 @@
+"""Parameter server over ``torch.distributed.rpc`` (TensorPipe): rank 0 holds the parameters and
+the optimizer; ranks 1..N-1 are workers, each with its own shard of the global batch.
+
+A worker's step: pull the current parameters, forward/backward on its shard, push the
+gradients. ``mode="sync"``: the server waits for every worker's push, averages and steps once —
+the shards together are the global batch, so this equals ``single``. ``mode="async"``: the
+server applies each push as it arrives (one optimizer step per push, under a lock so a pull
+never reads half-updated parameters): no worker waits for another, but a gradient may have been
+computed on parameters that other pushes have since changed. Its *staleness* is the number of
+updates in between (server version at apply − version pulled).
+
+``losses``: sync, the global loss per step (the mean of the shard losses); async, the loss of
+each push in the order the server applied them ((world_size-1)·steps values). Every worker
+builds the model from the seed, which is the server's version 0, so its first step needs no
+pull; with two or more async workers, at most one first push can be applied at version 0, so
+some push is always stale.
+
+All rpc use stays in this module (rpc is in maintenance mode upstream). Tensors travel as CPU
+tensors, so TensorPipe needs no device maps on GPUs either.
+"""
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed import rpc
+
+from mpkit.models import build_model, loss_fn, make_batch
+from mpkit.observe.comm import nbytes
+from mpkit.runtime.torchrun import in_torchrun
+from mpkit.strategies.common import RankOutput, make_optimizer, require_divisible, shard, state_of
+
+OPTIONS = {"mode": "sync"}
+MODES = ("sync", "async")
+SERVER = "rank0"
+
+
+def validate(cfg):
+    if cfg.world_size < 2:
+        raise ValueError(f"ps needs a server and at least one worker: use world_size>=2 (got {cfg.world_size})")
+    if cfg.option("mode") not in MODES:
+        raise ValueError(f"mode={cfg.option('mode')!r} is unknown; use one of {', '.join(MODES)}")
+    require_divisible(cfg.batch_size, cfg.world_size - 1, "batch_size", "workers (world_size-1)",
+                      "each worker takes an equal shard of the global batch")
+
+
+@dataclass
+class _Push:
+    worker: int
+    step: int
+    version: int
+    loss: float
+    grads: list
+    done: torch.futures.Future
+
+
+class _Server:
+    """What the rpc handlers (TensorPipe's threads) share with the server's main loop."""
+
+    def __init__(self, ctx, model):
+        self.ctx, self.params = ctx, list(model.parameters())
+        self.lock = threading.Lock()
+        self.version = 0
+        self.pushes = queue.Queue()
+
+
+_server: _Server | None = None  # set on rank 0 only
+
+
+def _pull(worker):
+    """Runs on the server: a consistent copy of the parameters and their version."""
+    trace, start = _server.ctx.trace, _server.ctx.trace.now()
+    with _server.lock:
+        version, params = _server.version, [p.detach().cpu().clone() for p in _server.params]
+    trace.record("rpc", start, trace.now(), bytes=sum(map(nbytes, params)), name=f"pull reply to rank {worker}")
+    return version, params
+
+
+@rpc.functions.async_execution
+def _push(worker, step, version, loss, grads):
+    """Runs on the server: queue the gradients; the reply comes once the main loop applied them."""
+    done = torch.futures.Future()
+    _server.pushes.put(_Push(worker, step, version, loss, grads, done))
+    return done
+
+
+def _apply(ctx, model, optimizer, grads_per_worker):
+    """Average the workers' gradients into the server's ``.grad`` buffers, take one step."""
+    with ctx.trace.span("compute", name="average gradients"), torch.no_grad():
+        for p, grads in zip(model.parameters(), zip(*grads_per_worker)):
+            p.grad.copy_(grads[0])
+            for g in grads[1:]:
+                p.grad.add_(g.to(p.device))
+            p.grad.div_(len(grads))
+    with ctx.trace.span("optimizer"), _server.lock:
+        optimizer.step()
+        _server.version += 1
+        return _server.version
+
+
+def _serve(ctx, cfg, model, optimizer):
+    workers = ctx.world_size - 1
+    losses, staleness, order = [], [], []
+    # One gradient buffer per parameter, made before tracking starts so ``track`` counts them as
+    # gradients; received gradients are copied in (received tensors are made in rpc threads,
+    # which the memory tracker does not see).
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    with ctx.memory.track(model, optimizer):
+        if cfg.option("mode") == "sync":
+            for step in range(cfg.steps):
+                ctx.set_step(step)
+                pushes = sorted((_server.pushes.get() for _ in range(workers)), key=lambda p: p.worker)
+                staleness += [_server.version - p.version for p in pushes]
+                version = _apply(ctx, model, optimizer, [p.grads for p in pushes])
+                losses.append(sum(p.loss for p in pushes) / workers)  # equal shards: mean of means
+                order += [(p.worker, p.step) for p in pushes]
+                for p in pushes:
+                    p.done.set_result(version)
+        else:
+            for i in range(cfg.steps * workers):
+                ctx.set_step(i // workers)  # rounds of one push per worker, on average
+                push = _server.pushes.get()
+                staleness.append(_server.version - push.version)
+                push.done.set_result(_apply(ctx, model, optimizer, [push.grads]))
+                losses.append(push.loss)
+                order.append((push.worker, push.step))
+    return losses, {"mode": cfg.option("mode"), "staleness": staleness, "apply_order": order,
+                    "pushes_per_worker": {w: sum(o[0] == w for o in order) for w in range(1, ctx.world_size)}}
+
+
+def _pull_into(ctx, model) -> int:
+    """Copy the server's current parameters into ``model``; returns their version."""
+    start = ctx.trace.now()
+    version, params = rpc.rpc_sync(SERVER, _pull, args=(ctx.rank,))
+    ctx.trace.record("rpc", start, ctx.trace.now(), name=f"pull version {version}")
+    with torch.no_grad():
+        for p, new in zip(model.parameters(), params):
+            p.copy_(new)
+    return version
+
+
+def _push_from(ctx, model, step, version, loss) -> None:
+    """Send this worker's gradients (computed on parameters of ``version``) and drop them."""
+    grads = [p.grad.cpu() for p in model.parameters()]
+    start = ctx.trace.now()
+    rpc.rpc_sync(SERVER, _push, args=(ctx.rank, step, version, loss, grads))
+    ctx.trace.record("rpc", start, ctx.trace.now(), bytes=sum(map(nbytes, grads)),
+                     name=f"push (pulled version {version})")
+    model.zero_grad(set_to_none=True)
+
+
+def _work(ctx, cfg, model):
+    workers, version = ctx.world_size - 1, 0
+    with ctx.memory.track(model):
+        for step in range(cfg.steps):
+            ctx.set_step(step)
+            if step:
+                version = _pull_into(ctx, model)
+            x, y = (shard(t, ctx.rank - 1, workers).to(ctx.device)
+                    for t in make_batch(cfg.model, cfg.batch_size, step, cfg.seed))
+            with ctx.trace.span("forward"):
+                loss = loss_fn(cfg.model, model(x), y)
+            with ctx.trace.span("backward"):
+                loss.backward()
+            _push_from(ctx, model, step, version, loss.item())
+    return {"pushes": cfg.steps}
+
+
+def _free_port() -> int:
+    # Free now; rank 0's rpc store binds it a moment later (rpc takes an address, not a socket).
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _init_rpc(ctx):
+    """Join an rpc world next to the process group. Under torchrun, its agent's store (env://)
+    serves rpc too (rpc prefixes its keys); in our own worlds rank 0 picks a port for a new
+    store and tells the others over the process group."""
+    if in_torchrun():
+        init_method = "env://"
+    else:
+        port = [_free_port() if ctx.rank == 0 else None]
+        dist.broadcast_object_list(port, src=0)
+        init_method = f"tcp://127.0.0.1:{port[0]}"
+    rpc.init_rpc(f"rank{ctx.rank}", rank=ctx.rank, world_size=ctx.world_size,
+                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method=init_method))
+
+
+def run_rank(ctx, cfg):
+    global _server
+    model = build_model(cfg.model, cfg.seed).to(ctx.device)
+    if ctx.rank == 0:
+        _server = _Server(ctx, model)
+    _init_rpc(ctx)
+    if ctx.rank == 0:
+        losses, extra = _serve(ctx, cfg, model, make_optimizer(model.parameters(), cfg))
+        rpc.shutdown()  # waits until every worker is done too
+        return RankOutput(losses=losses, params=state_of(model), extra={"role": "server", **extra})
+    extra = _work(ctx, cfg, model)
+    rpc.shutdown()
+    return RankOutput(extra={"role": "worker", **extra})
