@@ -68,7 +68,8 @@ def bubble_rows(steps, schedule="1f1b") -> list[dict]:
         measured = statistics.median(step_bubble(run.trace, s) for s in range(1, steps))
         formula = (WORLD - 1) / (m + WORLD - 1)
         out.append({"schedule": schedule, "m": m, "measured": measured, "formula": formula,
-                    "diff_points": (measured - formula) * 100, "step_ms": statistics.median(run.step_times()[1:]) * 1e3})
+                    "diff_points": (measured - formula) * 100,
+                    "step_ms": statistics.median(run.step_times()[1:]) * 1e3})
     return out
 
 
@@ -83,18 +84,20 @@ def main(argv=None):
     args = parser.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
     sizes = {k: v for k, v in VERSUS_TORCH.items() if k not in ("model", "batch_size", "micro_batches")}
-    print(f"{WORLD} ranks on {cores} CPU cores{'' if cores >= WORLD else ' (fewer cores than ranks: (b) is not meaningful)'}")
+    warning = "" if cores >= WORLD else " (fewer cores than ranks: (b) is not meaningful)"
+    print(f"{WORLD} ranks on {cores} CPU cores{warning}")
     print(f"(a) {describe(ModelConfig(kind='gpt', **sizes))}, batch {VERSUS_TORCH['batch_size']}; "
           f"median over {args.runs} alternating runs of the median of steps 2..{args.steps}")
     a = versus_torch(args.runs, args.steps)
     print(f"{'benchmark':<42} {'ours ms':>9} {'baseline ms':>12} {'ratio':>7}  target")
     print(f"{a['benchmark']:<42} {a['ours_ms']:>9.1f} {a['baseline_ms']:>12.1f} {a['ratio']:>7.3f}  {a['target']}")
     sizes = {k: v for k, v in BALANCED.items() if k not in ("model", "batch_size")}
-    print(f"\n(b) bubble, 1f1b, p={WORLD}, {describe(ModelConfig(kind='mlp', **sizes))}, batch {BALANCED['batch_size']}; "
-          f"median over steps 2..{args.steps}; target |diff| <= 5 points")
+    print(f"\n(b) bubble, 1f1b, p={WORLD}, {describe(ModelConfig(kind='mlp', **sizes))}, "
+          f"batch {BALANCED['batch_size']}; median over steps 2..{args.steps}; target |diff| <= 5 points")
     print(f"{'m':>3} {'measured':>9} {'(p-1)/(m+p-1)':>14} {'diff (points)':>14} {'step ms':>9}")
     for r in bubble_rows(args.steps):
-        print(f"{r['m']:>3} {r['measured']:>9.1%} {r['formula']:>14.1%} {r['diff_points']:>+14.1f} {r['step_ms']:>9.1f}")
+        print(f"{r['m']:>3} {r['measured']:>9.1%} {r['formula']:>14.1%} {r['diff_points']:>+14.1f} "
+              f"{r['step_ms']:>9.1f}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def validate(cfg):
     name, m = cfg.option("schedule"), cfg.option("micro_batches")
     check_schedule_args(name, cfg.world_size, m, cfg.option("virtual_stages"))
     require_divisible(cfg.batch_size, m, "batch_size", "micro_batches",
-                      f"each micro-batch holds batch_size/micro_batches samples")
+                      "each micro-batch holds batch_size/micro_batches samples")
     v = virtual_stages(cfg)
     what = "world_size" if v == 1 else f"world_size*virtual_stages={cfg.world_size}*{v}"
     try:

@@ -13,7 +13,7 @@ import torch
 from mpkit.models import loss_fn
 from mpkit.strategies.common import shard
 from mpkit.strategies.pp.schedules import (
-    Backward, Forward, OptimizerStep, RecvAct, RecvGrad, SendAct, SendGrad, batches,
+    Backward, Forward, OptimizerStep, RecvAct, SendAct, SendGrad, batches,
 )
 from mpkit.strategies.pp.split import StageInput, boundary_shape
 
