@@ -125,3 +125,30 @@ def test_parse_bytes_rejects_non_sizes(text):
     with pytest.raises(ValueError) as info:
         parse_bytes(text)
     assert repr(text) in str(info.value)
+
+
+def _dtensor_matmul(ctx):
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    w, x = torch.randn(256, 256), torch.randn(64, 256)
+
+    def work():
+        dw = distribute_tensor(w, mesh, [Shard(0)])
+        (distribute_tensor(x, mesh, [Replicate()]) @ dw.T).full_tensor()
+
+    with ctx.memory.track():
+        work()
+    reference = MemTracker()
+    with reference:
+        work()
+    return ctx.memory.report().peak_total, reference.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+@pytest.mark.timeout(60)
+def test_dtensor_sharding_propagation_is_not_counted():
+    """DTensor computes output shapes on fake tensors; only the local shards are real memory."""
+    for ours, reference in mpkit.launch(_dtensor_matmul, 2, timeout=40):
+        assert ours == reference > 0

@@ -14,8 +14,10 @@ import weakref
 from contextlib import contextmanager
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType, _UpdateType, _WeakRefInfo
+from torch._guards import active_fake_mode
 from torch.distributed.tensor import DTensor
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from mpkit.runtime.errors import DeviceOutOfMemory
 
@@ -45,6 +47,39 @@ def mib(n_bytes: float) -> float:
     return n_bytes / 2**20
 
 
+class _ForwardHooks:
+    """What MemTracker needs of its ModTracker here: global module forward hooks and ``is_bw``.
+
+    ModTracker also hangs multi-grad hooks on every module's inputs and outputs, in every
+    forward, to know the module hierarchy during backward; we never ask for it, and it was about
+    a third of the tracker's cost per step. Backward hooks are accepted and not called.
+    """
+
+    def __init__(self):
+        self._hooks = (None, None)
+        self._handles = ()
+
+    @property
+    def is_bw(self) -> bool:
+        return torch._C._current_graph_task_id() != -1  # exactly ModTracker's test
+
+    def register_user_hooks(self, pre_fw_hook=None, post_fw_hook=None, pre_bw_hook=None, post_bw_hook=None):
+        self._hooks = (pre_fw_hook, post_fw_hook)
+
+    def clear_user_hooks(self):
+        self._hooks = (None, None)
+
+    def __enter__(self):
+        pre, post = self._hooks
+        self._handles = (register_module_forward_pre_hook(pre), register_module_forward_hook(post, always_call=True))
+        return self
+
+    def __exit__(self, *args):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = ()
+
+
 class _SamplingTracker(MemTracker):
     """MemTracker that samples after every op instead of keeping per-module snapshots.
 
@@ -54,15 +89,17 @@ class _SamplingTracker(MemTracker):
 
     def __init__(self, owner: "MemoryTracker"):
         super().__init__()
+        self._mod_tracker = _ForwardHooks()
         self._owner = owner
         self._seen_modules = weakref.WeakSet()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # The parent's version also handles fake-tensor (SAC) tracing and walks outputs with
-        # pytree; we only run eager, so a flat walk keeps the per-op cost low.
+        # The parent's logic without its pytree walk over outputs (a tensor or a flat tuple here).
         if DTensor in types:
             return NotImplemented  # let DTensor desugar into local ops, which we then see
         res = func(*args, **(kwargs or {}))
+        if active_fake_mode() is not self._fake_mode_on_entry:
+            return res  # DTensor's sharding propagation on fake tensors: no real memory
         if self._in_opt:
             reftype = _MemRefType.OPT
         elif self._mod_tracker.is_bw and not self._in_ac:
@@ -74,6 +111,44 @@ class _SamplingTracker(MemTracker):
                 self._track(reftype, out)
         self._owner._on_op(self._curr_mem_snap)
         return res
+
+    def _track(self, reftype, t) -> None:
+        """MemTracker's ``_track`` with a fast path for a plain tensor: one storage, so no
+        subclass walk and no set (the general path stays for DTensor locals, subclasses)."""
+        if type(t) is not torch.Tensor:
+            return super()._track(reftype, t)
+        st = t.untyped_storage()
+        known = self._WINFO.get(st)
+        if known is None:
+            winfo, w_st = _WeakRefInfo.create_winfo(st, t.device, reftype, self._delete_callback)
+            self._WINFO[st] = (winfo, w_st)
+            if winfo.mem_consumed > 0:
+                self._update_snap(_UpdateType.ADD, winfo)
+        elif known[0].size != st.size():
+            winfo, old = known[0], known[0].mem_consumed
+            winfo.update_mem_consumed(st)
+            self._update_snap(_UpdateType.SIZE, winfo, old_mem_consumed=old)
+
+    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
+        """MemTracker's, minus a fresh zeroed dict built on every call as ``setdefault``'s default."""
+        snap = self._curr_mem_snap.get(winfo.device)
+        if snap is None:
+            snap = self._curr_mem_snap[winfo.device] = dict.fromkeys(self._ref_class, 0)
+            snap[_TOTAL_KEY] = 0
+        if u_type == _UpdateType.REF:
+            snap[old_reftype] -= winfo.mem_consumed
+            snap[winfo.reftype] += winfo.mem_consumed
+            return
+        if u_type == _UpdateType.ADD:
+            change = winfo.mem_consumed
+        elif u_type == _UpdateType.DEL:
+            change = -winfo.mem_consumed
+        else:  # SIZE
+            change = winfo.mem_consumed - old_mem_consumed
+        snap[winfo.reftype] += change
+        snap[_TOTAL_KEY] += change
+        if u_type != _UpdateType.ADD and snap[_TOTAL_KEY] == 0:
+            del self._curr_mem_snap[winfo.device]
 
     def _pre_fw_hook(self, module, inputs) -> None:
         if module not in self._seen_modules:
@@ -88,11 +163,6 @@ class _SamplingTracker(MemTracker):
             self._ac_mod = None
             self._in_ac = False
 
-    def _pre_bw_hook(self, module, args) -> None:
-        pass
-
-    def _post_bw_hook(self, module, args) -> None:
-        pass
 
 
 class MemoryTracker:
