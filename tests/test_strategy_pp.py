@@ -86,15 +86,23 @@ def test_trace_follows_the_program(name):
     assert r.losses and all(x is None for x in (o.losses for o in r.outputs[:-1]))
 
 
+def overlapping_compute(trace, step):
+    """Pairs of forward/backward spans of different ranks that overlap in time."""
+    spans = [e for e in trace.events if e.step == step and e.kind in ("forward", "backward")]
+    return [(a, b) for a in spans for b in spans
+            if a.rank < b.rank and a.start < b.end and b.start < a.end]
+
+
 @pytest.mark.timeout(120)
-def test_more_micro_batches_shrink_the_bubble():
-    # same work, m=1 is layer-wise MP (bubble 3/4 on 4 ranks); m=8 fills the pipeline
+def test_micro_batches_let_ranks_compute_at_once():
+    # m=1 is layer-wise MP: one rank computes at a time, bubble >= (p-1)/p; with m=8 the next
+    # micro-batch's forward runs while the following rank works on the previous one. (How big
+    # the bubble gets is timing; benchmarks/pp.py measures it on balanced stages.)
     one, eight = run("mlp", 4, "gpipe", micro_batches=1), run("mlp", 4, "gpipe", micro_batches=8)
     assert one.losses == pytest.approx(eight.losses, abs=ATOL)
-
-    # only one rank computes at a time with m=1: the bubble is at least (p-1)/p
+    assert overlapping_compute(one.trace, 2) == []
     assert step_bubble(one.trace, 2) >= 0.75
-    assert step_bubble(eight.trace, 2) < step_bubble(one.trace, 2)
+    assert overlapping_compute(eight.trace, 2)
 
 
 @pytest.mark.parametrize("options,match", [
