@@ -1,0 +1,104 @@
+"""``mpkit run``: train one strategy and print what happened (losses, memory per rank, bubble
+and communication share, and with ``--compare`` the parity with ``single``).
+
+Under torchrun every rank runs this command; ``train`` returns the Run on rank 0 only, so only
+rank 0 prints.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+
+from mpkit.observe.memory import CATEGORIES, mib
+from mpkit.strategies import STRATEGIES
+from mpkit.train import train
+
+
+def register(subparsers):
+    p = subparsers.add_parser("run", help="train one strategy on simulated devices (or GPUs) and summarise it",
+                              description="Train one strategy for a few steps and print losses, memory per "
+                                          "rank, bubble and communication share.")
+    p.add_argument("--strategy", required=True, choices=list(STRATEGIES))
+    p.add_argument("--world-size", type=int, default=None, help="ranks (default: 1 for single, else 4)")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--model", default="mlp", help="mlp or gpt (sizes through --option, e.g. hidden=128)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds before the world is stopped")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", type=parse_option,
+                   help="a strategy option or model size, e.g. schedule=1f1b, micro_batches=8, layers=8 (repeatable)")
+    p.add_argument("--compare", action="store_true", help="also train single and print the max difference")
+    p.add_argument("--chrome-trace", metavar="OUT.json", help="write the timeline for chrome://tracing / Perfetto")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(handler=main)
+    return p
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """``key=value``; the value is read as a Python literal when it is one (8, 0.5, True), else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not key=value; write e.g. --option micro_batches=8")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def main(args) -> int:
+    options = dict(args.option)
+    run = train(args.strategy, args.world_size, model=args.model, steps=args.steps, batch_size=args.batch_size,
+                lr=args.lr, optimizer=args.optimizer, seed=args.seed, timeout=args.timeout, **options)
+    if run is None:  # a torchrun rank other than 0: rank 0 reports
+        return 0
+    comparison = run.compare_to_reference() if args.compare else None
+    if args.chrome_trace:
+        run.trace.to_chrome(args.chrome_trace)
+    if args.json:
+        json.dump(as_json(run, comparison), sys.stdout)
+        print()
+    else:
+        print(summary(run, comparison))
+        if args.chrome_trace:
+            print(f"  chrome trace: {args.chrome_trace}")
+    return 0
+
+
+def memory_rows(run) -> list[str]:
+    header = "  rank " + "".join(f"{c:>13}" for c in CATEGORIES) + "   peak (MiB)"
+    rows = [header]
+    for report in run.memory:
+        cats = report.max_by_category
+        rows.append(f"  {report.rank:>4} " + "".join(f"{mib(cats[c]):>13.3f}" for c in CATEGORIES)
+                    + f"{mib(report.peak_total):>13.3f}")
+    return rows
+
+
+def parity_line(comparison) -> str:
+    return f"parity vs single: {comparison}"
+
+
+def summary(run, comparison=None) -> str:
+    lines = [f"{run.strategy} on {run.world_size} rank(s) [{run.backend}], {run.config.steps} step(s)",
+             "  losses: " + ", ".join(f"{x:.4f}" for x in run.losses),
+             "  memory per rank, max by category (MiB):", *memory_rows(run),
+             f"  bubble share {run.trace.bubble_share():.1%}, comm share {run.trace.comm_share():.1%}"]
+    if comparison is not None:
+        lines.append("  " + parity_line(comparison))
+    return "\n".join(lines)
+
+
+def as_json(run, comparison=None) -> dict:
+    out = {"strategy": run.strategy, "world_size": run.world_size, "backend": run.backend,
+           "config": run.config.as_dict(), "losses": run.losses,
+           "memory": [{"rank": m.rank, "peak": m.peak_total, "max_by_category": m.max_by_category}
+                      for m in run.memory],
+           "bubble_share": run.trace.bubble_share(), "comm_share": run.trace.comm_share(),
+           "step_times": run.step_times()}
+    if comparison is not None:
+        out["compare"] = {"loss": comparison.loss, "params": comparison.params, "worst_param": comparison.worst_param}
+    return out

@@ -1,0 +1,105 @@
+"""``mpkit run`` and ``mpkit tour`` as a user types them (subprocesses), plus torchrun."""
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpkit.cli import main
+from mpkit.commands.run import parse_option
+from mpkit.strategies import STRATEGIES
+
+ROOT = Path(__file__).resolve().parents[1]
+PARITY = re.compile(r"parity vs single: max \|Δloss\| = (\S+), max \|Δparam\| = (\S+) \(worst: \S+\)")
+# float32 reduction-order differences only (see test_strategy_tp / test_strategy_ps)
+ATOL = 1e-5
+
+
+def mpkit_cli(*args, timeout=110):
+    return subprocess.run([sys.executable, "-m", "mpkit", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.timeout(120)
+def test_run_prints_losses_memory_per_rank_shares_and_parity(tmp_path):
+    trace = tmp_path / "trace.json"
+    # gpt with SGD: under Adam its zero-gradient key bias differs by ~lr (see test_strategy_tp)
+    out = mpkit_cli("run", "--strategy", "tp", "--world-size", "2", "--steps", "3", "--model", "gpt",
+                    "--optimizer", "sgd", "--compare", "--chrome-trace", str(trace))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert text.startswith("tp on 2 rank(s) [gloo], 3 step(s)")
+    assert len(re.search(r"losses: (.*)", text).group(1).split(", ")) == 3
+    assert re.search(r"^\s+0 .*\n\s+1 ", text, re.M)  # one memory row per rank
+    assert re.search(r"bubble share \d+\.\d%, comm share \d+\.\d%", text)
+    loss, param = map(float, PARITY.search(text).groups())
+    assert loss <= ATOL and param <= ATOL
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["args"]["name"] for e in events if e["name"] == "process_name"} == {"rank 0", "rank 1"}
+
+
+@pytest.mark.timeout(120)
+def test_run_json_carries_options_and_model_sizes():
+    out = mpkit_cli("run", "--strategy", "ps", "--world-size", "3", "--batch-size", "24", "--option", "mode=async",
+                    "--option", "layers=3", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["config"]["options"] == {"mode": "async"}
+    assert result["config"]["model"]["layers"] == 3  # "3" was read as the number 3
+    assert len(result["losses"]) == 2 * 3  # async: one loss per push, 2 workers x 3 steps
+    assert [m["rank"] for m in result["memory"]] == [0, 1, 2] and "compare" not in result
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--strategy", "tp", "--option", "foo=1"], "option(s) ['foo'] do not apply to strategy='tp'"),
+    (["--strategy", "tp", "--world-size", "3", "--model", "gpt"], "tp size world_size=3 does not divide heads=4"),
+    (["--strategy", "ps", "--option", "mode"], "'mode' is not key=value"),
+    (["--strategy", "warp"], "invalid choice: 'warp'"),
+])
+def test_run_bad_input_is_one_line_on_stderr(args, message, capsys):
+    # in process (the same entry as python -m mpkit): each of these stops before any rank starts
+    try:
+        code = main(["run", *args])
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_parse_option_reads_literals_else_strings():
+    assert parse_option("micro_batches=8") == ("micro_batches", 8)
+    assert parse_option("overlap=True") == ("overlap", True)
+    assert parse_option("bucket_mb=0.5") == ("bucket_mb", 0.5)
+    assert parse_option("schedule=1f1b") == ("schedule", "1f1b")
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_option("=3")
+
+
+@pytest.mark.timeout(120)
+def test_run_under_torchrun_reports_once_from_rank_0():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "mpkit", "run", "--strategy", "dp", "--world-size", "2", "--steps", "3", "--compare"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr
+    lines = PARITY.findall(out.stdout)
+    assert len(lines) == 1, out.stdout
+    assert all(float(x) <= ATOL for x in lines[0])
+    assert out.stdout.count("dp on 2 rank(s)") == 1
+
+
+@pytest.mark.timeout(120)
+def test_tour_runs_every_strategy_and_saves_plots(tmp_path):
+    out = mpkit_cli("tour", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.split()[:1] and
+            line.split()[0] in STRATEGIES}
+    assert list(rows) == list(STRATEGIES)
+    for name, row in rows.items():
+        ranks, loss, diff = row[1], float(row[2]), float(row[3])
+        assert ranks == ("1" if name == "single" else "4")
+        assert diff <= ATOL, row  # every strategy (ps in sync mode) trains exactly like single
+        assert len(row[4].split("/")) == int(ranks)  # one peak per rank
+    assert {p.name for p in tmp_path.iterdir()} == {"memory.png", *(f"timeline_{s}.png" for s in STRATEGIES)}
