@@ -2,6 +2,8 @@
 
 Every function takes ``lang="en"`` or ``lang="ko"`` and returns a matplotlib Figure.
 """
+from mpkit.plot.bubble import bubble
+from mpkit.plot.breakdown import breakdown
 from mpkit.plot.comm import comm
 from mpkit.plot.labels import LANGS
 from mpkit.plot.memory import memory
@@ -9,4 +11,4 @@ from mpkit.plot.memory_time import memory_over_time
 from mpkit.plot.style import save
 from mpkit.plot.timeline import timeline
 
-__all__ = ["timeline", "memory", "memory_over_time", "comm", "save", "LANGS"]
+__all__ = ["timeline", "memory", "memory_over_time", "comm", "bubble", "breakdown", "save", "LANGS"]
