@@ -187,6 +187,12 @@ def test_timeline_overlays_a_prediction_as_outlines_aligned_to_the_start(trace):
     assert len(outlines) == 3 and not any(p.get_fill() for p in outlines)
     assert sorted(round(v, 9) for p in outlines for v in (p.get_x(), p.get_width())) == [0, 0, 0.5, 1.5, 1.5, 1.5]
     assert "predicted" in [t.get_text() for t in ax.get_legend().get_texts()]
+    # a one-step prediction (step 0) overlays any measured step, from that step's start
+    two_steps = Trace(events=gpipe_trace(step=0) + gpipe_trace(step=1, offset=10.0), enabled=False)
+    one_step = Trace(events=gpipe_trace(step=0, offset=50.0), enabled=False)
+    zoomed = plot.timeline(two_steps, step=1, ideal=one_step).axes[0]
+    measured = sorted(spans(zoomed, "compute") + spans(zoomed, "comm"))
+    assert spans(zoomed, "ideal") == measured  # same schedule, so the outlines sit on the spans
 
 
 def test_timeline_in_korean(trace):

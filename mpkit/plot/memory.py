@@ -76,7 +76,7 @@ def memory(run_or_runs, lang="en", kind="max", labels=None):
         attr, subtitle = MEMORY_KINDS[kind]
         positions = _positions(runs)
         n_slots = positions[-1][-1] + 1
-        fig, ax = new_figure(max(6.0, 2.8 + 0.42 * n_slots), 4.6)
+        fig, ax = new_figure(max(4.5, 2.8 + 0.42 * n_slots), 4.6)
         with_capacity = False
         for (_, reports), xs in zip(runs, positions):
             with_capacity |= _draw_group(ax, reports, xs, attr, lang)

@@ -72,18 +72,21 @@ def _draw_rank(ax, report, trace, t0, start, end, lang):
     ax.set_axisbelow(True)
 
 
-def _legends(ax, kinds, lang):
-    """Memory categories and the strip's compute kinds as two titled legends, right of the top panel."""
+def _legends(axes, kinds, lang):
+    """Memory categories beside the top panel, the strip's compute kinds beside the bottom one."""
     handles = [Patch(facecolor=CATEGORY_COLOURS[c], label=category_label(c, lang)) for c in reversed(CATEGORIES)]
     handles.append(Line2D([], [], color="black", linewidth=0.8, label=text("total", lang)))
-    first = ax.legend(handles=handles, title=text("memory_legend", lang), loc="upper left",
-                      bbox_to_anchor=(1.005, 1.0), fontsize=8, title_fontsize=8, frameon=False, alignment="left")
-    ax.add_artist(first)
-    first.set_clip_on(False)  # add_artist clips to the axes; this legend lives beside them
+    first = axes[0].legend(handles=handles, title=text("memory_legend", lang), loc="upper left",
+                           bbox_to_anchor=(1.005, 1.0), fontsize=8, title_fontsize=8, frameon=False,
+                           alignment="left")
     strip = [Patch(facecolor=KIND_COLOURS[k], label=text(k, lang)) for k in KIND_COLOURS if k in kinds]
     if strip:
-        ax.legend(handles=strip, title=text("strip_legend", lang), loc="upper left", bbox_to_anchor=(1.005, 0.25),
-                  fontsize=8, title_fontsize=8, frameon=False, alignment="left")
+        if axes[-1] is axes[0]:  # one panel: a second legend() would replace the first
+            axes[0].add_artist(first)
+            first.set_clip_on(False)  # add_artist clips to the axes; this legend lives beside them
+        axes[-1].legend(handles=strip, title=text("strip_legend", lang), loc="lower left",
+                        bbox_to_anchor=(1.005, 0.0), fontsize=8, title_fontsize=8, frameon=False,
+                        alignment="left")
 
 
 def memory_over_time(run, lang="en", ranks=None, step=None):
@@ -106,5 +109,5 @@ def memory_over_time(run, lang="en", ranks=None, step=None):
         axes[-1].set_xlim(start * 1e3, end * 1e3)
         axes[-1].set_xlabel(text("time_ms", lang))
         axes[0].set_title(title("memory_over_time", run, lang, step), fontsize=11, loc="left")
-        _legends(axes[0], {e.kind for e in trace.events if e.category == "compute"}, lang)
+        _legends(axes, {e.kind for e in trace.events if e.category == "compute"}, lang)
     return fig

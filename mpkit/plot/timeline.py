@@ -48,10 +48,11 @@ def _span_label(event, room_inches: float) -> str:
 
 
 def _aligned_ideal(ideal, step, start):
-    """The prediction's events, restricted to ``step`` when it records steps, starting at ``start``."""
+    """The prediction's events, starting at ``start``: only those of ``step`` when it has that
+    step, else all of them (a cost model usually predicts one step, numbered 0)."""
     trace = as_trace(ideal, "ideal")
-    if step is not None and any(e.step is not None for e in trace.events):
-        trace = select_step(trace, step, "ideal")
+    if step is not None and any(e.step == step for e in trace.events):
+        trace = trace.filter(step=step)
     shift = start - trace.window()[0]
     return [(e, e.start + shift, e.end + shift) for e in trace.events]
 
@@ -126,8 +127,8 @@ def _title(run_or_trace, trace, step, lang, title):
 def timeline(run_or_trace, lang="en", step=None, ax=None, ideal=None, title=None):
     """Gantt chart of a Run / Trace / prediction: one row per rank (rank 0 on top), time in ms.
 
-    ``step=`` keeps one optimizer step; ``ideal=`` (a Trace, Run or prediction) is drawn as
-    dashed outlines, shifted to start where the measured window starts. Returns the Figure.
+    ``step=`` keeps one optimizer step; ``ideal=`` (a Trace, Run or ``mpkit.sim.predict`` result)
+    is drawn as dashed outlines, shifted to start where the measured window starts. Returns the Figure.
     """
     with drawing(lang):
         trace = select_step(as_trace(run_or_trace), step, "run_or_trace")
