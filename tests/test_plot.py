@@ -329,6 +329,7 @@ def test_comm_bars_are_ring_formula_for_collectives_and_measured_for_p2p():
     assert [p.get_height() for p in patches(ax, "reduce_scatter")] == pytest.approx([0.75] * 4)  # (N-1)/N
     assert [p.get_height() for p in patches(ax, "send")] == pytest.approx([0.25, 0, 0, 0])
     assert patches(ax, "all_reduce")[0].get_hatch() and not patches(ax, "send")[0].get_hatch()
+    assert {"hatched: ring formula", "solid: measured"} <= {t.get_text() for t in ax.get_legend().get_texts()}
     assert patches(ax, "recv") == []  # a receive puts nothing on this rank's wire
     assert ax.get_ylabel() == "bytes sent (MiB)"
     note = next(t for t in ax.texts if t.get_gid() == "note").get_text()
@@ -346,6 +347,7 @@ def test_hand_written_ring_all_reduce_measures_the_formula():
     reference = next(line for line in ax.get_lines() if line.get_gid() == "reference").get_ydata()[0]
     assert reference == pytest.approx(6.0)  # 2*3/4 * 4 MiB
     assert [p.get_height() for p in patches(ax, "send")] == pytest.approx([reference] * n)
+    assert "hatched: ring formula" not in {t.get_text() for t in ax.get_legend().get_texts()}
     with pytest.raises(ValueError, match="payload size S in bytes"):
         plot.comm(run, all_reduce_payload="big")
 

@@ -90,8 +90,11 @@ def comm(run, lang="en", step=None, all_reduce_payload=None):
         ax.annotate(text("comm_note", lang, n=n), (0, 0), xycoords="axes fraction", xytext=(0, -34),
                     textcoords="offset points", va="top", fontsize=8, color="#444444", gid="note")
         handles = [Patch(facecolor=KIND_COLOURS[k], label=text(k, lang)) for k in kinds]
-        handles += [Patch(facecolor="white", edgecolor="#555555", hatch=FORMULA_HATCH, label=text("formula", lang)),
-                    Patch(facecolor="#555555", label=text("measured", lang))]
+        if any(k not in MEASURED_KINDS for k in kinds):
+            handles.append(Patch(facecolor="white", edgecolor="#555555", hatch=FORMULA_HATCH,
+                                 label=text("formula", lang)))
+        if any(k in MEASURED_KINDS for k in kinds):
+            handles.append(Patch(facecolor="#555555", label=text("measured", lang)))
         if reference is not None:
             handles.append(Patch(fill=False, edgecolor="black", linestyle="--",
                                  label=text("ring_reference", lang, size=_format(all_reduce_payload))))
