@@ -338,48 +338,14 @@ def ps_demo(workers: int = 2, ps: int = 2, steps: int = 30, timeout: float = 60.
     return run_isolated("ps_train", timeout=timeout, workers=workers, ps=ps, steps=steps, **kwargs)
 
 
-_PS_LABELS = {
-    "ko": {"title": "ParameterServerStrategy (비동기): 적용된 업데이트마다의 손실", "loss": "손실 (로그 눈금)",
-           "update": "파라미터 서버에 적용된 업데이트 순서", "worker": "워커 {}",
-           "stale": "지연(staleness)", "stale_title": "그 사이 다른 워커가 먼저 적용한 업데이트 수"},
-    "en": {"title": "ParameterServerStrategy (async): loss of each applied update", "loss": "loss (log scale)",
-           "update": "order in which updates were applied on the parameter servers", "worker": "worker {}",
-           "stale": "staleness", "stale_title": "updates other workers applied in between"},
-}
-
-
 def plot_ps(result, lang="ko"):
-    """Two panels from :func:`ps_train`'s result: loss per applied update (coloured by worker) and
-    the staleness of each update. Returns a matplotlib Figure."""
-    from mpkit.plot.style import drawing, new_figure
+    """Loss per applied update (coloured by worker) and the staleness of each update, from
+    :func:`ps_train`'s result (``mpkit.plot.staleness`` with a TensorFlow title). Returns a Figure."""
+    from mpkit.plot.staleness import staleness
 
-    labels = _PS_LABELS["ko" if lang == "ko" else "en"]
-    with drawing(lang):
-        fig, (top, bottom) = new_figure(8.0, 5.2, nrows=2, sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
-        order = list(range(1, len(result["losses"]) + 1))
-        colours = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
-        top.plot(order, result["losses"], color="#BAB0AC", lw=1, zorder=1)
-        for worker in sorted(set(result["workers"])):
-            xs = [o for o, w in zip(order, result["workers"]) if w == worker]
-            ys = [l for l, w in zip(result["losses"], result["workers"]) if w == worker]
-            top.scatter(xs, ys, color=colours[worker % len(colours)], label=labels["worker"].format(worker), zorder=2)
-        top.set_yscale("log")
-        from matplotlib.ticker import FuncFormatter, NullFormatter   # plain numbers: no mathtext minus glyphs
-        top.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        top.yaxis.set_minor_formatter(NullFormatter())
-        top.set_ylabel(labels["loss"])
-        top.set_title(labels["title"])
-        top.legend(loc="upper right")
-        top.grid(alpha=0.3)
-        bar_colours = [colours[w % len(colours)] for w in result["workers"]]
-        bottom.bar(order, result["staleness"], color=bar_colours)
-        bottom.set_ylabel(labels["stale"])
-        bottom.set_xlabel(labels["update"])
-        bottom.set_title(labels["stale_title"], fontsize=9)
-        bottom.set_ylim(0, max(2, max(result["staleness"], default=0) + 1))
-        bottom.yaxis.get_major_locator().set_params(integer=True)
-        fig.tight_layout()
-    return fig
+    title = {"ko": "ParameterServerStrategy (비동기): 적용된 업데이트마다의 손실",
+             "en": "ParameterServerStrategy (async): loss of each applied update"}.get(lang)
+    return staleness(result, lang=lang, title=title, log=True)
 
 
 def _kill_group(proc):
