@@ -5,11 +5,11 @@
     run's step time is the median of its steps after the first, the reported time the median
     over runs. Memory tracking off, trace on (``step_times`` reads it).
 (b) the measured bubble against (p-1)/(m+p-1) for m = 1..16 on balanced stages (an mlp of 8
-    equal 512-wide layers, 2 per rank), from the trace: share of rank-time not in
-    forward/backward over one step's forward/backward window (``pp.measure.step_bubble``),
-    median over steps after the first. It needs a free core per rank: with fewer cores than
-    ranks, ranks that should run side by side share a core and the measurement is not the
-    pipeline's (the header says how many cores there are).
+    equal layers, 2 per rank), from the trace: share of rank-time not in forward/backward over
+    one step's forward/backward window (``pp.measure.step_bubble``), median over steps after
+    the first. Each layer carries simulated device time (``layer_ms``: 10 ms forward, 20 ms
+    backward, slept): four ranks on a 2-core laptop would otherwise share cores exactly when
+    the pipeline is full, and the measurement would be the machine's, not the pipeline's.
 
     python benchmarks/pp.py [--runs 5] [--steps 6]
 """
@@ -27,7 +27,7 @@ from mpkit.train import make_config
 
 WORLD = 4
 VERSUS_TORCH = dict(model="gpt", hidden=128, layers=4, seq_len=32, batch_size=32, micro_batches=8)
-BALANCED = dict(model="mlp", layers=8, hidden=512, d_in=512, classes=512, batch_size=1024)
+BALANCED = dict(model="mlp", layers=8, hidden=64, d_in=64, classes=8, batch_size=64, layer_ms=10.0)
 BUBBLE_MS = (1, 2, 4, 8, 16)
 
 

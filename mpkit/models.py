@@ -7,6 +7,7 @@ layers inside a block, data parallel copies the whole list. Same seed -> same we
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -19,7 +20,12 @@ MODEL_KINDS = ("mlp", "gpt")
 @dataclass(frozen=True)
 class ModelConfig:
     """Sizes of the built-in models. ``mlp``: d_in -> hidden x (layers) -> classes.
-    ``gpt``: vocab, seq_len, hidden, heads, layers (transformer blocks), with 4*hidden MLPs."""
+    ``gpt``: vocab, seq_len, hidden, heads, layers (transformer blocks), with 4*hidden MLPs.
+
+    ``layer_ms`` adds simulated device time: every layer's forward takes that many extra
+    milliseconds and its backward twice as many, spent sleeping. A sleeping rank, like a rank
+    waiting for its GPU, leaves the CPU core to the others, so 4 ranks on a 2-core laptop
+    still behave like 4 dedicated devices (pipeline bubbles become measurable)."""
 
     kind: str = "mlp"
     layers: int = 4
@@ -29,6 +35,7 @@ class ModelConfig:
     vocab: int = 64
     seq_len: int = 16
     heads: int = 4
+    layer_ms: float = 0.0
 
     def __post_init__(self):
         if self.kind not in MODEL_KINDS:
@@ -37,6 +44,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive whole number")
+        if not isinstance(self.layer_ms, (int, float)) or isinstance(self.layer_ms, bool) or not self.layer_ms >= 0:
+            raise ValueError(f"layer_ms={self.layer_ms!r} must be a number of milliseconds >= 0 (0 = no simulated device time)")
         if self.kind == "gpt" and self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}; pick hidden as a multiple of heads")
 
@@ -49,24 +58,51 @@ class ModelConfig:
         return asdict(self)
 
 
-class DenseReLU(nn.Module):
-    def __init__(self, d_in, d_out, activation=True):
+class SimulatedDeviceTime(torch.autograd.Function):
+    """Identity that sleeps ``seconds`` in forward and twice that in backward (see ModelConfig)."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(2 * ctx.seconds)
+        return grad, None
+
+
+class Layer(nn.Module):
+    """A layer of the stack: ``compute`` plus the optional simulated device time."""
+
+    def __init__(self, layer_ms=0.0):
         super().__init__()
+        self.layer_ms = layer_ms
+
+    def forward(self, x):
+        out = self.compute(x)
+        return SimulatedDeviceTime.apply(out, self.layer_ms / 1e3) if self.layer_ms else out
+
+
+class DenseReLU(Layer):
+    def __init__(self, d_in, d_out, activation=True, layer_ms=0.0):
+        super().__init__(layer_ms)
         self.fc = nn.Linear(d_in, d_out)
         self.activation = activation
 
-    def forward(self, x):
+    def compute(self, x):
         x = self.fc(x)
         return F.relu(x) if self.activation else x
 
 
-class Embedding(nn.Module):
+class Embedding(Layer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
+        super().__init__(cfg.layer_ms)
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
         self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
 
-    def forward(self, idx):
+    def compute(self, idx):
         positions = torch.arange(idx.shape[1], device=idx.device)
         return self.tok(idx) + self.pos(positions)
 
@@ -97,26 +133,26 @@ class FeedForward(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
-class Block(nn.Module):
+class Block(Layer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
+        super().__init__(cfg.layer_ms)
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.attn = SelfAttention(cfg.hidden, cfg.heads)
         self.ln2 = nn.LayerNorm(cfg.hidden)
         self.mlp = FeedForward(cfg.hidden)
 
-    def forward(self, x):
+    def compute(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 
-class Head(nn.Module):
+class Head(Layer):
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
+        super().__init__(cfg.layer_ms)
         self.ln = nn.LayerNorm(cfg.hidden)
         self.out = nn.Linear(cfg.hidden, cfg.vocab)
 
-    def forward(self, x):
+    def compute(self, x):
         return self.out(self.ln(x))
 
 
@@ -137,7 +173,8 @@ class LayerStack(nn.Module):
 def build_layers(cfg: ModelConfig) -> list[nn.Module]:
     if cfg.kind == "mlp":
         dims = [cfg.d_in] + [cfg.hidden] * (cfg.layers - 1) + [cfg.classes]
-        return [DenseReLU(a, b, activation=i < cfg.layers - 1) for i, (a, b) in enumerate(zip(dims, dims[1:]))]
+        return [DenseReLU(a, b, activation=i < cfg.layers - 1, layer_ms=cfg.layer_ms)
+                for i, (a, b) in enumerate(zip(dims, dims[1:]))]
     return [Embedding(cfg), *(Block(cfg) for _ in range(cfg.layers)), Head(cfg)]
 
 

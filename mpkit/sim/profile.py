@@ -9,7 +9,7 @@ Shapes are all it needs, so a 7-billion-parameter what-if costs the same millise
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import torch
@@ -29,14 +29,18 @@ _VIEW_OPS = frozenset({"view", "_unsafe_view", "expand", "transpose", "permute",
 
 @dataclass
 class Cost:
-    """Work of a stretch of ops: how many, FLOPs, and bytes of tensors they read and wrote."""
+    """Work of a stretch of ops: how many, FLOPs, and bytes of tensors they read and wrote;
+    ``device_seconds`` is the model's simulated device time (``ModelConfig.layer_ms``), which
+    takes no CPU and so is not stretched when ranks share cores."""
 
     ops: int = 0
     flops: float = 0.0
     bytes: float = 0.0
+    device_seconds: float = 0.0
 
     def __add__(self, other: "Cost") -> "Cost":
-        return Cost(self.ops + other.ops, self.flops + other.flops, self.bytes + other.bytes)
+        return Cost(self.ops + other.ops, self.flops + other.flops, self.bytes + other.bytes,
+                    self.device_seconds + other.device_seconds)
 
 
 @dataclass(frozen=True)
@@ -172,8 +176,8 @@ def profile_piece(cfg: ModelConfig, first: int, last: int, batch: int, tp: int =
     if not 0 <= first < last <= cfg.num_layers:
         raise ValueError(f"layers {first}..{last - 1} are outside the model's {cfg.num_layers} layers")
     counter = _Counter()
-    with torch.device("meta"):
-        model = LayerStack(build_layers(cfg), cfg)
+    with torch.device("meta"):  # no simulated sleeps while counting: they are added per layer below
+        model = LayerStack(build_layers(replace(cfg, layer_ms=0.0)), cfg)
     if tp > 1:
         from mpkit.strategies.tp import parallelize
 
@@ -217,8 +221,8 @@ def profile_piece(cfg: ModelConfig, first: int, last: int, batch: int, tp: int =
         getattr(prof, phase)[i] = items
     prof.optimizer = optimizer_cost(tuple(s for i in layers for s in prof.layer_shapes[i]))
     for i in layers:
-        prof.forward.setdefault(i, [])
-        prof.backward.setdefault(i, [])
+        prof.forward.setdefault(i, []).append(Cost(device_seconds=cfg.layer_ms / 1e3))
+        prof.backward.setdefault(i, []).append(Cost(device_seconds=2 * cfg.layer_ms / 1e3))
     return prof
 
 

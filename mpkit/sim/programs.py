@@ -38,7 +38,7 @@ class Plan:
         return profile_piece(self.cfg, first, last, self.batch if batch is None else batch, tp)
 
     def seconds(self, cost, phase) -> float:
-        return self.hw.compute_time(cost, phase) * self.slowdown
+        return self.hw.compute_time(cost, phase) * self.slowdown + cost.device_seconds
 
     def wire(self, nbytes) -> int:
         """Bytes on the wire at the machine's precision (profiles count fp32)."""
