@@ -18,7 +18,9 @@ def test_from_an_async_ps_run(async_run, lang):
     server = async_run.extra[0]
     assert len(bottom.patches) == len(async_run.losses) == len(server["staleness"]) == 6
     assert [p.get_height() for p in bottom.patches] == server["staleness"]
-    assert [t.get_text() for t in top.get_legend().get_texts()] == ["rank 1", "rank 2"]
+    legend = [t.get_text() for t in top.get_legend().get_texts()]
+    assert legend == (["rank 1", "rank 2", "이동 평균 (업데이트 2개)"] if lang == "ko"
+                      else ["rank 1", "rank 2", "running mean (2 updates)"])
 
 
 def test_from_a_dict_with_log_scale():
@@ -26,7 +28,7 @@ def test_from_a_dict_with_log_scale():
                     title="t")
     top, _ = fig.axes
     assert top.get_yscale() == "log" and top.get_title() == "t"
-    assert [t.get_text() for t in top.get_legend().get_texts()] == ["worker 0", "worker 1"]
+    assert [t.get_text() for t in top.get_legend().get_texts()] == ["worker 0", "worker 1", "running mean (2 updates)"]
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -141,5 +141,5 @@ def test_plot_ps_draws_loss_and_staleness(lang):
     fig = tfdist.plot_ps(fake, lang=lang)
     top, bottom = fig.axes
     assert top.get_yscale() == "log" and len(bottom.patches) == 6
-    assert [t.get_text() for t in top.get_legend().get_texts()] == (
+    assert [t.get_text() for t in top.get_legend().get_texts()][:2] == (
         ["워커 0", "워커 1"] if lang == "ko" else ["worker 0", "worker 1"])
