@@ -21,8 +21,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
-
 from mpkit.quiz.bank import load_bank
 from mpkit.quiz.store import ResultsFileError, read_results, results_path
 from mpkit.quiz.text import t
@@ -176,6 +174,8 @@ def _nbgrader(grade_id, *, locked, solution=False, points=None):
 
 def assignment_notebook(items, bank, lang="ko", mode="exam"):
     """An nbgrader-compatible notebook: intro, setup (STUDENT), one quiz cell per topic, graded score."""
+    import nbformat  # here, not at module level: nbformat (+ jsonschema) costs seconds in every quiz.show
+
     by_topic = {}
     for item in items:
         by_topic.setdefault(item.topic, []).append(item.id)
@@ -211,5 +211,7 @@ def _id_list(ids):
 def write_assignment(items, bank, out, lang="ko", mode="exam"):
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    import nbformat
+
     nbformat.write(assignment_notebook(items, bank, lang, mode), out)
     return out
