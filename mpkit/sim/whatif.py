@@ -8,7 +8,6 @@ keeps the last good picture.
 from __future__ import annotations
 
 import ipywidgets as w
-import matplotlib.pyplot as plt
 
 from mpkit.sim.hardware import PRESETS, get_hardware
 from mpkit.sim.predict import predict
@@ -71,13 +70,15 @@ class WhatIf:
         return p
 
     def _redraw(self):
+        from IPython.display import display
+
         from mpkit import plot
 
         self.output.clear_output(wait=True)
         with self.output:
-            figures = [plot.timeline(self.prediction), plot.memory(self.prediction)]
-            for fig in figures:
-                plt.show(fig)
+            # mpkit.plot returns plain Figures (not pyplot's), which plt.show() does not know about
+            for fig in (plot.timeline(self.prediction), plot.memory(self.prediction)):
+                display(fig)
 
     @property
     def widget(self) -> w.Widget:
