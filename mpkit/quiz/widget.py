@@ -119,6 +119,16 @@ class Quiz:
         return Score(sum(view.correct for view in self.views.values()), len(self.items))
 
     @property
+    def pitfalls(self):
+        """Pitfall tag -> :class:`Score` over this quiz's items, in item order (answered or not);
+        the table shown after Submit."""
+        tally = {}
+        for view in self.views.values():
+            right, total = tally.get(view.item.pitfall, (0, 0))
+            tally[view.item.pitfall] = (right + view.correct, total + 1)
+        return {tag: Score(right, total) for tag, (right, total) in tally.items()}
+
+    @property
     def feedback(self):
         """Item id -> the current value of its feedback widget."""
         return {item_id: view.feedback.value for item_id, view in self.views.items()}
@@ -200,12 +210,8 @@ class Quiz:
         self.summary.value = self._pitfall_table(lang) if self.submitted else ""
 
     def _pitfall_table(self, lang):
-        tally = {}
-        for view in self.views.values():
-            right, total = tally.get(view.item.pitfall, (0, 0))
-            tally[view.item.pitfall] = (right + view.correct, total + 1)
         rows = "".join(f"<tr><td>{html.escape(self._bank.pitfalls[tag][lang])}</td>"
-                       f"<td>{right}/{total}</td></tr>" for tag, (right, total) in tally.items())
+                       f"<td>{score}</td></tr>" for tag, score in self.pitfalls.items())
         return (f"<table><tr><th>{t('pitfall', lang)}</th><th>{t('pitfall_result', lang)}</th></tr>"
                 f"{rows}</table>")
 
