@@ -2,15 +2,19 @@
 memory tracker off / on, on simulated devices.
 
 Each rank: forward, backward, all_reduce(avg) of every gradient, Adam(foreach=True) step.
-Configurations alternate run by run so drift in machine load hits them alike, and besides wall
-time each rank reports its CPU time per step: on a shared machine other processes stretch wall
-time at random, while the recorders' cost is CPU time this rank spends itself.
+On a shared machine other processes stretch wall time at random by far more than 5%, so the
+three configurations are interleaved step by step inside one world (order rotated each round)
+and compared pairwise within a round: load drift hits all three alike. The memory step enters
+``ctx.memory.track`` for that step alone, so it also pays the tracker's setup every step (a loop
+tracked once pays a little less). CPU time per rank is reported too: it is what the recorders
+themselves consume.
 
-    python benchmarks/overhead.py [--runs 5] [--steps 5]
+    python benchmarks/overhead.py [--worlds 2] [--rounds 15]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -23,8 +27,7 @@ import torch  # noqa: E402
 
 import mpkit  # noqa: E402
 
-CONFIGS = (("trace off, memory off", False, False), ("trace on,  memory off", True, False),
-           ("trace on,  memory on", True, True))
+CONFIGS = ("trace off, memory off", "trace on,  memory off", "trace on,  memory on")
 
 
 def _mlp(width, layers):
@@ -34,38 +37,41 @@ def _mlp(width, layers):
     return torch.nn.Sequential(*blocks, torch.nn.Linear(width, width))
 
 
-def _train(ctx, width, layers, batch, warmup, steps):
-    """(wall, cpu) seconds of each step on this rank, warm-up steps dropped."""
+def _train(ctx, width, layers, batch, warmup, rounds):
+    """{config: [(wall, cpu) seconds per round]} on this rank; warm-up rounds dropped."""
     torch.manual_seed(0)
     model = _mlp(width, layers)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
     x, y = torch.randn(batch, width), torch.randn(batch, width)
-    times = []
-    with ctx.memory.track(model, opt):
-        for step in range(warmup + steps):
-            ctx.set_step(step)
+    times = {name: [] for name in CONFIGS}
+    for r in range(warmup + rounds):
+        for name in CONFIGS[r % 3:] + CONFIGS[:r % 3]:
+            ctx.trace.enabled = name != CONFIGS[0]
+            tracked = ctx.memory.track(model, opt) if name == CONFIGS[2] else contextlib.nullcontext()
+            ctx.set_step(r)
             ctx.barrier()  # untraced: every rank starts the step together
             start, cpu = time.perf_counter(), time.process_time()
-            with ctx.trace.span("forward"):
-                loss = torch.nn.functional.mse_loss(model(x), y)
-            with ctx.trace.span("backward"):
-                loss.backward()
-            for p in model.parameters():
-                ctx.comm.all_reduce(p.grad, op="avg")
-            with ctx.trace.span("optimizer"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            times.append((time.perf_counter() - start, time.process_time() - cpu))
-    return times[warmup:]
+            with tracked:
+                with ctx.trace.span("forward"):
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                with ctx.trace.span("backward"):
+                    loss.backward()
+                for p in model.parameters():
+                    ctx.comm.all_reduce(p.grad, op="avg")
+                with ctx.trace.span("optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+            if r >= warmup:
+                times[name].append((time.perf_counter() - start, time.process_time() - cpu))
+    return times
 
 
-def step_time(trace, memory, opts) -> tuple[float, float]:
-    """Median over steps of (slowest rank's wall time, ranks' mean CPU time), in seconds."""
-    per_rank = mpkit.launch(_train, opts.world_size, timeout=600, trace=trace, memory=memory,
-                            args=(opts.width, opts.layers, opts.batch, opts.warmup, opts.steps))
-    steps = list(zip(*per_rank))
-    return (statistics.median(max(wall for wall, _ in step) for step in steps),
-            statistics.median(statistics.fmean(cpu for _, cpu in step) for step in steps))
+def rounds_of_world(opts) -> list[dict[str, tuple[float, float]]]:
+    """Per round: {config: (slowest rank's wall s, ranks' mean CPU s)}."""
+    per_rank = mpkit.launch(_train, opts.world_size, timeout=600,
+                            args=(opts.width, opts.layers, opts.batch, opts.warmup, opts.rounds))
+    return [{name: (max(r[name][i][0] for r in per_rank), statistics.fmean(r[name][i][1] for r in per_rank))
+             for name in CONFIGS} for i in range(opts.rounds)]
 
 
 def main():
@@ -74,31 +80,27 @@ def main():
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--worlds", type=int, default=2)
     opts = parser.parse_args()
     n_params = sum(p.numel() for p in _mlp(opts.width, opts.layers).parameters())
     print(machine_info())
     print(f"work: {opts.world_size} ranks, MLP {opts.layers} x Linear({opts.width}, {opts.width}) "
-          f"({n_params / 1e6:.1f} M params), batch {opts.batch} per rank; forward, backward, all_reduce "
-          f"of every gradient, Adam(foreach=True); {opts.warmup} warm-up + {opts.steps} timed steps per run, "
-          f"{opts.runs} runs per configuration, interleaved\n")
-    runs = {name: [] for name, _, _ in CONFIGS}
-    for _ in range(opts.runs):
-        for name, trace, memory in CONFIGS:
-            runs[name].append(step_time(trace, memory, opts))
-    print("| recording | wall ms/step | vs off | CPU ms/step per rank | vs off |\n|---|---:|---:|---:|---:|")
-    base = None
-    for name, _, _ in CONFIGS:
-        wall = statistics.median(w for w, _ in runs[name])
-        cpu = statistics.median(c for _, c in runs[name])
-        base = base or (wall, cpu)
-        rel = [f"{100 * (v / b - 1):+.1f}%" if name != CONFIGS[0][0] else "-" for v, b in zip((wall, cpu), base)]
-        print(f"| {name} | {1e3 * wall:.1f} | {rel[0]} | {1e3 * cpu:.1f} | {rel[1]} |")
-    spread = {name: f"{1e3 * min(w for w, _ in r):.0f}-{1e3 * max(w for w, _ in r):.0f}" for name, r in runs.items()}
-    print(f"\nwall ms/step range over runs: {spread}")
-    print(f"after: {load()}; target: trace + memory <= +5%")
+          f"({n_params / 1e6:.1f} M params), batch {opts.batch} per rank; forward, backward, all_reduce of "
+          f"every gradient, Adam(foreach=True); {opts.worlds} worlds x {opts.rounds} rounds "
+          f"(+{opts.warmup} warm-up), each round one step of every configuration\n")
+    rounds = [r for _ in range(opts.worlds) for r in rounds_of_world(opts)]
+    print("| recording | wall ms/step | vs off (median of paired rounds) | CPU ms/step per rank | vs off |\n"
+          "|---|---:|---:|---:|---:|")
+    for name in CONFIGS:
+        cells = []
+        for i in (0, 1):  # wall, cpu
+            ms = 1e3 * statistics.median(r[name][i] for r in rounds)
+            ratio = statistics.median(r[name][i] / r[CONFIGS[0]][i] for r in rounds)
+            cells += [f"{ms:.1f}", "-" if name == CONFIGS[0] else f"{100 * (ratio - 1):+.1f}%"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(f"\nafter: {load()}; target: trace + memory <= +5%")
 
 
 if __name__ == "__main__":
