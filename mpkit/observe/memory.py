@@ -43,6 +43,14 @@ def parse_bytes(value) -> int | None:
     return int(number)
 
 
+def human(n_bytes: float) -> str:
+    """``1.5 MiB`` / ``20.0 KiB`` / ``512 B``: sizes readable whatever the model's scale."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.1f} {unit}"
+    return f"{int(n_bytes)} B"
+
+
 def mib(n_bytes: float) -> float:
     return n_bytes / 2**20
 
@@ -219,12 +227,10 @@ class MemoryTracker:
 
     def _out_of_memory(self, values, total):
         raise DeviceOutOfMemory(
-            f"rank {self.rank}: simulated device out of memory: tried to hold {mib(total):.1f} MiB "
-            f"but capacity is {mib(self.capacity):.1f} MiB "
-            f"(parameters {mib(values['parameters']):.1f}, gradients {mib(values['gradients']):.1f}, "
-            f"optimizer {mib(values['optimizer']):.1f}, activations {mib(values['activations']):.1f}, "
-            f"other {mib(values['other']):.1f} MiB). Split the model across more devices, shard "
-            f"optimizer state, or use smaller micro-batches.")
+            f"rank {self.rank}: simulated device out of memory: tried to hold {human(total)} "
+            f"but capacity is {human(self.capacity)} ("
+            + ", ".join(f"{c} {human(values[c])}" for c in CATEGORIES)
+            + "). Split the model across more devices, shard optimizer state, or use smaller micro-batches.")
 
     def current(self) -> dict[str, int]:
         if not self.samples:
