@@ -9,7 +9,8 @@ from mpkit.plot.labels import LANGS
 from mpkit.plot.memory import memory
 from mpkit.plot.memory_time import memory_over_time
 from mpkit.plot.side_by_side import timelines
+from mpkit.plot.staleness import staleness
 from mpkit.plot.style import save
 from mpkit.plot.timeline import timeline
 
-__all__ = ["timeline", "memory", "memory_over_time", "comm", "bubble", "breakdown", "timelines", "save", "LANGS"]
+__all__ = ["timeline", "memory", "memory_over_time", "comm", "bubble", "breakdown", "timelines", "staleness", "save", "LANGS"]
