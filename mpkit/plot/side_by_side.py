@@ -34,7 +34,7 @@ def timelines(runs, lang="en", step=None):
         for ax in axes:
             start = ax.get_xlim()[0]
             ax.set_xlim(start, start + width)
-        fig.subplots_adjust(hspace=0.75)
+        fig.subplots_adjust(hspace=0.6)
     return fig
 
 
