@@ -84,16 +84,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
     sizes = {k: v for k, v in VERSUS_TORCH.items() if k not in ("model", "batch_size", "micro_batches")}
-    warning = "" if cores >= WORLD else " (fewer cores than ranks: (b) is not meaningful)"
-    print(f"{WORLD} ranks on {cores} CPU cores{warning}")
+    print(f"{WORLD} ranks on {cores} CPU cores; (b) sleeps its simulated device time, so it holds on fewer cores too")
     print(f"(a) {describe(ModelConfig(kind='gpt', **sizes))}, batch {VERSUS_TORCH['batch_size']}; "
           f"median over {args.runs} alternating runs of the median of steps 2..{args.steps}")
     a = versus_torch(args.runs, args.steps)
     print(f"{'benchmark':<42} {'ours ms':>9} {'baseline ms':>12} {'ratio':>7}  target")
     print(f"{a['benchmark']:<42} {a['ours_ms']:>9.1f} {a['baseline_ms']:>12.1f} {a['ratio']:>7.3f}  {a['target']}")
     sizes = {k: v for k, v in BALANCED.items() if k not in ("model", "batch_size")}
-    print(f"\n(b) bubble, 1f1b, p={WORLD}, {describe(ModelConfig(kind='mlp', **sizes))}, "
-          f"batch {BALANCED['batch_size']}; median over steps 2..{args.steps}; target |diff| <= 5 points")
+    print(f"\n(b) bubble, 1f1b, p={WORLD}, {describe(ModelConfig(kind='mlp', **sizes))} + {BALANCED['layer_ms']:g} ms "
+          f"simulated device time per layer forward (2x backward), batch {BALANCED['batch_size']}; "
+          f"median over steps 2..{args.steps}; target |diff| <= 5 points")
     print(f"{'m':>3} {'measured':>9} {'(p-1)/(m+p-1)':>14} {'diff (points)':>14} {'step ms':>9}")
     for r in bubble_rows(args.steps):
         print(f"{r['m']:>3} {r['measured']:>9.1%} {r['formula']:>14.1%} {r['diff_points']:>+14.1f} "
