@@ -30,6 +30,19 @@ def category(kind: str) -> str:
     raise ValueError(f"unknown event kind {kind!r}; use one of {', '.join(KINDS)}")
 
 
+def union_seconds(events) -> float:
+    """Seconds covered by the events' [start, end] spans; overlapping spans count once."""
+    total, cur_start, cur_end = 0.0, None, None
+    for s, e in sorted((e.start, e.end) for e in events):
+        if cur_end is None or s > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = s, e
+        else:
+            cur_end = max(cur_end, e)
+    return total + (cur_end - cur_start if cur_end is not None else 0.0)
+
+
 @dataclass(frozen=True)
 class Event:
     """One timed operation on one rank. ``bytes`` is what this rank put on the wire (0 for compute)."""
@@ -116,18 +129,7 @@ class Trace:
 
     def busy_time(self, rank: int, category_name: str) -> float:
         """Seconds in which ``rank`` did work of a category; overlapping spans count once."""
-        spans = sorted((e.start, e.end) for e in self.of_rank(rank) if e.category == category_name)
-        total, cur_start, cur_end = 0.0, None, None
-        for s, e in spans:
-            if cur_end is None or s > cur_end:
-                if cur_end is not None:
-                    total += cur_end - cur_start
-                cur_start, cur_end = s, e
-            else:
-                cur_end = max(cur_end, e)
-        if cur_end is not None:
-            total += cur_end - cur_start
-        return total
+        return union_seconds(e for e in self.of_rank(rank) if e.category == category_name)
 
     def bubble_share(self) -> float:
         """Share of rank-time not spent computing, inside the trace window: the pipeline bubble

@@ -12,7 +12,7 @@ stretch compute by that number over the core count when it is larger (processor 
 from __future__ import annotations
 
 from mpkit.models import describe
-from mpkit.observe.trace import Trace
+from mpkit.observe.trace import Trace, union_seconds
 from mpkit.sim.engine import simulate
 from mpkit.sim.hardware import Hardware, get_hardware
 from mpkit.sim.memory import predict_memory
@@ -36,7 +36,7 @@ class Prediction:
         ranks = trace.ranks or [0]
         compute = sum(trace.busy_time(r, "compute") for r in ranks) / len(ranks)
         # communication counts only where it is not hidden behind compute on the same rank
-        busy_any = sum(_union(trace.of_rank(r)) for r in ranks) / len(ranks)
+        busy_any = sum(union_seconds(e for e in trace.of_rank(r) if e.category != "idle") for r in ranks) / len(ranks)
         comm = busy_any - compute
         self.breakdown = {"compute": compute, "comm": comm, "bubble": max(self.step_time - compute - comm, 0.0)}
 
@@ -55,19 +55,6 @@ class Prediction:
     def __repr__(self):
         return (f"<Prediction {self.strategy} world_size={self.world_size} on {self.hardware.name}: "
                 f"{self.step_time * 1e3:.3f} ms/step>")
-
-
-def _union(events) -> float:
-    """Seconds in which any of ``events`` was running."""
-    total, cur_start, cur_end = 0.0, None, None
-    for s, e in sorted((e.start, e.end) for e in events if e.category != "idle"):
-        if cur_end is None or s > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = s, e
-        else:
-            cur_end = max(cur_end, e)
-    return total + (cur_end - cur_start if cur_end is not None else 0.0)
 
 
 def _config(strategy, world_size, model, batch_size, options):

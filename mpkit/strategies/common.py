@@ -68,6 +68,28 @@ def require_world(cfg: TrainConfig, minimum: int, why: str) -> None:
         raise ValueError(f"strategy={cfg.strategy!r} needs world_size >= {minimum} ({why}); got world_size={cfg.world_size}")
 
 
+def train_full_batch(ctx, cfg: TrainConfig, model, optimizer) -> list[float]:
+    """Every step on the whole global batch: the reference's loop, and tensor parallel's (each
+    rank sees the whole batch there). Returns the loss of each step."""
+    from mpkit.models import loss_fn, make_batch
+
+    losses = []
+    with ctx.memory.track(model, optimizer):
+        for step in range(cfg.steps):
+            ctx.set_step(step)
+            x, y = (t.to(ctx.device) for t in make_batch(cfg.model, cfg.batch_size, step, cfg.seed))
+            with ctx.trace.span("forward"):
+                loss = loss_fn(cfg.model, model(x), y)
+            with ctx.trace.span("backward"):
+                loss.backward()
+            with ctx.trace.span("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+    ctx.set_step(None)
+    return losses
+
+
 def state_of(module: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
     """Detached copies of a module's parameters under ``prefix`` + their names."""
     return {prefix + name: p.detach().clone() for name, p in module.named_parameters()}

@@ -1,7 +1,7 @@
 """The reference: the whole model on one device, the global batch at once. Every other
 strategy is tested against this run."""
-from mpkit.models import build_model, loss_fn, make_batch
-from mpkit.strategies.common import RankOutput, make_optimizer, state_of
+from mpkit.models import build_model
+from mpkit.strategies.common import RankOutput, make_optimizer, state_of, train_full_batch
 
 OPTIONS = {}
 
@@ -13,18 +13,5 @@ def validate(cfg):
 
 def run_rank(ctx, cfg):
     model = build_model(cfg.model, cfg.seed).to(ctx.device)
-    optimizer = make_optimizer(model.parameters(), cfg)
-    losses = []
-    with ctx.memory.track(model, optimizer):
-        for step in range(cfg.steps):
-            ctx.set_step(step)
-            x, y = (t.to(ctx.device) for t in make_batch(cfg.model, cfg.batch_size, step, cfg.seed))
-            with ctx.trace.span("forward"):
-                loss = loss_fn(cfg.model, model(x), y)
-            with ctx.trace.span("backward"):
-                loss.backward()
-            with ctx.trace.span("optimizer"):
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
+    losses = train_full_batch(ctx, cfg, model, make_optimizer(model.parameters(), cfg))
     return RankOutput(losses=losses, params=state_of(model))

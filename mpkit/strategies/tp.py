@@ -19,8 +19,8 @@ single-device model's exactly; ``params`` gathers the slices back into the singl
 """
 from __future__ import annotations
 
-from mpkit.models import Block, build_model, loss_fn, make_batch
-from mpkit.strategies.common import RankOutput, make_optimizer
+from mpkit.models import Block, build_model
+from mpkit.strategies.common import RankOutput, make_optimizer, train_full_batch
 from mpkit.strategies.tp_layers import ColumnParallelLinear, RowParallelLinear, contiguous_split, head_split
 
 OPTIONS = {}
@@ -91,30 +91,11 @@ def all_reduce_counts(events, step=0) -> dict:
             "backward": sum(n.startswith("f backward") for n in names)}
 
 
-def train_steps(ctx, cfg, model, optimizer) -> list[float]:
-    """The training loop of every rank: the whole global batch, the same loss everywhere."""
-    losses = []
-    with ctx.memory.track(model, optimizer):
-        for step in range(cfg.steps):
-            ctx.set_step(step)
-            x, y = (t.to(ctx.device) for t in make_batch(cfg.model, cfg.batch_size, step, cfg.seed))
-            with ctx.trace.span("forward"):
-                loss = loss_fn(cfg.model, model(x), y)
-            with ctx.trace.span("backward"):
-                loss.backward()
-            with ctx.trace.span("optimizer"):
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-    ctx.set_step(None)
-    return losses
-
-
 def run_rank(ctx, cfg):
     model = build_model(cfg.model, cfg.seed)
     sharded = parallelize(model, ctx.rank, ctx.world_size, ctx.comm)
     model = model.to(ctx.device)
-    losses = train_steps(ctx, cfg, model, make_optimizer(model.parameters(), cfg))
+    losses = train_full_batch(ctx, cfg, model, make_optimizer(model.parameters(), cfg))
     return RankOutput(losses=losses, params=full_params(model, sharded), extra={
         "parameters_per_rank": sum(p.numel() for p in model.parameters()),
         "sharded_layers": list(sharded),

@@ -19,7 +19,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from mpkit.models import Block, build_model
 from mpkit.strategies.common import RankOutput, make_optimizer
-from mpkit.strategies.tp import train_steps
+from mpkit.strategies.common import train_full_batch
 from mpkit.strategies.tp_layers import head_split
 
 
@@ -48,7 +48,7 @@ def run_rank(ctx, cfg):
     params = list(model.parameters())
     groups = [{"params": [p for p in params if isinstance(p, DTensor)]},
               {"params": [p for p in params if not isinstance(p, DTensor)]}]
-    losses = train_steps(ctx, cfg, model, make_optimizer(groups, cfg))
+    losses = train_full_batch(ctx, cfg, model, make_optimizer(groups, cfg))
     full = {}
     for name, p in model.named_parameters():
         value = (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
