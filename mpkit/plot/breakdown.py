@@ -8,21 +8,12 @@ from __future__ import annotations
 
 from matplotlib.patches import Patch
 
+from mpkit.plot.labels import text
 from mpkit.plot.style import IDLE_COLOUR, IDLE_HATCH, KIND_COLOURS, drawing, new_figure
 
 PARTS = ("compute", "comm", "bubble")
 _COLOURS = {"compute": KIND_COLOURS["forward"], "comm": KIND_COLOURS["all_reduce"], "bubble": IDLE_COLOUR}
-_TEXT = {
-    "compute": ("compute", "계산"),
-    "comm": ("communication (not hidden)", "통신 (가려지지 않은 부분)"),
-    "bubble": ("bubble (idle)", "버블 (유휴)"),
-    "title": ("Predicted step time", "예측한 스텝 시간"),
-    "xlabel": ("time per optimizer step (ms)", "옵티마이저 스텝당 시간 (ms)"),
-}
 
-
-def _text(key, lang):
-    return _TEXT[key][0 if lang == "en" else 1]
 
 
 def _items(predictions):
@@ -62,14 +53,14 @@ def breakdown(predictions, lang="en", title=None):
                         fontsize=7.5, gid="total")
         ax.set_yticks(ys, [label for label, _ in items], fontsize=8)
         ax.set_xlim(0, largest * 1.12 if largest > 0 else 1.0)
-        ax.set_xlabel(_text("xlabel", lang))
-        ax.set_title(title or _text("title", lang), fontsize=11, loc="left")
+        ax.set_xlabel(text("breakdown_xlabel", lang))
+        ax.set_title(title or text("breakdown_title", lang), fontsize=11, loc="left")
         ax.grid(axis="x", color="#EEEEEE", linewidth=0.6)
         ax.set_axisbelow(True)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
         handles = [Patch(facecolor=_COLOURS[p], hatch=IDLE_HATCH if p == "bubble" else None,
-                         edgecolor="#9E9E9E" if p == "bubble" else "white", label=_text(p, lang)) for p in PARTS]
+                         edgecolor="#9E9E9E" if p == "bubble" else "white", label=text(f"breakdown_{p}", lang)) for p in PARTS]
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     return fig
 

@@ -8,22 +8,10 @@ from __future__ import annotations
 
 from matplotlib.ticker import PercentFormatter
 
+from mpkit.plot.labels import text
 from mpkit.plot.style import drawing, new_figure
 
-_TEXT = {
-    "title": ("Pipeline bubble vs micro-batches (p = {p}{v})", "마이크로배치 수에 따른 파이프라인 버블 (p = {p}{v})"),
-    "x": ("micro-batches per step m", "스텝당 마이크로배치 수 m"),
-    "y": ("bubble (idle share of the step)", "버블 (스텝 중 유휴 비율)"),
-    "formula": ("formula (p-1)/(m+p-1)", "공식 (p-1)/(m+p-1)"),
-    "formula_v": ("formula (p-1)/(v·m+p-1)", "공식 (p-1)/(v·m+p-1)"),
-    "measured": ("measured (trace)", "측정값 (트레이스)"),
-    "mp": ("m = 1: layer-wise MP, (p-1)/p", "m = 1: 레이어 단위 MP, (p-1)/p"),
-}
 
-
-def _t(key, lang, **kw):
-    en, ko = _TEXT[key]
-    return (ko if lang == "ko" else en).format(**kw)
 
 
 def bubble(measured: dict, p: int, lang="en", v: int = 1, title=None):
@@ -43,9 +31,9 @@ def bubble(measured: dict, p: int, lang="en", v: int = 1, title=None):
         fig, ax = new_figure(7.0, 4.2)
         grid = list(range(1, max(ms) + 1))
         ax.plot(grid, [(p - 1) / (v * m + p - 1) for m in grid], color="#4C72B0", linewidth=2,
-                label=_t("formula" if v == 1 else "formula_v", lang), gid="formula")
+                label=text("bubble_formula" if v == 1 else "bubble_formula_v", lang), gid="formula")
         ax.plot(ms, [measured[m] for m in ms], "o", color="#C44E52", markersize=8,
-                label=_t("measured", lang), gid="measured")
+                label=text("bubble_measured", lang), gid="measured")
         for m in ms:
             ax.annotate(f"{measured[m]:.0%}", (m, measured[m]), xytext=(6, 6), textcoords="offset points",
                         fontsize=9, color="#C44E52")
@@ -53,15 +41,15 @@ def bubble(measured: dict, p: int, lang="en", v: int = 1, title=None):
             ax.annotate(f"{formula:.0%}", (m, formula), xytext=(6, -14), textcoords="offset points",
                         fontsize=9, color="#4C72B0")
         if v == 1 and p > 1:
-            ax.axhline((p - 1) / p, color="#8C8C8C", linestyle=":", linewidth=1, label=_t("mp", lang), gid="mp")
+            ax.axhline((p - 1) / p, color="#8C8C8C", linestyle=":", linewidth=1, label=text("bubble_mp", lang), gid="mp")
         ax.set_xscale("log", base=2)
         ax.set_xticks(ms, [str(m) for m in ms])
         ax.minorticks_off()
         ax.set_ylim(0, 1)
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-        ax.set_xlabel(_t("x", lang))
-        ax.set_ylabel(_t("y", lang))
-        ax.set_title(title or _t("title", lang, p=p, v="" if v == 1 else f", v = {v}"), fontsize=11, loc="left")
+        ax.set_xlabel(text("bubble_x", lang))
+        ax.set_ylabel(text("bubble_y", lang))
+        ax.set_title(title or text("bubble_title", lang, p=p, v="" if v == 1 else f", v = {v}"), fontsize=11, loc="left")
         ax.grid(color="#EEEEEE", linewidth=0.6)
         ax.set_axisbelow(True)
         for side in ("top", "right"):

@@ -59,6 +59,20 @@ _TABLE = {
     "measured": ("solid: measured", "단색: 측정값"),
     "ring_reference": ("ring all-reduce 2(N-1)/N·S for S = {size}", "링 올리듀스 2(N-1)/N·S, S = {size}"),
     "no_comm": ("no communication in this run", "이 실행에는 통신이 없습니다"),
+    # bubble
+    "bubble_title": ("Pipeline bubble vs micro-batches (p = {p}{v})", "마이크로배치 수에 따른 파이프라인 버블 (p = {p}{v})"),
+    "bubble_x": ("micro-batches per step m", "스텝당 마이크로배치 수 m"),
+    "bubble_y": ("bubble (idle share of the step)", "버블 (스텝 중 유휴 비율)"),
+    "bubble_formula": ("formula (p-1)/(m+p-1)", "공식 (p-1)/(m+p-1)"),
+    "bubble_formula_v": ("formula (p-1)/(v·m+p-1)", "공식 (p-1)/(v·m+p-1)"),
+    "bubble_measured": ("measured (trace)", "측정값 (트레이스)"),
+    "bubble_mp": ("m = 1: layer-wise MP, (p-1)/p", "m = 1: 레이어 단위 MP, (p-1)/p"),
+    # breakdown
+    "breakdown_compute": ("compute", "계산"),
+    "breakdown_comm": ("communication (not hidden)", "통신 (가려지지 않은 부분)"),
+    "breakdown_bubble": ("bubble (idle)", "버블 (유휴)"),
+    "breakdown_title": ("Predicted step time", "예측한 스텝 시간"),
+    "breakdown_xlabel": ("time per optimizer step (ms)", "옵티마이저 스텝당 시간 (ms)"),
 }
 
 
