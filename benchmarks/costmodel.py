@@ -1,7 +1,9 @@
 """How good is the cost model? Predict and really run a grid of configurations on cpu-sim.
 
-For every configuration: ``mpkit.sim.predict`` and ``mpkit.train`` (median step time over
-steps 2..K, skipping warm-up; timed with the memory tracker off, since its per-op bookkeeping
+For every configuration: ``mpkit.sim.predict`` and ``mpkit.train`` (steady-state step time:
+the median ``Run.step_periods`` — start of one step to the start of the next on the same rank —
+over the second half of K steps, since the first steps are still warming up (allocator, gloo
+buffers: step times fall for ~5 steps here); timed with the memory tracker off, since its per-op bookkeeping
 is not part of what we model, then a short tracked run for memory). Prints each row — predicted
 and measured ms, abs % error, memory per category predicted vs measured — and the MAPE.
 Memory compares parameters/gradients/activations with the measured maxima and optimizer with
@@ -49,7 +51,8 @@ def grid(quick: bool):
 
 def measure(strategy, world, kwargs, steps):
     timed = mpkit.train(strategy, world_size=world, steps=steps, memory=False, **kwargs)
-    step_time = statistics.median(timed.step_times()[2:])
+    periods = timed.step_periods()
+    step_time = statistics.median(periods[len(periods) // 2:])
     tracked = mpkit.train(strategy, world_size=world, steps=2, **kwargs)
     memory = [{c: getattr(m, MEMORY_KIND.get(c, "max_by_category"))[c] for c in CATEGORIES} for m in tracked.memory]
     return step_time, memory
@@ -62,7 +65,7 @@ def pct(pred, meas):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=14)
     args = parser.parse_args(argv)
     started = time.time()
     hw = cpu_sim()

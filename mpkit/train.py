@@ -5,6 +5,7 @@ Options are checked here, in the caller, before any rank starts: a bad combinati
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, fields
 
 
@@ -74,6 +75,23 @@ class Run:
             if events:
                 times.append(max(e.end for e in events) - min(e.start for e in events))
         return times
+
+    def step_periods(self) -> list[float]:
+        """Throughput view of each step k >= 1: the time from the start of step k-1 to the start
+        of step k on one rank, median over ranks. Unlike ``step_times`` it does not count the
+        skew between ranks (one rank starting a step late stretches the first-to-last window)."""
+        starts = {}
+        for e in self.trace.events:
+            if e.step is not None:
+                key = (e.rank, e.step)
+                starts[key] = min(starts.get(key, e.start), e.start)
+        periods = []
+        for step in range(1, self.config.steps):
+            gaps = [starts[(r, step)] - starts[(r, step - 1)] for r in range(self.world_size)
+                    if (r, step) in starts and (r, step - 1) in starts]
+            if gaps:
+                periods.append(statistics.median(gaps))
+        return periods
 
     def reference(self) -> "Run":
         if self._reference is None:
