@@ -80,45 +80,43 @@ def _compute_rank(ctx):
     return flops, mem_bw, {p: statistics.median(v) for p, v in phases.items()}
 
 
-def _pingpong_rank(ctx):
+def _sweep(sizes, big, reps_small, reps_big, exchange):
+    """[(bytes, median seconds)] per size: ``exchange(buf)`` after a barrier, two warm-ups dropped.
+    Messages of ``big`` bytes or more get ``reps_big`` repetitions instead of ``reps_small``."""
     import torch.distributed as dist
 
     out = []
-    for size in _P2P_SIZES:
+    for size in sizes:
         buf = torch.zeros(max(size // 4, 1))
-        reps = 30 if size < (1 << 20) else 8
+        reps = reps_small if size < big else reps_big
         times = []
         for rep in range(reps + 2):
             dist.barrier()
             start = time.perf_counter()
-            if ctx.rank == 0:  # isend/irecv + wait, as the pipeline executor talks
-                dist.isend(buf, 1).wait()
-                dist.irecv(buf, 1).wait()
-            else:
-                dist.irecv(buf, 0).wait()
-                dist.isend(buf, 0).wait()
+            exchange(buf)
             if rep >= 2:
-                times.append((time.perf_counter() - start) / 2)
+                times.append(time.perf_counter() - start)
         out.append((buf.numel() * 4, statistics.median(times)))
     return out
+
+
+def _pingpong_rank(ctx):
+    import torch.distributed as dist
+
+    peer = 1 - ctx.rank
+
+    def pingpong(buf):  # isend/irecv + wait, as the pipeline executor talks
+        first, second = (dist.isend, dist.irecv) if ctx.rank == 0 else (dist.irecv, dist.isend)
+        first(buf, peer).wait()
+        second(buf, peer).wait()
+
+    return [(n, t / 2) for n, t in _sweep(_P2P_SIZES, 1 << 20, 30, 8, pingpong)]  # one way = half a round trip
 
 
 def _allreduce_rank(ctx):
     import torch.distributed as dist
 
-    out = []
-    for size in _AR_SIZES:
-        buf = torch.zeros(max(size // 4, 1))
-        reps = 20 if size < (1 << 19) else 6
-        times = []
-        for rep in range(reps + 2):
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(buf)
-            if rep >= 2:
-                times.append(time.perf_counter() - start)
-        out.append((buf.numel() * 4, statistics.median(times)))
-    return out
+    return _sweep(_AR_SIZES, 1 << 19, 20, 6, dist.all_reduce)
 
 
 def _fit(rows) -> Link:
