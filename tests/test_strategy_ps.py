@@ -2,9 +2,10 @@
 import functools
 
 import pytest
+import torch
 
 import mpkit
-from mpkit.models import ModelConfig, parameter_count
+from mpkit.models import ModelConfig, build_model, loss_fn, make_batch, parameter_count
 
 BATCH = 24  # divisible by 1 and 3 workers (world_size 2 and 4) and by 2 workers (world_size 3)
 
@@ -64,7 +65,7 @@ def test_sync_roles_trace_and_memory():
 
 @pytest.mark.timeout(120)
 def test_async_learns_from_stale_gradients():
-    steps, workers = 6, 3
+    steps, workers = 12, 3  # 36 Adam steps: enough to learn visibly despite stale gradients
     run = ps_run(workers + 1, mode="async", steps=steps)
     server = run.extra[0]
     order, staleness = server["apply_order"], server["staleness"]
@@ -77,10 +78,23 @@ def test_async_learns_from_stale_gradients():
     assert all(0 <= s <= i for i, s in enumerate(staleness))
     losses = dict(zip(order, run.losses))
     first = [losses[(w, 0)] for w in range(1, workers + 1)]
-    last = [losses[(w, steps - 1)] for w in range(1, workers + 1)]
     # step 0: every worker saw version 0, so their shard losses average to single's first loss
     assert sum(first) / workers == pytest.approx(run.reference().losses[0], abs=LOSS_ATOL)
-    assert sum(last) / workers < sum(first) / workers
+    # Learning, judged on one large held-out batch: shard losses (8 samples, a fresh batch each
+    # step) are too noisy to compare the first step with the last (a CI run once saw them rise).
+    initial = build_model(run.config.model, run.config.seed).state_dict()
+    before, after = held_out_loss(initial), held_out_loss(run.params)
+    assert after < before, (before, after)  # measured 1.82-1.98 from 2.09 in 14 runs (single: 1.91)
+
+
+def held_out_loss(params, samples=4096):
+    """The default mlp's loss with ``params`` on a batch no step trained on (same teacher)."""
+    cfg = ModelConfig()
+    model = build_model(cfg)
+    model.load_state_dict(params)
+    x, y = make_batch(cfg, samples, step=10_000)
+    with torch.no_grad():
+        return loss_fn(cfg, model(x), y).item()
 
 
 @pytest.mark.timeout(120)
