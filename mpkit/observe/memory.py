@@ -100,42 +100,61 @@ class _SamplingTracker(MemTracker):
         self._mod_tracker = _ForwardHooks()
         self._owner = owner
         self._seen_modules = weakref.WeakSet()
+        self._by_address = {}  # storage address -> MemTracker's (winfo, weakref) for live storages
+        self._changed = False  # the snapshot changed since the last sample
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Keeps ``__torch_dispatch__`` unwrapped by ``torch._disable_dynamo``, whose frame
+        # switching cost more per op than our bookkeeping; nothing here runs torch.compile.
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The parent's logic without its pytree walk over outputs (a tensor or a flat tuple here).
         if DTensor in types:
             return NotImplemented  # let DTensor desugar into local ops, which we then see
         res = func(*args, **(kwargs or {}))
-        if active_fake_mode() is not self._fake_mode_on_entry:
-            return res  # DTensor's sharding propagation on fake tensors: no real memory
         if self._in_opt:
             reftype = _MemRefType.OPT
-        elif self._mod_tracker.is_bw and not self._in_ac:
+        elif torch._C._current_graph_task_id() != -1 and not self._in_ac:  # ModTracker's is_bw
             reftype = _MemRefType.TEMP
         else:
             reftype = _MemRefType.ACT
         for out in (res if isinstance(res, (tuple, list)) else (res,)):
-            if isinstance(out, torch.Tensor):
-                self._track(reftype, out)
-        self._owner._on_op(self._curr_mem_snap)
+            if type(out) is torch.Tensor:
+                self._track_plain(reftype, out)
+            elif isinstance(out, torch.Tensor):
+                if active_fake_mode() is not self._fake_mode_on_entry:
+                    return res  # DTensor's sharding propagation on fake tensors: no real memory
+                super()._track(reftype, out)
+        if self._changed:  # a sample per change: the curve is a step function
+            self._changed = False
+            self._owner._on_op(self._curr_mem_snap)
         return res
 
-    def _track(self, reftype, t) -> None:
-        """MemTracker's ``_track`` with a fast path for a plain tensor: one storage, so no
-        subclass walk and no set (the general path stays for DTensor locals, subclasses)."""
-        if type(t) is not torch.Tensor:
-            return super()._track(reftype, t)
+    def _track_plain(self, reftype, t) -> None:
+        """MemTracker's ``_track`` for a plain tensor (one storage, never fake): no subclass walk,
+        no set, and storages looked up by address in a plain dict, not a weak-key dictionary
+        (a dying storage leaves both in ``_delete_callback``, before its address can be reused)."""
         st = t.untyped_storage()
-        known = self._WINFO.get(st)
+        known = self._by_address.get(st._cdata)
         if known is None:
-            winfo, w_st = _WeakRefInfo.create_winfo(st, t.device, reftype, self._delete_callback)
-            self._WINFO[st] = (winfo, w_st)
-            if winfo.mem_consumed > 0:
-                self._update_snap(_UpdateType.ADD, winfo)
+            known = self._WINFO.get(st)  # made outside ``_track_plain`` (parameters, gradients)
+            if known is None:
+                known = _WeakRefInfo.create_winfo(st, t.device, reftype, self._delete_callback)
+                self._WINFO[st] = known
+                if known[0].mem_consumed > 0:
+                    self._update_snap(_UpdateType.ADD, known[0])
+            known[0].address = st._cdata
+            self._by_address[st._cdata] = known
         elif known[0].size != st.size():
             winfo, old = known[0], known[0].mem_consumed
             winfo.update_mem_consumed(st)
             self._update_snap(_UpdateType.SIZE, winfo, old_mem_consumed=old)
+
+    def _delete_callback(self, winfo, w_st) -> None:
+        self._by_address.pop(getattr(winfo, "address", None), None)
+        super()._delete_callback(winfo, w_st)
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
         """MemTracker's, minus a fresh zeroed dict built on every call as ``setdefault``'s default."""
@@ -143,6 +162,7 @@ class _SamplingTracker(MemTracker):
         if snap is None:
             snap = self._curr_mem_snap[winfo.device] = dict.fromkeys(self._ref_class, 0)
             snap[_TOTAL_KEY] = 0
+        self._changed = True
         if u_type == _UpdateType.REF:
             snap[old_reftype] -= winfo.mem_consumed
             snap[winfo.reftype] += winfo.mem_consumed
@@ -161,10 +181,24 @@ class _SamplingTracker(MemTracker):
     def _pre_fw_hook(self, module, inputs) -> None:
         if module not in self._seen_modules:
             self._seen_modules.add(module)
-            self._track_module_params_and_buffers(module, install_grad_hooks=True)
+            self._track_module_params_and_buffers(module, install_grad_hooks=False)
+            self._hook_accumulated_grads(module)
         elif self._mod_tracker.is_bw and self._ac_mod is None:
             self._ac_mod = weakref.ref(module)
             self._in_ac = True
+
+    def _hook_accumulated_grads(self, module) -> None:
+        """Label ``param.grad`` a gradient once autograd has accumulated into it. MemTracker also
+        hooks each incoming gradient before accumulation; that second hook per parameter cost
+        time on every step and only relabelled a temporary that the accumulated one replaces."""
+        def label(param):
+            self._update_and_maybe_create_winfos(param.grad, _MemRefType.GRAD)
+
+        for param in module.parameters():
+            if param.requires_grad and param not in self._param_to_grad_hook_handles:
+                handle = param.register_post_accumulate_grad_hook(label)
+                # MemTracker removes a pair per parameter on exit; removing a handle twice is a no-op.
+                self._param_to_grad_hook_handles[param] = (handle, handle)
 
     def _post_fw_hook(self, module, inputs, outputs) -> None:
         if self._mod_tracker.is_bw and self._ac_mod is not None and self._ac_mod() is module:
