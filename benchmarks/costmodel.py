@@ -2,7 +2,7 @@
 
 For every configuration: ``mpkit.sim.predict`` and ``mpkit.train`` (steady-state step time:
 the median ``Run.step_periods`` — start of one step to the start of the next on the same rank —
-over the second half of K steps, since the first steps are still warming up (allocator, gloo
+over the second half of K steps, pooled over ``--runs`` runs, since the first steps are still warming up (allocator, gloo
 buffers: step times fall for ~5 steps here); timed with the memory tracker off, since its per-op bookkeeping
 is not part of what we model, then a short tracked run for memory). Prints each row — predicted
 and measured ms, abs % error, memory per category predicted vs measured — and the MAPE.
@@ -10,7 +10,7 @@ Memory compares parameters/gradients/activations with the measured maxima and op
 the steady state after the last step (see ``mpkit.sim.memory``).
 
 Strategies that are not in this checkout are skipped. Usage: ``python benchmarks/costmodel.py``
-(``--quick`` for a smaller grid, ``--steps K``). Takes 1-3 minutes on 2 cores.
+(``--quick`` for a smaller grid, ``--steps K``, ``--runs R``). Takes about a minute on 2 cores.
 """
 from __future__ import annotations
 
@@ -49,10 +49,12 @@ def grid(quick: bool):
                     yield strategy, world, model_name, {**sizes, **options}
 
 
-def measure(strategy, world, kwargs, steps):
-    timed = mpkit.train(strategy, world_size=world, steps=steps, memory=False, **kwargs)
-    periods = timed.step_periods()
-    step_time = statistics.median(periods[len(periods) // 2:])
+def measure(strategy, world, kwargs, steps, runs):
+    steady = []
+    for _ in range(runs):  # step times vary by +-30 % from run to run here: pool several runs
+        periods = mpkit.train(strategy, world_size=world, steps=steps, memory=False, **kwargs).step_periods()
+        steady += periods[len(periods) // 2:]
+    step_time = statistics.median(steady)
     tracked = mpkit.train(strategy, world_size=world, steps=2, **kwargs)
     memory = [{c: getattr(m, MEMORY_KIND.get(c, "max_by_category"))[c] for c in CATEGORIES} for m in tracked.memory]
     return step_time, memory
@@ -66,6 +68,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per configuration, periods pooled")
     args = parser.parse_args(argv)
     started = time.time()
     hw = cpu_sim()
@@ -81,7 +84,7 @@ def main(argv=None):
         options = {k: v for k, v in kwargs.items() if k in ("schedule", "micro_batches")}
         label = f"{strategy} N={world} {model_name} " + " ".join(f"{k}={v}" for k, v in options.items())
         pred = predict(strategy, world_size=world, **kwargs)
-        step_time, memory = measure(strategy, world, kwargs, args.steps)
+        step_time, memory = measure(strategy, world, kwargs, args.steps, args.runs)
         err = pct(pred.step_time, step_time)
         time_errors.append(err)
         cells = []

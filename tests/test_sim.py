@@ -289,6 +289,33 @@ def test_whatif_hardware_switch_resets_bandwidth():
     assert state.prediction.hardware.flops == GPU_PRESETS["8xH100-pcie"].flops
 
 
+def test_measured_tables_interpolate_and_replace_the_formula():
+    table = {"all_reduce/2": [[1000, 1e-3], [3000, 3e-3]], "p2p/2": [[1000, 2e-4], [2000, 4e-4]]}
+    hw = Hardware(name="t", flops=1e12, mfu=1.0, mem_bw=1e11, collective=Link(1e-5, 1e-9), p2p=Link(1e-5, 1e-9),
+                  measured=table)
+    assert hw.measured_time("all_reduce", 500, 2) == 1e-3  # below the table: its first row
+    assert hw.measured_time("all_reduce", 2000, 2) == pytest.approx(2e-3)  # between rows: linear
+    assert hw.measured_time("all_reduce", 5000, 2) == pytest.approx(5e-3)  # beyond: the last segment's slope
+    assert hw.measured_time("all_reduce", 2000, 4) is None and hw.measured_time("all_gather", 2000, 2) is None
+    pred = predict("dp", hardware=hw, world_size=2, hidden=64)  # 2 ranks: the table, not alpha-beta
+    bucket = next(e for e in pred.trace.events if e.kind == "all_reduce")
+    assert bucket.end - bucket.start == pytest.approx(hw.measured_time("all_reduce", bucket.bytes, 2))
+    sends = [e for e in predict("pp", hardware=hw, world_size=2, hidden=64).trace.events if e.kind == "send"]
+    assert sends and all(e.end - e.start >= hw.measured_time("p2p", e.bytes, 2) * 0.999 for e in sends)
+    assert hw.with_bandwidth(10).measured == {}  # a bandwidth slider overrides this machine's tables
+
+
+def test_step_overhead_leads_every_rank():
+    hw = Hardware(name="t", flops=1e12, mfu=1.0, mem_bw=1e11, collective=Link(1e-5, 1e-9), p2p=Link(1e-5, 1e-9),
+                  step_overhead=2e-3)
+    without = predict("dp", hardware=Hardware(**{**hw.__dict__, "step_overhead": 0.0}), world_size=2)
+    pred = predict("dp", hardware=hw, world_size=2)
+    assert pred.step_time == pytest.approx(without.step_time + 2e-3)
+    for rank in (0, 1):
+        first = min(pred.trace.of_rank(rank), key=lambda e: e.start)
+        assert first.kind == "compute" and first.end - first.start == pytest.approx(2e-3)
+
+
 # ---- calibration (forks ranks) ------------------------------------------------------------
 
 @pytest.mark.timeout(90)
@@ -301,6 +328,10 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
     assert all(0 < v < 1e-3 for v in hw.op_overhead.values())
     assert 0 < hw.p2p.alpha < 0.05 and hw.p2p.bandwidth > 1e7
     assert 0 < hw.collective.alpha < 0.05 and hw.collective.bandwidth > 1e6
+    assert 0 < hw.step_overhead < 0.05
+    expected = {f"{kind}/{world}" for kind in ("all_reduce", "reduce_scatter", "all_gather", "p2p") for world in (2, 4)}
+    assert set(hw.measured) == expected
+    assert all(len(table) >= 4 and all(size > 0 and 0 < t < 1.0 for size, t in table) for table in hw.measured.values())
     assert calibrate.cpu_sim(cache_file=path) is hw  # this process's copy
     calibrate._memory.clear()
     again = calibrate.cpu_sim(cache_file=path)  # from the file, not measured again

@@ -1,11 +1,16 @@
 """Measure the ``cpu-sim`` preset on this machine, in a few seconds, the way ranks really run.
 
 Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each, like training):
-- compute: lab-sized matmuls (FLOP rate), adds of 256 KiB-16 MiB (memory bandwidth), one training step
-  of a tiny MLP whose ops cost almost nothing but their fixed overhead (seconds per op, by phase;
-  the op counts come from ``mpkit.sim.profile``, the same counter ``predict`` uses);
-- gloo: a ping-pong sweep between 2 ranks fits alpha/beta for send/recv, an all-reduce sweep on
-  2 and 4 ranks fits the ring model 2(N-1)·(alpha + S/N·beta) for collectives.
+- compute: real training steps (``mpkit.train("single")``) of five calibration models, from
+  op-bound to FLOP-bound; each phase's median time is fitted to ops, FLOPs and bytes counted by
+  ``mpkit.sim.profile`` (the counter ``predict`` uses): a seconds-per-op cost for each phase,
+  the matmul rate and the memory bandwidth that training really reaches (raw matmul and stream
+  benchmarks ran ~1.6x and ~4x faster than the same work inside a step);
+- gloo: a ping-pong sweep between 2 ranks fits alpha/beta for send/recv, and a pipeline relay
+  on 2 and 4 ranks measures a hop per world size (the table ``predict`` uses there); all-reduce,
+  reduce-scatter and all-gather sweeps on 2 and 4 ranks are kept as tables (``Hardware.measured``,
+  what ``predict`` uses for those group sizes) and the all-reduce rows fit the ring model
+  2(N-1)·(alpha + S/N·beta) for other group sizes.
 Results are kept per process and in ``~/.cache/mpkit/cpu-sim.json`` (keyed by host, CPU count
 and torch version) so a notebook pays the measurement once.
 """
@@ -25,59 +30,56 @@ import torch
 from mpkit.sim.hardware import PHASES, Hardware, Link
 
 DEFAULT_CACHE = Path.home() / ".cache" / "mpkit" / "cpu-sim.json"
-_TINY = dict(kind="mlp", layers=4, hidden=16, d_in=16, classes=4)
-_TINY_BATCH = 4
-# Lab-sized shapes, not one best case: a 256-wide layer on a 64-sample batch runs well below
-# the 512^3 rate, and tensors of a few hundred KiB stream from cache, not DRAM.
-_GEMMS = ((64, 256, 256), (256, 256, 256), (512, 512, 512))
-_STREAMS = (1 << 16, 1 << 18, 1 << 22)
+# Calibration models: other sizes than the labs' and benchmarks/costmodel.py's, spanning
+# op-bound steps (mlp-64), FLOP-bound ones (mlp-512, gpt-128) and attention's many small ops (gpt).
+_CALIBRATION_MODELS = (
+    dict(model="mlp", hidden=64, layers=4, batch_size=32),
+    dict(model="mlp", hidden=128, layers=2, batch_size=256),
+    dict(model="mlp", hidden=512, layers=4, batch_size=128),
+    dict(model="gpt", hidden=32, layers=2, heads=2, seq_len=8, batch_size=16),
+    dict(model="gpt", hidden=128, layers=2, heads=4, seq_len=32, batch_size=16),
+)
+_CAL_STEPS, _CAL_WARMUP = 24, 8  # step times settle within ~5 steps (allocator, caches)
 _P2P_SIZES = (4, 1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)
-_AR_SIZES = (4, 1 << 12, 1 << 16, 1 << 19, 1 << 22)
+_COLLECTIVE_SIZES = (1 << 12, 1 << 15, 1 << 17, 1 << 19, 1 << 21, 1 << 23)
+_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+_HOP_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)
+_HOP_MESSAGES = 4  # micro-batches per relay
+_CALIBRATION_VERSION = 3  # part of the cache key: a cache from an older method is measured again
 _memory: dict[str, Hardware] = {}
 
 
-def _timeit(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _phase_samples(kwargs):
+    """[(phase, median seconds, Cost)] of a real single-rank training loop (``mpkit.train``:
+    one torch thread, trace spans on, as every strategy runs) on one calibration model, and the
+    median seconds per step outside the phases."""
+    from mpkit.sim.profile import profile_piece
+    from mpkit.train import train
+
+    run = train("single", world_size=1, steps=_CAL_STEPS, memory=False, **kwargs)
+    cfg = run.config.model
+    prof = profile_piece(cfg, 0, cfg.num_layers, run.config.batch_size)
+    costs = {"forward": prof.cost("forward"), "backward": prof.cost("backward"), "optimizer": prof.optimizer}
+    steady = [e for e in run.trace.events if e.step is not None and e.step >= _CAL_WARMUP]
+    phases = [(phase, statistics.median(e.end - e.start for e in steady if e.kind == phase), costs[phase])
+              for phase in PHASES]
+    # what a step spends outside its phases: the batch, loss.item(), the loop's bookkeeping
+    outside = statistics.median(run.step_periods()[_CAL_WARMUP:]) - sum(t for _, t, _ in phases)
+    return phases, max(outside, 0.0)
 
 
-def _compute_rank(ctx):
-    """Runs in a rank: raw rates and the per-phase time of one tiny training step."""
-    from mpkit.models import ModelConfig, build_model, loss_fn, make_batch
-
-    rates = []
-    for m, k, n in _GEMMS:
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        rates.append(2 * m * k * n / _timeit(lambda: a @ b, 20))
-    flops = statistics.median(rates)
-    bws = []
-    for numel in _STREAMS:
-        x = torch.randn(numel)
-        bws.append(3 * numel * 4 / _timeit(lambda: x + x, 20))
-    mem_bw = statistics.median(bws)
-    cfg = ModelConfig(**_TINY)
-    model = build_model(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
-    inp, target = make_batch(cfg, _TINY_BATCH, 0)
-    phases = {p: [] for p in PHASES}
-    for rep in range(60):
-        t0 = time.perf_counter()
-        loss = loss_fn(cfg, model(inp), target)
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        t3 = time.perf_counter()
-        if rep >= 10:
-            for phase, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2)):
-                phases[phase].append(dt)
-    return flops, mem_bw, {p: statistics.median(v) for p, v in phases.items()}
+def _fit_compute(samples):
+    """Least squares, on relative error, of t = ops·overhead[phase] + flops/rate + bytes/bandwidth
+    over every (phase, seconds, Cost) sample: one FLOP rate and one bandwidth for the machine,
+    a fixed cost per op for each phase (Python + dispatch differ between them)."""
+    design = []
+    for phase, seconds, cost in samples:
+        per_op = [cost.ops if p == phase else 0.0 for p in PHASES]
+        design.append([x / seconds for x in (*per_op, cost.flops, cost.bytes)])
+    coef = np.linalg.lstsq(np.array(design), np.ones(len(samples)), rcond=None)[0]
+    coef = np.maximum(coef, 1e-15)  # a noisy sweep must not yield a negative cost
+    overhead = {p: float(c) for p, c in zip(PHASES, coef)}
+    return 1.0 / float(coef[3]), 1.0 / float(coef[4]), overhead
 
 
 def _sweep(sizes, big, reps_small, reps_big, exchange):
@@ -113,10 +115,77 @@ def _pingpong_rank(ctx):
     return [(n, t / 2) for n, t in _sweep(_P2P_SIZES, 1 << 20, 30, 8, pingpong)]  # one way = half a round trip
 
 
-def _allreduce_rank(ctx):
+def _collective_rank(ctx):
+    """{kind: [(bytes, mean seconds)]} for every collective the strategies call, timed the way
+    training calls them: a little compute (~0.2 ms) before each, so ranks arrive unsynchronised
+    and the sleeping ones must be woken, as after a layer's work. ``bytes``: the full tensor
+    (all_reduce's, reduce_scatter's input, all_gather's output)."""
     import torch.distributed as dist
 
-    return _sweep(_AR_SIZES, 1 << 19, 20, 6, dist.all_reduce)
+    world, work = ctx.world_size, torch.randn(96, 96)
+    calls = {
+        "all_reduce": lambda full: (lambda: dist.all_reduce(full)),
+        "reduce_scatter": lambda full: (lambda out=full[: full.numel() // world]: dist.reduce_scatter_tensor(out, full)),
+        "all_gather": lambda full: (lambda part=full[: full.numel() // world].clone(): dist.all_gather_into_tensor(full, part)),
+    }
+    out = {}
+    for kind in _COLLECTIVES:
+        rows = []
+        for size in _COLLECTIVE_SIZES:
+            call = calls[kind](torch.zeros(size // 4))
+            times = []
+            dist.barrier()
+            for rep in range((16 if size < 1 << 21 else 8) + 2):
+                for _ in range(8):
+                    work @ work
+                start = time.perf_counter()
+                call()
+                if rep >= 2:
+                    times.append(time.perf_counter() - start)
+            rows.append((size, statistics.fmean(times)))  # the mean: a step pays the slow tail too
+        out[kind] = rows
+    return out
+
+
+def _pipeline_rank(ctx):
+    """[(bytes, seconds per hop)]: micro-batch messages relayed down all ranks the way the pp
+    executor talks (irecv + wait, a little compute, isend waited at the end). In a world of
+    more ranks than cores a hop costs far more than a ping-pong between two awake ranks (the
+    receiver must be scheduled again), so the table is kept per world size."""
+    import torch.distributed as dist
+
+    n, r, m = ctx.world_size, ctx.rank, _HOP_MESSAGES
+    work = torch.randn(96, 96)
+
+    def compute():
+        for _ in range(4):
+            work @ work
+
+    start = time.perf_counter()
+    for _ in range(50):
+        compute()
+    slot = (time.perf_counter() - start) / 50
+    rows = []
+    for size in _HOP_SIZES:
+        bufs = [torch.zeros(size // 4) for _ in range(m)]
+        times = []
+        for rep in range(12):
+            dist.barrier()
+            start, sends = time.perf_counter(), []
+            for buf in bufs:
+                if r > 0:
+                    dist.irecv(buf, r - 1).wait()
+                compute()
+                if r < n - 1:
+                    sends.append(dist.isend(buf, r + 1))
+            for work_ in sends:
+                work_.wait()
+            dist.barrier()  # the last rank's end is everyone's end
+            if rep >= 2:
+                times.append(time.perf_counter() - start)
+        # m + n - 1 slots of compute then hop along the critical path
+        rows.append((size, max(statistics.fmean(times) / (m + n - 1) - slot, 1e-6)))
+    return rows
 
 
 def _fit(rows) -> Link:
@@ -128,32 +197,32 @@ def _fit(rows) -> Link:
 
 def measure(max_world: int = 4) -> Hardware:
     """Run the measurement now (about 5-10 s) and return the calibrated ``cpu-sim`` Hardware."""
-    from mpkit.models import ModelConfig
     from mpkit.runtime.launch import launch
-    from mpkit.sim.profile import profile_piece
 
     opts = dict(timeout=60, trace=False, memory=False)
-    flops, mem_bw, phase_time = launch(_compute_rank, world_size=1, **opts)[0]
-    cfg = ModelConfig(**_TINY)
-    prof = profile_piece(cfg, 0, cfg.num_layers, _TINY_BATCH)
-    costs = {"forward": prof.cost("forward"), "backward": prof.cost("backward"), "optimizer": prof.optimizer}
-    overhead = {p: max(phase_time[p] - c.flops / flops - c.bytes / mem_bw, 0.0) / c.ops for p, c in costs.items()}
+    samples = [_phase_samples(kwargs) for kwargs in _CALIBRATION_MODELS]
+    flops, mem_bw, overhead = _fit_compute([s for phases, _ in samples for s in phases])
+    step_overhead = statistics.median(outside for _, outside in samples)
     p2p = _fit([(1, n, t) for n, t in launch(_pingpong_rank, world_size=2, **opts)[0]])
-    rows = []
+    rows, measured = [], {}
     for world in sorted({2, max(2, min(max_world, 4))}):
-        for size, t in launch(_allreduce_rank, world_size=world, **opts)[0]:
-            rows.append((2 * (world - 1), 2 * (world - 1) / world * size, t))
-    collective = _fit(rows)
+        tables = launch(_collective_rank, world_size=world, **opts)[0]
+        for kind, table in tables.items():
+            measured[f"{kind}/{world}"] = [list(row) for row in table]
+        rows += [(2 * (world - 1), 2 * (world - 1) / world * size, t) for size, t in tables["all_reduce"]]
+        measured[f"p2p/{world}"] = [list(row) for row in launch(_pipeline_rank, world_size=world, **opts)[0]]
+    collective = _fit(rows)  # ring all-reduce alpha/beta: for group sizes without a table
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return Hardware(
         name="cpu-sim", flops=flops, mfu=1.0, mem_bw=mem_bw, op_overhead=overhead, p2p=p2p,
         collective=collective, devices_per_node=1 << 20, cores=cores, precision="fp32", allreduce="ring",
+        measured=measured, step_overhead=step_overhead,
         source=f"measured on {socket.gethostname()} ({cores} cores, torch {torch.__version__}) "
                f"by mpkit.sim.calibrate at {time.strftime('%Y-%m-%d %H:%M')}")
 
 
 def _cache_key() -> str:
-    return f"{socket.gethostname()}|{os.cpu_count()}|{torch.__version__}"
+    return f"{socket.gethostname()}|{os.cpu_count()}|{torch.__version__}|v{_CALIBRATION_VERSION}"
 
 
 def _load(path: Path) -> Hardware | None:

@@ -36,7 +36,9 @@ class Hardware:
     ``op_overhead``: fixed seconds per aten op by phase (kernel launch on a GPU, Python + dispatch
     on a CPU). ``p2p``/``collective``: links inside a node (p2p for send/recv, collective for the
     per-step alpha/beta of ring algorithms); ``inter_node`` for groups that span nodes.
-    ``cores``: CPU cores the ranks share (None: every rank has its own device). ``allreduce``:
+    ``cores``: CPU cores the ranks share (None: every rank has its own device).
+    ``step_overhead``: seconds each rank spends per step outside its phases (making the batch,
+    ``loss.item()``, the loop itself); measured on cpu-sim, 0 for the GPU presets. ``allreduce``:
     ``"ring"`` (gloo's algorithm, what cpu-sim is fitted to) or ``"auto"`` (ring or tree, whichever
     is faster for the size, as NCCL chooses).
     """
@@ -55,6 +57,24 @@ class Hardware:
     precision: str = "fp32"
     allreduce: str = "auto"
     source: str = ""
+    measured: dict = field(default_factory=dict)
+    step_overhead: float = 0.0
+
+    def measured_time(self, kind: str, nbytes: float, group_size: int) -> float | None:
+        """Seconds of a collective (or a ``"p2p"`` hop in a world of ``group_size`` ranks) from a
+        table measured on this machine (``measured``: ``{"all_reduce/4": [[bytes, seconds], ...]}``), linear between measured sizes and along
+        the last segment beyond them; None when this kind and group size were not measured.
+        cpu-sim has tables because N ranks on fewer cores wait for the scheduler at every ring
+        step, which no single alpha fits across group sizes."""
+        table = self.measured.get(f"{kind}/{group_size}")
+        if not table:
+            return None
+        sizes, times = [row[0] for row in table], [row[1] for row in table]
+        if nbytes <= sizes[0]:
+            return times[0]
+        k = next((i for i in range(1, len(sizes)) if nbytes <= sizes[i]), len(sizes) - 1)
+        slope = (times[k] - times[k - 1]) / (sizes[k] - sizes[k - 1])
+        return times[k - 1] + (nbytes - sizes[k - 1]) * max(slope, 0.0)
 
     @property
     def bytes_per_element(self) -> int:
@@ -85,7 +105,8 @@ class Hardware:
         beta = 1.0 / (gb_per_s * 1e9)
         inter = None if self.inter_node is None else replace(self.inter_node, beta=beta)
         return replace(self, name=f"{self.name} @ {gb_per_s:g} GB/s", p2p=replace(self.p2p, beta=beta),
-                       collective=replace(self.collective, beta=beta), inter_node=inter)
+                       collective=replace(self.collective, beta=beta), inter_node=inter,
+                       measured={})  # tables hold this machine's bandwidth, not the slider's
 
 
 # GPU efficiency assumptions, shared by the presets so they stay comparable:

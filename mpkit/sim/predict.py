@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from mpkit.models import describe
 from mpkit.observe.trace import Trace, union_seconds
-from mpkit.sim.engine import simulate
+from mpkit.sim.engine import Compute, simulate
 from mpkit.sim.hardware import Hardware, get_hardware
 from mpkit.sim.memory import predict_memory
 from mpkit.sim.programs import BUILDERS, Plan
@@ -73,6 +73,15 @@ def _config(strategy, world_size, model, batch_size, options):
     return cfg
 
 
+def _programs(plan, build):
+    """The strategy's per-rank programs, each led by the step's work outside its phases."""
+    programs = build(plan)
+    if plan.hw.step_overhead > 0:
+        lead = Compute("compute", plan.hw.step_overhead * plan.slowdown, name="batch, loss.item(), loop")
+        programs = [[lead, *program] for program in programs]
+    return programs
+
+
 def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp", batch_size=32,
             **options) -> Prediction:
     """Predict one optimizer step of ``strategy`` on ``hardware`` (a preset name or a Hardware).
@@ -83,8 +92,7 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
     cfg = _config(strategy, world_size, model, batch_size, options)
     hw = get_hardware(hardware)
     plan = Plan(hw, cfg.model, cfg.world_size, cfg.batch_size, cfg.options)
-    build = BUILDERS[strategy]
-    trace = simulate(build(plan))
+    trace = simulate(_programs(plan, BUILDERS[strategy]))
     slowdown = 1.0
     if hw.cores:
         start, end = trace.window()
@@ -92,5 +100,5 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
         if concurrency > hw.cores:
             slowdown = concurrency / hw.cores
             plan.slowdown = slowdown
-            trace = simulate(build(plan))
+            trace = simulate(_programs(plan, BUILDERS[strategy]))
     return Prediction(cfg, hw, trace, predict_memory(strategy, plan), slowdown)

@@ -53,6 +53,9 @@ class Plan:
         n, link = len(group), self.hw.link(group)
         if n == 1 or size <= 0:
             return 0.0
+        measured = self.hw.measured_time(kind, size, n)
+        if measured is not None:
+            return measured
         if kind == "all_reduce":
             ring = formulas.ring_allreduce_time(size, n, link.alpha, link.beta)
             if self.hw.allreduce == "ring":
@@ -65,7 +68,11 @@ class Plan:
         raise ValueError(f"no time model for collective {kind!r}")
 
     def p2p_time(self, src, dst, nbytes) -> float:
-        return self.hw.p2p_link(src, dst).time(self.wire(nbytes))
+        """Seconds of one message: the hop measured in a world of this size where there is one
+        (cpu-sim), else alpha + n·beta on the link between the two ranks."""
+        size = self.wire(nbytes)
+        measured = self.hw.measured_time("p2p", size, self.world)
+        return measured if measured is not None else self.hw.p2p_link(src, dst).time(size)
 
     @cached_property
     def all_ranks(self) -> tuple:
