@@ -305,6 +305,25 @@ def test_measured_tables_interpolate_and_replace_the_formula():
     assert hw.with_bandwidth(10).measured == {}  # a bandwidth slider overrides this machine's tables
 
 
+def test_compute_concurrency_is_what_a_second_of_compute_shares():
+    from mpkit.observe.trace import Event, Trace
+    from mpkit.sim.predict import compute_concurrency
+
+    def ev(rank, kind, start, end):
+        return Event(rank=rank, kind=kind, start=start, end=end)
+
+    # rank 0 computes 0-2 s, rank 1 1-2 s (its recv 0-1 s does not count): c = 1 then 2,
+    # so (1·1² + 1·2²) / (1·1 + 1·2) = 5/3 — the plain average (3 s of compute over 2 s) would say 1.5
+    trace = Trace(events=[ev(0, "forward", 0, 2), ev(1, "recv", 0, 1), ev(1, "backward", 1, 2)])
+    assert compute_concurrency(trace) == pytest.approx(5 / 3)
+    # four data-parallel ranks computing together, then all waiting: 4, however long the wait
+    together = Trace(events=[ev(r, "forward", 0, 1) for r in range(4)] + [ev(r, "all_reduce", 1, 9) for r in range(4)])
+    assert compute_concurrency(together) == pytest.approx(4)
+    slow = Hardware(name="t", flops=1e9, mfu=1.0, mem_bw=1e11, collective=Link(1e-5, 1e-9), p2p=Link(1e-5, 1e-9))
+    shared = Hardware(**{**slow.__dict__, "cores": 2})
+    assert predict("dp", hardware=shared, world_size=4).slowdown == pytest.approx(2.0)  # 4 ranks on 2 cores
+
+
 def test_step_overhead_leads_every_rank():
     hw = Hardware(name="t", flops=1e12, mfu=1.0, mem_bw=1e11, collective=Link(1e-5, 1e-9), p2p=Link(1e-5, 1e-9),
                   step_overhead=2e-3)

@@ -181,24 +181,10 @@ class _SamplingTracker(MemTracker):
     def _pre_fw_hook(self, module, inputs) -> None:
         if module not in self._seen_modules:
             self._seen_modules.add(module)
-            self._track_module_params_and_buffers(module, install_grad_hooks=False)
-            self._hook_accumulated_grads(module)
+            self._track_module_params_and_buffers(module, install_grad_hooks=True)
         elif self._mod_tracker.is_bw and self._ac_mod is None:
             self._ac_mod = weakref.ref(module)
             self._in_ac = True
-
-    def _hook_accumulated_grads(self, module) -> None:
-        """Label ``param.grad`` a gradient once autograd has accumulated into it. MemTracker also
-        hooks each incoming gradient before accumulation; that second hook per parameter cost
-        time on every step and only relabelled a temporary that the accumulated one replaces."""
-        def label(param):
-            self._update_and_maybe_create_winfos(param.grad, _MemRefType.GRAD)
-
-        for param in module.parameters():
-            if param.requires_grad and param not in self._param_to_grad_hook_handles:
-                handle = param.register_post_accumulate_grad_hook(label)
-                # MemTracker removes a pair per parameter on exit; removing a handle twice is a no-op.
-                self._param_to_grad_hook_handles[param] = (handle, handle)
 
     def _post_fw_hook(self, module, inputs, outputs) -> None:
         if self._mod_tracker.is_bw and self._ac_mod is not None and self._ac_mod() is module:

@@ -6,8 +6,10 @@ as per-rank instruction lists (``programs``), priced from the real model's op co
 (``profile``) on a ``Hardware``, and played forward (``engine``).
 
 Shared CPU cores: on ``cpu-sim`` N ranks may share fewer cores. We first simulate without
-contention, measure how many ranks compute at once on average (total compute / step time), and
-stretch compute by that number over the core count when it is larger (processor sharing).
+contention, measure how many ranks a second of compute shares the machine with on average
+(``compute_concurrency``), and stretch compute by that number over the core count when it is
+larger (processor sharing): four data-parallel ranks that compute together on two cores run at
+half speed, even though they all wait in the all-reduce afterwards.
 """
 from __future__ import annotations
 
@@ -73,6 +75,21 @@ def _config(strategy, world_size, model, batch_size, options):
     return cfg
 
 
+def compute_concurrency(trace) -> float:
+    """How many ranks compute at once, as a second of compute sees it: with c(t) ranks computing
+    at time t, the integral of c² over the integral of c (c itself when it never changes)."""
+    edges = sorted((t, d) for e in trace.events if e.category == "compute" and e.end > e.start
+                   for t, d in ((e.start, 1), (e.end, -1)))
+    busy = weighted = 0.0
+    count, last = 0, None
+    for t, change in edges:
+        if count and last is not None:
+            busy += count * (t - last)
+            weighted += count * count * (t - last)
+        count, last = count + change, t
+    return weighted / busy if busy else 0.0
+
+
 def _programs(plan, build):
     """The strategy's per-rank programs, each led by the step's work outside its phases."""
     programs = build(plan)
@@ -95,8 +112,7 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
     trace = simulate(_programs(plan, BUILDERS[strategy]))
     slowdown = 1.0
     if hw.cores:
-        start, end = trace.window()
-        concurrency = sum(trace.busy_time(r, "compute") for r in trace.ranks) / max(end - start, 1e-12)
+        concurrency = compute_concurrency(trace)
         if concurrency > hw.cores:
             slowdown = concurrency / hw.cores
             plan.slowdown = slowdown
