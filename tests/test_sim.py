@@ -290,18 +290,29 @@ def test_whatif_hardware_switch_resets_bandwidth():
 
 
 def test_measured_tables_interpolate_and_replace_the_formula():
-    table = {"all_reduce/2": [[1000, 1e-3], [3000, 3e-3]], "p2p/2": [[1000, 2e-4], [2000, 4e-4]]}
+    def sweep(rows, gap=1e-4):
+        return {"gap": gap, "rows": rows}
+
+    table = {"all_reduce/2": {"warm": sweep([[1000, 1e-3], [3000, 3e-3]]),
+                              "cold": sweep([[1000, 3e-3], [3000, 5e-3]], gap=2.1e-3)},
+             "p2p/2": {"warm": sweep([[1000, 2e-4], [2000, 4e-4]])}}
     hw = Hardware(name="t", flops=1e12, mfu=1.0, mem_bw=1e11, collective=Link(1e-5, 1e-9), p2p=Link(1e-5, 1e-9),
                   measured=table)
     assert hw.measured_time("all_reduce", 500, 2) == 1e-3  # below the table: its first row
     assert hw.measured_time("all_reduce", 2000, 2) == pytest.approx(2e-3)  # between rows: linear
     assert hw.measured_time("all_reduce", 5000, 2) == pytest.approx(5e-3)  # beyond: the last segment's slope
     assert hw.measured_time("all_reduce", 2000, 4) is None and hw.measured_time("all_gather", 2000, 2) is None
+    # after compute: halfway between the warm and the cold sweep's gaps, halfway in time; clamped beyond
+    assert hw.measured_time("all_reduce", 2000, 2, gap=1.1e-3) == pytest.approx(3e-3)
+    assert hw.measured_time("all_reduce", 2000, 2, gap=1.0) == pytest.approx(4e-3)
+    assert hw.measured_time("p2p", 1500, 2, gap=1.0) == pytest.approx(3e-4)  # no cold sweep: the warm one
     pred = predict("dp", hardware=hw, world_size=2, hidden=64)  # 2 ranks: the table, not alpha-beta
     bucket = next(e for e in pred.trace.events if e.kind == "all_reduce")
-    assert bucket.end - bucket.start == pytest.approx(hw.measured_time("all_reduce", bucket.bytes, 2))
+    before = sum(e.end - e.start for e in pred.trace.of_rank(0) if e.category == "compute" and e.end <= bucket.start)
+    assert 0 < before < 2e-3  # between the sweeps' gaps, so the gap matters
+    assert bucket.end - bucket.start == pytest.approx(hw.measured_time("all_reduce", bucket.bytes, 2, gap=before))
     sends = [e for e in predict("pp", hardware=hw, world_size=2, hidden=64).trace.events if e.kind == "send"]
-    assert sends and all(e.end - e.start >= hw.measured_time("p2p", e.bytes, 2) * 0.999 for e in sends)
+    assert sends and all(e.end - e.start == pytest.approx(hw.measured_time("p2p", e.bytes, 2)) for e in sends)
     assert hw.with_bandwidth(10).measured == {}  # a bandwidth slider overrides this machine's tables
 
 
@@ -350,7 +361,9 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
     assert 0 < hw.step_overhead < 0.05
     expected = {f"{kind}/{world}" for kind in ("all_reduce", "reduce_scatter", "all_gather", "p2p") for world in (2, 4)}
     assert set(hw.measured) == expected
-    assert all(len(table) >= 4 and all(size > 0 and 0 < t < 1.0 for size, t in table) for table in hw.measured.values())
+    for entry in hw.measured.values():
+        assert set(entry) == {"warm", "cold"} and entry["warm"]["gap"] < entry["cold"]["gap"]
+        assert all(len(s["rows"]) >= 4 and all(size > 0 and 0 < t < 1.0 for size, t in s["rows"]) for s in entry.values())
     assert calibrate.cpu_sim(cache_file=path) is hw  # this process's copy
     calibrate._memory.clear()
     again = calibrate.cpu_sim(cache_file=path)  # from the file, not measured again

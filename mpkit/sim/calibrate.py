@@ -7,10 +7,10 @@ Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each
   the matmul rate and the memory bandwidth that training really reaches (raw matmul and stream
   benchmarks ran ~1.6x and ~4x faster than the same work inside a step);
 - gloo: a ping-pong sweep between 2 ranks fits alpha/beta for send/recv, and a pipeline relay
-  on 2 and 4 ranks measures a hop per world size (the table ``predict`` uses there); all-reduce,
-  reduce-scatter and all-gather sweeps on 2 and 4 ranks are kept as tables (``Hardware.measured``,
-  what ``predict`` uses for those group sizes) and the all-reduce rows fit the ring model
-  2(N-1)·(alpha + S/N·beta) for other group sizes.
+  on 2 and 4 ranks measures a hop per world size; all-reduce, reduce-scatter and all-gather
+  sweeps on 2 and 4 ranks, each after a short and after a long stretch of compute, are kept as
+  tables (``Hardware.measured``, what ``predict`` uses for those sizes); the all-reduce rows fit
+  the ring model 2(N-1)·(alpha + S/N·beta) for other group sizes.
 Results are kept per process and in ``~/.cache/mpkit/cpu-sim.json`` (keyed by host, CPU count
 and torch version) so a notebook pays the measurement once.
 """
@@ -45,7 +45,12 @@ _COLLECTIVE_SIZES = (1 << 12, 1 << 15, 1 << 17, 1 << 19, 1 << 21, 1 << 23)
 _COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 _HOP_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)
 _HOP_MESSAGES = 4  # micro-batches per relay
-_CALIBRATION_VERSION = 3  # part of the cache key: a cache from an older method is measured again
+# Compute before each timed operation, in 96x96 matmuls (collective, pipeline hop): a rank that
+# has just computed for milliseconds finds the others asleep and pays their wake-up (here up to
+# a few ms on 4 ranks), one that computed for ~0.1 ms mostly does not. Both are measured and
+# ``Hardware.measured_time`` interpolates by the compute an operation follows.
+_GAPS = {"warm": (8, 4), "cold": (160, 80)}
+_CALIBRATION_VERSION = 4  # part of the cache key: a cache from an older method is measured again
 _memory: dict[str, Hardware] = {}
 
 
@@ -115,14 +120,29 @@ def _pingpong_rank(ctx):
     return [(n, t / 2) for n, t in _sweep(_P2P_SIZES, 1 << 20, 30, 8, pingpong)]  # one way = half a round trip
 
 
-def _collective_rank(ctx):
-    """{kind: [(bytes, mean seconds)]} for every collective the strategies call, timed the way
-    training calls them: a little compute (~0.2 ms) before each, so ranks arrive unsynchronised
-    and the sleeping ones must be woken, as after a layer's work. ``bytes``: the full tensor
-    (all_reduce's, reduce_scatter's input, all_gather's output)."""
+def _busy(matmuls: int):
+    """A stand-in for a layer's work: ``matmuls`` products of 96x96 matrices, and its seconds."""
+    work = torch.randn(96, 96)
+
+    def compute():
+        for _ in range(matmuls):
+            work @ work
+
+    start = time.perf_counter()
+    for _ in range(20):
+        compute()
+    return compute, (time.perf_counter() - start) / 20
+
+
+def _collective_rank(ctx, matmuls):
+    """{kind: {"gap": s, "rows": [(bytes, mean seconds)]}} for every collective the strategies
+    call, timed the way training calls them: after ``gap`` seconds of compute, so ranks arrive
+    unsynchronised and those that waited must be woken. ``bytes``: the full tensor (all_reduce's,
+    reduce_scatter's input, all_gather's output)."""
     import torch.distributed as dist
 
-    world, work = ctx.world_size, torch.randn(96, 96)
+    world = ctx.world_size
+    compute, gap = _busy(matmuls)
     calls = {
         "all_reduce": lambda full: (lambda: dist.all_reduce(full)),
         "reduce_scatter": lambda full: (lambda out=full[: full.numel() // world]: dist.reduce_scatter_tensor(out, full)),
@@ -136,35 +156,25 @@ def _collective_rank(ctx):
             times = []
             dist.barrier()
             for rep in range((16 if size < 1 << 21 else 8) + 2):
-                for _ in range(8):
-                    work @ work
+                compute()
                 start = time.perf_counter()
                 call()
                 if rep >= 2:
                     times.append(time.perf_counter() - start)
             rows.append((size, statistics.fmean(times)))  # the mean: a step pays the slow tail too
-        out[kind] = rows
+        out[kind] = {"gap": gap, "rows": rows}
     return out
 
 
-def _pipeline_rank(ctx):
-    """[(bytes, seconds per hop)]: micro-batch messages relayed down all ranks the way the pp
-    executor talks (irecv + wait, a little compute, isend waited at the end). In a world of
-    more ranks than cores a hop costs far more than a ping-pong between two awake ranks (the
-    receiver must be scheduled again), so the table is kept per world size."""
+def _pipeline_rank(ctx, matmuls):
+    """{"gap": s, "rows": [(bytes, seconds per hop)]}: micro-batch messages relayed down all ranks
+    the way the pp executor talks (irecv + wait, ``gap`` seconds of compute, isend waited at the
+    end). In a world of more ranks than cores a hop costs far more than a ping-pong between two
+    awake ranks (the receiver must be scheduled again), so the table is kept per world size."""
     import torch.distributed as dist
 
     n, r, m = ctx.world_size, ctx.rank, _HOP_MESSAGES
-    work = torch.randn(96, 96)
-
-    def compute():
-        for _ in range(4):
-            work @ work
-
-    start = time.perf_counter()
-    for _ in range(50):
-        compute()
-    slot = (time.perf_counter() - start) / 50
+    compute, slot = _busy(matmuls)
     rows = []
     for size in _HOP_SIZES:
         bufs = [torch.zeros(size // 4) for _ in range(m)]
@@ -185,7 +195,7 @@ def _pipeline_rank(ctx):
                 times.append(time.perf_counter() - start)
         # m + n - 1 slots of compute then hop along the critical path
         rows.append((size, max(statistics.fmean(times) / (m + n - 1) - slot, 1e-6)))
-    return rows
+    return {"gap": slot, "rows": rows}
 
 
 def _fit(rows) -> Link:
@@ -206,11 +216,14 @@ def measure(max_world: int = 4) -> Hardware:
     p2p = _fit([(1, n, t) for n, t in launch(_pingpong_rank, world_size=2, **opts)[0]])
     rows, measured = [], {}
     for world in sorted({2, max(2, min(max_world, 4))}):
-        tables = launch(_collective_rank, world_size=world, **opts)[0]
-        for kind, table in tables.items():
-            measured[f"{kind}/{world}"] = [list(row) for row in table]
-        rows += [(2 * (world - 1), 2 * (world - 1) / world * size, t) for size, t in tables["all_reduce"]]
-        measured[f"p2p/{world}"] = [list(row) for row in launch(_pipeline_rank, world_size=world, **opts)[0]]
+        for when, (collective_work, hop_work) in _GAPS.items():
+            tables = launch(_collective_rank, world_size=world, args=(collective_work,), **opts)[0]
+            tables["p2p"] = launch(_pipeline_rank, world_size=world, args=(hop_work,), **opts)[0]
+            for kind, table in tables.items():
+                measured.setdefault(f"{kind}/{world}", {})[when] = {"gap": table["gap"],
+                                                                    "rows": [list(row) for row in table["rows"]]}
+            if when == "warm":
+                rows += [(2 * (world - 1), 2 * (world - 1) / world * size, t) for size, t in tables["all_reduce"]["rows"]]
     collective = _fit(rows)  # ring all-reduce alpha/beta: for group sizes without a table
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return Hardware(

@@ -83,7 +83,7 @@ def simulate(programs: list[list], step: int = 0) -> Trace:
         members = joined[key]
         start = max(ready for ready, _ in members.values())
         ins = next(iter(members.values()))[1]
-        end = start + ins.seconds
+        end = start + max(member.seconds for _, member in members.values())  # ranks may price it apart
         finished[key] = end
         for rank, (ready, member_ins) in members.items():
             emit(rank, ins.kind, start, end, member_ins, ins.nbytes, ins.name)

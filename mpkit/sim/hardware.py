@@ -60,21 +60,24 @@ class Hardware:
     measured: dict = field(default_factory=dict)
     step_overhead: float = 0.0
 
-    def measured_time(self, kind: str, nbytes: float, group_size: int) -> float | None:
-        """Seconds of a collective (or a ``"p2p"`` hop in a world of ``group_size`` ranks) from a
-        table measured on this machine (``measured``: ``{"all_reduce/4": [[bytes, seconds], ...]}``), linear between measured sizes and along
-        the last segment beyond them; None when this kind and group size were not measured.
-        cpu-sim has tables because N ranks on fewer cores wait for the scheduler at every ring
-        step, which no single alpha fits across group sizes."""
-        table = self.measured.get(f"{kind}/{group_size}")
-        if not table:
+    def measured_time(self, kind: str, nbytes: float, group_size: int, gap: float = 0.0) -> float | None:
+        """Seconds of a collective (or a ``"p2p"`` hop in a world of ``group_size`` ranks) from
+        tables measured on this machine, or None where this kind and size were not measured.
+        ``measured["all_reduce/4"] = {"warm": {"gap": s, "rows": [[bytes, seconds], ...]},
+        "cold": {...}}``: the same sweep after a short and after a long stretch of compute;
+        an operation that follows ``gap`` seconds of compute is priced between the two (linear
+        in gap, clamped), each table linear between sizes and along its last segment beyond.
+        cpu-sim has tables because N ranks on fewer cores wait for the scheduler to wake them,
+        which no single alpha fits across group sizes and gaps."""
+        entry = self.measured.get(f"{kind}/{group_size}")
+        if not entry:
             return None
-        sizes, times = [row[0] for row in table], [row[1] for row in table]
-        if nbytes <= sizes[0]:
-            return times[0]
-        k = next((i for i in range(1, len(sizes)) if nbytes <= sizes[i]), len(sizes) - 1)
-        slope = (times[k] - times[k - 1]) / (sizes[k] - sizes[k - 1])
-        return times[k - 1] + (nbytes - sizes[k - 1]) * max(slope, 0.0)
+        warm = _interpolate(entry["warm"]["rows"], nbytes)
+        cold = entry.get("cold")
+        if cold is None or cold["gap"] <= entry["warm"]["gap"]:
+            return warm
+        share = (gap - entry["warm"]["gap"]) / (cold["gap"] - entry["warm"]["gap"])
+        return warm + min(max(share, 0.0), 1.0) * (_interpolate(cold["rows"], nbytes) - warm)
 
     @property
     def bytes_per_element(self) -> int:
@@ -107,6 +110,17 @@ class Hardware:
         return replace(self, name=f"{self.name} @ {gb_per_s:g} GB/s", p2p=replace(self.p2p, beta=beta),
                        collective=replace(self.collective, beta=beta), inter_node=inter,
                        measured={})  # tables hold this machine's bandwidth, not the slider's
+
+
+def _interpolate(table, nbytes: float) -> float:
+    """Seconds at ``nbytes`` from [[bytes, seconds], ...] sorted by size: the first row below
+    it, linear between rows, the last segment's slope (never negative) beyond."""
+    sizes, times = [row[0] for row in table], [row[1] for row in table]
+    if nbytes <= sizes[0]:
+        return times[0]
+    k = next((i for i in range(1, len(sizes)) if nbytes <= sizes[i]), len(sizes) - 1)
+    slope = (times[k] - times[k - 1]) / (sizes[k] - sizes[k - 1])
+    return times[k - 1] + (nbytes - sizes[k - 1]) * max(slope, 0.0)
 
 
 # GPU efficiency assumptions, shared by the presets so they stay comparable:

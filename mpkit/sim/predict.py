@@ -18,7 +18,7 @@ from mpkit.observe.trace import Trace, union_seconds
 from mpkit.sim.engine import Compute, simulate
 from mpkit.sim.hardware import Hardware, get_hardware
 from mpkit.sim.memory import predict_memory
-from mpkit.sim.programs import BUILDERS, Plan
+from mpkit.sim.programs import BUILDERS, Plan, price_by_gap
 
 
 class Prediction:
@@ -91,12 +91,13 @@ def compute_concurrency(trace) -> float:
 
 
 def _programs(plan, build):
-    """The strategy's per-rank programs, each led by the step's work outside its phases."""
+    """The strategy's per-rank programs, each led by the step's work outside its phases, with
+    communication priced by the compute before it."""
     programs = build(plan)
     if plan.hw.step_overhead > 0:
         lead = Compute("compute", plan.hw.step_overhead * plan.slowdown, name="batch, loss.item(), loop")
         programs = [[lead, *program] for program in programs]
-    return programs
+    return price_by_gap(plan, programs)
 
 
 def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp", batch_size=32,

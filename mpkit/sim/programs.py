@@ -9,7 +9,7 @@ timelines can only differ in durations, never in order.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from mpkit.models import ModelConfig
@@ -48,12 +48,13 @@ class Plan:
         group, size = tuple(group), self.wire(nbytes)
         return Collective(kind, group, size, self.collective_time(kind, size, group), key, async_op, name, **tags)
 
-    def collective_time(self, kind, size, group) -> float:
-        """Seconds of a collective moving ``size`` wire bytes among ``group``."""
+    def collective_time(self, kind, size, group, gap=0.0) -> float:
+        """Seconds of a collective moving ``size`` wire bytes among ``group``, issued after
+        ``gap`` seconds of compute (which only measured tables tell apart)."""
         n, link = len(group), self.hw.link(group)
         if n == 1 or size <= 0:
             return 0.0
-        measured = self.hw.measured_time(kind, size, n)
+        measured = self.hw.measured_time(kind, size, n, gap)
         if measured is not None:
             return measured
         if kind == "all_reduce":
@@ -68,10 +69,12 @@ class Plan:
         raise ValueError(f"no time model for collective {kind!r}")
 
     def p2p_time(self, src, dst, nbytes) -> float:
-        """Seconds of one message: the hop measured in a world of this size where there is one
-        (cpu-sim), else alpha + n·beta on the link between the two ranks."""
-        size = self.wire(nbytes)
-        measured = self.hw.measured_time("p2p", size, self.world)
+        return self.message_time(src, dst, self.wire(nbytes))
+
+    def message_time(self, src, dst, size, gap=0.0) -> float:
+        """Seconds of one message of ``size`` wire bytes: the hop measured in a world of this
+        size where there is one (cpu-sim), else alpha + n·beta on the link between the ranks."""
+        measured = self.hw.measured_time("p2p", size, self.world, gap)
         return measured if measured is not None else self.hw.p2p_link(src, dst).time(size)
 
     @cached_property
@@ -318,6 +321,31 @@ def ps(plan):
         programs.append([_p2p(plan, "recv", w, 0, ("pull", w), size), *_fwd_bwd(plan, prof),
                          _p2p(plan, "send", w, 0, ("push", w), size), _p2p(plan, "recv", w, 0, ("reply", w), 8)])
     return programs
+
+
+def price_by_gap(plan, programs):
+    """Re-price each collective and message by the compute its rank did since its previous
+    communication (``Hardware.measured_time``); programs are unchanged where the machine has
+    no measured tables (the GPU presets)."""
+    if not plan.hw.measured:
+        return programs
+    out = []
+    for rank, program in enumerate(programs):
+        gap, priced = 0.0, []
+        for ins in program:
+            if isinstance(ins, Compute):
+                gap += ins.seconds
+            elif isinstance(ins, Collective):
+                ins = replace(ins, seconds=plan.collective_time(ins.kind, ins.nbytes, ins.group, gap))
+                gap = 0.0
+            elif isinstance(ins, P2P):
+                ops = tuple((side, peer, key, size, plan.message_time(*((rank, peer) if side == "send" else (peer, rank)),
+                                                                     size, gap), *rest)
+                            for side, peer, key, size, _, *rest in ins.ops)
+                ins, gap = replace(ins, ops=ops), 0.0
+            priced.append(ins)
+        out.append(priced)
+    return out
 
 
 BUILDERS = {"single": single, "dp": dp, "ddp": ddp, "zero1": zero1, "fsdp": fsdp, "mp": mp, "tp": tp, "pp": pp, "ps": ps}
