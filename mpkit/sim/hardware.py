@@ -2,8 +2,10 @@
 
 A ``Hardware`` turns counted work into seconds: each op costs a fixed overhead plus its FLOPs at
 the achieved matmul rate plus its bytes at memory bandwidth; each message costs alpha + n·beta on
-the link between its ranks. ``cpu-sim`` is measured on this machine (``mpkit.sim.calibrate``);
-the GPU presets come from vendor datasheets, with the efficiency factors stated next to them.
+the link between its ranks, or what a table measured on this machine says (``measured``:
+cpu-sim's ranks share cores, which alpha-beta cannot express). ``cpu-sim`` is measured here
+(``mpkit.sim.calibrate``); the GPU presets come from vendor datasheets, with the efficiency
+factors stated next to them.
 """
 from __future__ import annotations
 
