@@ -13,6 +13,7 @@ import math
 
 import pytest
 
+from mpkit.models import parameter_count
 from test_strategy_dp import run_of
 
 GPT = dict(vocab=64, seq_len=16, hidden=64, layers=4)
@@ -76,6 +77,23 @@ def test_zero1_shards_only_the_optimizer(world_size):
         assert final["parameters"] == 4 * n
         assert final["gradients"] == 4 * n + 4 * n // world_size
         assert final["optimizer"] == 8 * n // world_size + 4
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+def test_communication_buffers_are_not_activations(model):
+    """gloo's reduce-scatter copies its 4Ψ-byte input after backward, when anything new would be
+    labelled an activation; made inside ctx.comm it is "other", so zero1's activations are dp's
+    (same model, same local batch: the mlp's copy was larger than its activations) and zero1's
+    "other" holds the copy."""
+    zero1, dp = run_of("zero1", model, "adam", 2), run_of("dp", model, "adam", 2)
+    param_bytes = 4 * parameter_count(zero1.config.model)
+    for rank in range(2):
+        _, z = memory(zero1, rank)
+        _, d = memory(dp, rank)
+        assert z["activations"] == d["activations"] and z["other"] >= param_bytes
+        if model == "mlp":  # the copy outweighs the mlp's activations: mislabelled, it would show
+            assert d["activations"] < param_bytes
 
 
 def fsdp_expected(world_size, rank, **sizes):

@@ -63,7 +63,8 @@ class Comm:
 
     def _run(self, kind, op, size, async_op, *, stage=None, micro_batch=None, name=""):
         start = self.trace.now()
-        work = op(async_op)
+        with self._ctx.memory.communicating():
+            work = op(async_op)
         event = dict(stage=stage, micro_batch=micro_batch, bytes=size, name=name)
         if async_op:
             return TracedWork(work, self.trace, kind, start, **event)

@@ -102,6 +102,7 @@ class _SamplingTracker(MemTracker):
         self._seen_modules = weakref.WeakSet()
         self._by_address = {}  # storage address -> MemTracker's (winfo, weakref) for live storages
         self._changed = False  # the snapshot changed since the last sample
+        self._in_comm = 0  # inside ctx.comm: a collective's own buffers are "other", not activations
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -114,7 +115,9 @@ class _SamplingTracker(MemTracker):
         if DTensor in types:
             return NotImplemented  # let DTensor desugar into local ops, which we then see
         res = func(*args, **(kwargs or {}))
-        if self._in_opt:
+        if self._in_comm:
+            reftype = _MemRefType.OTH
+        elif self._in_opt:
             reftype = _MemRefType.OPT
         elif torch._C._current_graph_task_id() != -1 and not self._in_ac:  # ModTracker's is_bw
             reftype = _MemRefType.TEMP
@@ -227,6 +230,20 @@ class MemoryTracker:
             self._on_op(tracker._curr_mem_snap)
             yield self
         self._tracker = None
+
+    @contextmanager
+    def communicating(self):
+        """Inside, new tensors are communication buffers (gloo's reduce-scatter copies its input,
+        for one): category "other", whatever phase the rank is in."""
+        tracker = self._tracker
+        if tracker is None:
+            yield
+            return
+        tracker._in_comm += 1
+        try:
+            yield
+        finally:
+            tracker._in_comm -= 1
 
     def _on_op(self, snapshot) -> None:
         dev = snapshot.get(self.device)
