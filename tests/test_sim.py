@@ -335,6 +335,16 @@ def test_compute_concurrency_is_what_a_second_of_compute_shares():
     assert predict("dp", hardware=shared, world_size=4).slowdown == pytest.approx(2.0)  # 4 ranks on 2 cores
 
 
+def test_monotone_pools_dips_into_their_neighbours():
+    from mpkit.sim.calibrate import monotone
+
+    rows = [[1, 1.0], [2, 0.5], [3, 1.12], [4, 2.0], [5, 1.8], [6, 8.0]]
+    assert monotone(rows) == [[1, 0.75], [2, 0.75], [3, 1.12], [4, pytest.approx(1.9)], [5, pytest.approx(1.9)], [6, 8.0]]
+    assert monotone([[1, 3.0], [2, 2.0], [3, 1.0]]) == [[1, 2.0], [2, 2.0], [3, 2.0]]  # all pooled: the mean
+    already = [[1, 0.1], [2, 0.2]]
+    assert monotone(already) == already
+
+
 def test_step_overhead_leads_every_rank():
     hw = Hardware(name="t", flops=1e12, mfu=1.0, mem_bw=1e11, collective=Link(1e-5, 1e-9), p2p=Link(1e-5, 1e-9),
                   step_overhead=2e-3)
@@ -363,7 +373,9 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
     assert set(hw.measured) == expected
     for entry in hw.measured.values():
         assert set(entry) == {"warm", "cold"} and entry["warm"]["gap"] < entry["cold"]["gap"]
-        assert all(len(s["rows"]) >= 4 and all(size > 0 and 0 < t < 1.0 for size, t in s["rows"]) for s in entry.values())
+        for sweep in entry.values():
+            times = [t for _, t in sweep["rows"]]
+            assert len(times) >= 4 and all(0 < t < 1.0 for t in times) and times == sorted(times)
     assert calibrate.cpu_sim(cache_file=path) is hw  # this process's copy
     calibrate._memory.clear()
     again = calibrate.cpu_sim(cache_file=path)  # from the file, not measured again

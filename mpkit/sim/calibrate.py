@@ -41,7 +41,7 @@ _CALIBRATION_MODELS = (
 )
 _CAL_STEPS, _CAL_WARMUP = 24, 8  # step times settle within ~5 steps (allocator, caches)
 _P2P_SIZES = (4, 1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)
-_COLLECTIVE_SIZES = (1 << 12, 1 << 15, 1 << 17, 1 << 19, 1 << 21, 1 << 23)
+_COLLECTIVE_SIZES = (1 << 12, 1 << 16, 1 << 19, 1 << 21, 1 << 23)
 _COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 _HOP_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)
 _HOP_MESSAGES = 4  # micro-batches per relay
@@ -155,7 +155,7 @@ def _collective_rank(ctx, matmuls):
             call = calls[kind](torch.zeros(size // 4))
             times = []
             dist.barrier()
-            for rep in range((16 if size < 1 << 21 else 8) + 2):
+            for rep in range((24 if size < 1 << 21 else 10) + 2):
                 compute()
                 start = time.perf_counter()
                 call()
@@ -198,6 +198,21 @@ def _pipeline_rank(ctx, matmuls):
     return {"gap": slot, "rows": rows}
 
 
+def monotone(rows):
+    """[[bytes, seconds]] made non-decreasing in bytes by pooling adjacent violators (isotonic
+    least squares): a bigger message never costs less, so a dip is a noisy mean (the means of
+    heavy-tailed wake-up waits scatter by tens of percent), pooled with its neighbours."""
+    blocks = []  # [sum of times, count]
+    for _, t in rows:
+        blocks.append([t, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    times = [total / count for total, count in blocks for _ in range(count)]
+    return [[size, t] for (size, _), t in zip(rows, times)]
+
+
 def _fit(rows) -> Link:
     """Least squares of t = alpha·x_a + beta·x_b on relative error (small messages count too)."""
     design = np.array([[xa / t, xb / t] for xa, xb, t in rows])
@@ -221,7 +236,7 @@ def measure(max_world: int = 4) -> Hardware:
             tables["p2p"] = launch(_pipeline_rank, world_size=world, args=(hop_work,), **opts)[0]
             for kind, table in tables.items():
                 measured.setdefault(f"{kind}/{world}", {})[when] = {"gap": table["gap"],
-                                                                    "rows": [list(row) for row in table["rows"]]}
+                                                                    "rows": monotone(table["rows"])}
             if when == "warm":
                 rows += [(2 * (world - 1), 2 * (world - 1) / world * size, t) for size, t in tables["all_reduce"]["rows"]]
     collective = _fit(rows)  # ring all-reduce alpha/beta: for group sizes without a table
