@@ -335,6 +335,19 @@ def test_compute_concurrency_is_what_a_second_of_compute_shares():
     assert predict("dp", hardware=shared, world_size=4).slowdown == pytest.approx(2.0)  # 4 ranks on 2 cores
 
 
+def test_stage_overhead_lengthens_each_pipeline_instruction():
+    base = Hardware(name="t", flops=1e12, mfu=1.0, mem_bw=1e11, collective=Link(1e-5, 1e-9), p2p=Link(1e-5, 1e-9))
+    slow = Hardware(**{**base.__dict__, "stage_overhead": {"forward": 1e-3, "backward": 2e-3}})
+    kw = dict(world_size=2, schedule="1f1b", micro_batches=4)
+    plain, padded = predict("pp", hardware=base, **kw).trace, predict("pp", hardware=slow, **kw).trace
+    for kind, extra in (("forward", 1e-3), ("backward", 2e-3)):
+        a = sorted(e.duration for e in plain.events if e.kind == kind)
+        b = sorted(e.duration for e in padded.events if e.kind == kind)
+        assert len(a) == len(b) == 8 and all(y == pytest.approx(x + extra) for x, y in zip(a, b))
+    optimizer = [e.duration for e in plain.events if e.kind == "optimizer"]
+    assert optimizer == pytest.approx([e.duration for e in padded.events if e.kind == "optimizer"])
+
+
 def test_monotone_pools_dips_into_their_neighbours():
     from mpkit.sim.calibrate import monotone
 
@@ -369,6 +382,7 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
     assert 0 < hw.p2p.alpha < 0.05 and hw.p2p.bandwidth > 1e7
     assert 0 < hw.collective.alpha < 0.05 and hw.collective.bandwidth > 1e6
     assert 0 < hw.step_overhead < 0.05
+    assert set(hw.stage_overhead) == {"forward", "backward"} and all(0 <= v < 0.01 for v in hw.stage_overhead.values())
     expected = {f"{kind}/{world}" for kind in ("all_reduce", "reduce_scatter", "all_gather", "p2p") for world in (2, 4)}
     assert set(hw.measured) == expected
     for entry in hw.measured.values():

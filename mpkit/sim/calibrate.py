@@ -5,7 +5,9 @@ Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each
   op-bound to FLOP-bound; each phase's median time is fitted to ops, FLOPs and bytes counted by
   ``mpkit.sim.profile`` (the counter ``predict`` uses): a seconds-per-op cost for each phase,
   the matmul rate and the memory bandwidth that training really reaches (raw matmul and stream
-  benchmarks ran ~1.6x and ~4x faster than the same work inside a step);
+  benchmarks ran ~1.6x and ~4x faster than the same work inside a step); then the pipeline
+  executor's own seconds per micro-batch forward/backward, from 2-stage GPipe runs of two of
+  those models;
 - gloo: a ping-pong sweep between 2 ranks fits alpha/beta for send/recv, and a pipeline relay
   on 2 and 4 ranks measures a hop per world size; all-reduce, reduce-scatter and all-gather
   sweeps on 2 and 4 ranks, each after a short and after a long stretch of compute, are kept as
@@ -21,7 +23,7 @@ import os
 import socket
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,7 @@ _CALIBRATION_MODELS = (
     dict(model="gpt", hidden=32, layers=2, heads=2, seq_len=8, batch_size=16),
     dict(model="gpt", hidden=128, layers=2, heads=4, seq_len=32, batch_size=16),
 )
+_PIPELINE_MODELS = (_CALIBRATION_MODELS[0], _CALIBRATION_MODELS[3])  # mlp-64, gpt-32
 _CAL_STEPS, _CAL_WARMUP = 24, 8  # step times settle within ~5 steps (allocator, caches)
 _P2P_SIZES = (4, 1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)
 _COLLECTIVE_SIZES = (1 << 12, 1 << 16, 1 << 19, 1 << 21, 1 << 23)
@@ -50,7 +53,7 @@ _HOP_MESSAGES = 4  # micro-batches per relay
 # a few ms on 4 ranks), one that computed for ~0.1 ms mostly does not. Both are measured and
 # ``Hardware.measured_time`` interpolates by the compute an operation follows.
 _GAPS = {"warm": (8, 4), "cold": (160, 80)}
-_CALIBRATION_VERSION = 4  # part of the cache key: a cache from an older method is measured again
+_CALIBRATION_VERSION = 5  # part of the cache key: a cache from an older method is measured again
 _memory: dict[str, Hardware] = {}
 
 
@@ -241,12 +244,35 @@ def measure(max_world: int = 4) -> Hardware:
                 rows += [(2 * (world - 1), 2 * (world - 1) / world * size, t) for size, t in tables["all_reduce"]["rows"]]
     collective = _fit(rows)  # ring all-reduce alpha/beta: for group sizes without a table
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return Hardware(
+    hw = Hardware(
         name="cpu-sim", flops=flops, mfu=1.0, mem_bw=mem_bw, op_overhead=overhead, p2p=p2p,
         collective=collective, devices_per_node=1 << 20, cores=cores, precision="fp32", allreduce="ring",
         measured=measured, step_overhead=step_overhead,
         source=f"measured on {socket.gethostname()} ({cores} cores, torch {torch.__version__}) "
                f"by mpkit.sim.calibrate at {time.strftime('%Y-%m-%d %H:%M')}")
+    return replace(hw, stage_overhead=_stage_overhead(hw))
+
+
+def _stage_overhead(hw: Hardware) -> dict:
+    """Seconds the pipeline executor adds to each micro-batch's forward and backward beyond the
+    single-rank fit (taking the stage input, autograd.backward on a stage's outputs, its
+    bookkeeping): measured minus predicted instruction time, median over both ranks of a
+    2-stage GPipe run of two calibration models."""
+    from mpkit.sim.predict import predict
+    from mpkit.train import train
+
+    extra = {"forward": [], "backward": []}
+    for kwargs in _PIPELINE_MODELS:
+        kwargs = dict(kwargs, schedule="gpipe", micro_batches=4)
+        run = train("pp", world_size=2, steps=_CAL_STEPS, memory=False, **kwargs)
+        pred = predict("pp", hardware=hw, world_size=2, **kwargs)
+        for phase, values in extra.items():
+            for rank in (0, 1):
+                measured = [e.duration for e in run.trace.of_rank(rank)
+                            if e.kind == phase and e.step is not None and e.step >= _CAL_WARMUP]
+                predicted = [e.duration for e in pred.trace.of_rank(rank) if e.kind == phase]
+                values.append(statistics.median(measured) - statistics.median(predicted))
+    return {phase: max(statistics.median(values), 0.0) for phase, values in extra.items()}
 
 
 def _cache_key() -> str:

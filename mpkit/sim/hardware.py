@@ -40,7 +40,9 @@ class Hardware:
     per-step alpha/beta of ring algorithms); ``inter_node`` for groups that span nodes.
     ``cores``: CPU cores the ranks share (None: every rank has its own device).
     ``step_overhead``: seconds each rank spends per step outside its phases (making the batch,
-    ``loss.item()``, the loop itself); measured on cpu-sim, 0 for the GPU presets. ``allreduce``:
+    ``loss.item()``, the loop itself); measured on cpu-sim, 0 for the GPU presets.
+    ``stage_overhead``: seconds the pp executor adds to each micro-batch's forward/backward
+    (measured on cpu-sim, 0 for the GPU presets). ``allreduce``:
     ``"ring"`` (gloo's algorithm, what cpu-sim is fitted to) or ``"auto"`` (ring or tree, whichever
     is faster for the size, as NCCL chooses).
     """
@@ -61,6 +63,7 @@ class Hardware:
     source: str = ""
     measured: dict = field(default_factory=dict)
     step_overhead: float = 0.0
+    stage_overhead: dict = field(default_factory=lambda: {"forward": 0.0, "backward": 0.0})
 
     def measured_time(self, kind: str, nbytes: float, group_size: int, gap: float = 0.0) -> float | None:
         """Seconds of a collective (or a ``"p2p"`` hop in a world of ``group_size`` ranks) from

@@ -263,9 +263,12 @@ def pp(plan):
     def optimizer(rank):
         return plan.seconds(sum((profs[s].optimizer for s in range(rank, p * v, p)), Cost()), "optimizer")
 
-    return schedule_programs(schedules.schedule(name, p, m, v),
-                             lambda s: plan.seconds(profs[s].cost("forward"), "forward"),
-                             lambda s: plan.seconds(profs[s].cost("backward"), "backward"), message, optimizer)
+    def compute(phase):
+        extra = plan.hw.stage_overhead[phase] * plan.slowdown  # the executor's own work per micro-batch
+        return lambda s: plan.seconds(profs[s].cost(phase), phase) + extra
+
+    return schedule_programs(schedules.schedule(name, p, m, v), compute("forward"), compute("backward"),
+                             message, optimizer)
 
 
 def schedule_programs(lists, forward, backward, message, optimizer):
