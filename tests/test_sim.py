@@ -306,6 +306,9 @@ def test_measured_tables_interpolate_and_replace_the_formula():
     assert hw.measured_time("all_reduce", 2000, 2, gap=1.1e-3) == pytest.approx(3e-3)
     assert hw.measured_time("all_reduce", 2000, 2, gap=1.0) == pytest.approx(4e-3)
     assert hw.measured_time("p2p", 1500, 2, gap=1.0) == pytest.approx(3e-4)  # no cold sweep: the warm one
+    noisy = Hardware(**{**hw.__dict__, "measured": {"p2p/2": {"warm": sweep([[1000, 2e-4], [2000, 4e-4]]),
+                                                              "cold": sweep([[1000, 1e-4], [2000, 2e-4]], gap=1e-3)}}})
+    assert noisy.measured_time("p2p", 1500, 2, gap=1.0) == pytest.approx(3e-4)  # cold below warm: noise, warm wins
     pred = predict("dp", hardware=hw, world_size=2, hidden=64)  # 2 ranks: the table, not alpha-beta
     bucket = next(e for e in pred.trace.events if e.kind == "all_reduce")
     before = sum(e.end - e.start for e in pred.trace.of_rank(0) if e.category == "compute" and e.end <= bucket.start)

@@ -71,7 +71,8 @@ class Hardware:
         ``measured["all_reduce/4"] = {"warm": {"gap": s, "rows": [[bytes, seconds], ...]},
         "cold": {...}}``: the same sweep after a short and after a long stretch of compute;
         an operation that follows ``gap`` seconds of compute is priced between the two (linear
-        in gap, clamped), each table linear between sizes and along its last segment beyond.
+        in gap, clamped; never below the warm price), each table linear between sizes and along
+        its last segment beyond.
         cpu-sim has tables because N ranks on fewer cores wait for the scheduler to wake them,
         which no single alpha fits across group sizes and gaps."""
         entry = self.measured.get(f"{kind}/{group_size}")
@@ -82,7 +83,8 @@ class Hardware:
         if cold is None or cold["gap"] <= entry["warm"]["gap"]:
             return warm
         share = (gap - entry["warm"]["gap"]) / (cold["gap"] - entry["warm"]["gap"])
-        return warm + min(max(share, 0.0), 1.0) * (_interpolate(cold["rows"], nbytes) - warm)
+        # a longer sleep never wakes a peer faster: a cold mean below the warm one is noise
+        return warm + min(max(share, 0.0), 1.0) * max(_interpolate(cold["rows"], nbytes) - warm, 0.0)
 
     @property
     def bytes_per_element(self) -> int:
