@@ -1,4 +1,4 @@
-"""Measure the ``cpu-sim`` preset on this machine, in a few seconds, the way ranks really run.
+"""Measure the ``cpu-sim`` preset on this machine, in 10-15 s, the way ranks really run.
 
 Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each, like training):
 - compute: real training steps (``mpkit.train("single")``) of five calibration models, from
@@ -13,8 +13,8 @@ Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each
   sweeps on 2 and 4 ranks, each after a short and after a long stretch of compute, are kept as
   tables (``Hardware.measured``, what ``predict`` uses for those sizes); the all-reduce rows fit
   the ring model 2(N-1)·(alpha + S/N·beta) for other group sizes.
-Results are kept per process and in ``~/.cache/mpkit/cpu-sim.json`` (keyed by host, CPU count
-and torch version) so a notebook pays the measurement once.
+Results are kept per process and in ``~/.cache/mpkit/cpu-sim.json`` (keyed by host, CPU count,
+torch version and calibration method) so a notebook pays the measurement once.
 """
 from __future__ import annotations
 
@@ -224,7 +224,7 @@ def _fit(rows) -> Link:
 
 
 def measure(max_world: int = 4) -> Hardware:
-    """Run the measurement now (about 5-10 s) and return the calibrated ``cpu-sim`` Hardware."""
+    """Run the measurement now (about 12 s on 2 cores) and return the calibrated ``cpu-sim`` Hardware."""
     from mpkit.runtime.launch import launch
 
     opts = dict(timeout=60, trace=False, memory=False)
