@@ -2,9 +2,10 @@
 
 For every configuration: ``mpkit.sim.predict`` and ``mpkit.train`` (steady-state step time:
 the median ``Run.step_periods`` — start of one step to the start of the next on the same rank —
-over the second half of K steps, pooled over ``--runs`` runs, since the first steps are still warming up (allocator, gloo
-buffers: step times fall for ~5 steps here); timed with the memory tracker off, since its per-op bookkeeping
-is not part of what we model, then a short tracked run for memory). Prints each row — predicted
+over the second half of K steps, pooled over ``--runs`` runs, since the first steps are still
+warming up (allocator, gloo buffers: step times fall for ~5 steps here); timed with the memory
+tracker off, since its per-op bookkeeping is not part of what we model, then a short tracked
+run for memory). Prints each row — predicted
 and measured ms, abs % error, memory per category predicted vs measured — and the MAPE.
 Memory compares parameters/gradients/activations with the measured maxima and optimizer with
 the steady state after the last step (see ``mpkit.sim.memory``).

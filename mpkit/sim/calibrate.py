@@ -57,6 +57,11 @@ _CALIBRATION_VERSION = 5  # part of the cache key: a cache from an older method 
 _memory: dict[str, Hardware] = {}
 
 
+def _steady(events, kind):
+    """The ``kind`` events of a calibration run's steps after its warm-up."""
+    return [e for e in events if e.kind == kind and e.step is not None and e.step >= _CAL_WARMUP]
+
+
 def _phase_samples(kwargs):
     """[(phase, median seconds, Cost)] of a real single-rank training loop (``mpkit.train``:
     one torch thread, trace spans on, as every strategy runs) on one calibration model, and the
@@ -68,8 +73,7 @@ def _phase_samples(kwargs):
     cfg = run.config.model
     prof = profile_piece(cfg, 0, cfg.num_layers, run.config.batch_size)
     costs = {"forward": prof.cost("forward"), "backward": prof.cost("backward"), "optimizer": prof.optimizer}
-    steady = [e for e in run.trace.events if e.step is not None and e.step >= _CAL_WARMUP]
-    phases = [(phase, statistics.median(e.end - e.start for e in steady if e.kind == phase), costs[phase])
+    phases = [(phase, statistics.median(e.duration for e in _steady(run.trace.events, phase)), costs[phase])
               for phase in PHASES]
     # what a step spends outside its phases: the batch, loss.item(), the loop's bookkeeping
     outside = statistics.median(run.step_periods()[_CAL_WARMUP:]) - sum(t for _, t, _ in phases)
@@ -268,8 +272,7 @@ def _stage_overhead(hw: Hardware) -> dict:
         pred = predict("pp", hardware=hw, world_size=2, **kwargs)
         for phase, values in extra.items():
             for rank in (0, 1):
-                measured = [e.duration for e in run.trace.of_rank(rank)
-                            if e.kind == phase and e.step is not None and e.step >= _CAL_WARMUP]
+                measured = [e.duration for e in _steady(run.trace.of_rank(rank), phase)]
                 predicted = [e.duration for e in pred.trace.of_rank(rank) if e.kind == phase]
                 values.append(statistics.median(measured) - statistics.median(predicted))
     return {phase: max(statistics.median(values), 0.0) for phase, values in extra.items()}
