@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mpkit.cli import main
-from mpkit.commands.run import parse_option
+from mpkit.cli.run import parse_option
 from mpkit.strategies import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]

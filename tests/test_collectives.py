@@ -1,11 +1,11 @@
-"""mpkit.collectives.ring_all_reduce: the same sums as dist.all_reduce, and exactly the bytes the
+"""mpkit.parallel.collectives.ring_all_reduce: the same sums as dist.all_reduce, and exactly the bytes the
 ring formula 2(N-1)/N·S promises, read from the rank's own send events."""
 import pytest
 import torch
 import torch.distributed as dist
 
 import mpkit
-from mpkit.collectives import ring_all_reduce, ring_bytes_sent, ring_chunks
+from mpkit.parallel.collectives import ring_all_reduce, ring_bytes_sent, ring_chunks
 from mpkit.sim.formulas import ring_allreduce_bytes
 
 

@@ -16,7 +16,8 @@ import mpkit
 from mpkit import plot
 from mpkit.observe.memory import CATEGORIES, MemoryReport
 from mpkit.observe.trace import Event, Trace
-from mpkit.plot import fonts, labels
+from mpkit import i18n
+from mpkit.plot import fonts
 from mpkit.plot.comm import unit_for, wire_factor
 from mpkit.plot.style import CATEGORY_COLOURS, KIND_COLOURS
 from mpkit.plot.timeline import COMM_LANE, COMPUTE_LANE
@@ -104,8 +105,8 @@ def test_missing_hangul_font_warns_once_with_the_install_command(monkeypatch):
 
 
 def test_every_label_has_both_languages():
-    for key, pair in labels._TABLE.items():
-        assert len(pair) == len(labels.LANGS) and all(pair), key
+    for key, pair in i18n.STRINGS.items():
+        assert set(pair) == set(i18n.LANGS) and all(pair.values()), key
 
 
 @pytest.mark.parametrize("draw", [
@@ -116,7 +117,7 @@ def test_every_label_has_both_languages():
 ])
 def test_unknown_lang_is_a_value_error(trace, draw):
     run = SimpleNamespace(trace=trace, memory=[report(0, {"parameters": MIB}), report(1, {"parameters": MIB})])
-    with pytest.raises(ValueError, match="lang='en' or lang='ko'"):
+    with pytest.raises(ValueError, match="lang must be one of 'ko', 'en', got 'fr'"):
         draw(trace, run, "fr")
 
 

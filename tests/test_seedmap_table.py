@@ -1,7 +1,7 @@
-"""mpkit.seedmap: labs/seed_map.yaml as rows and a Markdown table (the map itself: test_seed_map.py)."""
+"""mpkit.quiz.seedmap: labs/seed_map.yaml as rows and a Markdown table (the map itself: test_seed_map.py)."""
 import pytest
 
-from mpkit import seedmap
+from mpkit.quiz import seedmap
 
 
 def test_rows_cover_every_claim_with_a_place_and_items():

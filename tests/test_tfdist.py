@@ -1,4 +1,4 @@
-"""mpkit.tfdist: TensorFlow glue for lab 08.
+"""mpkit.tf.distribute (imported as tfdist): TensorFlow glue for lab 08.
 
 TensorFlow is never imported into the pytest process: every TF check runs in a child process
 (one for MirroredStrategy + TPU fallback, one for the parameter-server cluster), so the
@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from mpkit import tfdist
+from mpkit.tf import distribute as tfdist
 
 needs_tf = pytest.mark.skipif(not tfdist.available(), reason="TensorFlow not installed: " + tfdist.install_hint())
 
 
 def test_import_does_not_load_tensorflow():
-    code = "import sys, mpkit.tfdist; print('tensorflow' in sys.modules)"
+    code = "import sys, mpkit.tf.distribute; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
 

@@ -5,7 +5,7 @@ Every function takes ``lang="en"`` or ``lang="ko"`` and returns a matplotlib Fig
 from mpkit.plot.bubble import bubble
 from mpkit.plot.breakdown import breakdown
 from mpkit.plot.comm import comm
-from mpkit.plot.labels import LANGS
+from mpkit.i18n import LANGS
 from mpkit.plot.memory import memory
 from mpkit.plot.memory_time import memory_over_time
 from mpkit.plot.side_by_side import timelines

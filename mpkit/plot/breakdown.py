@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from matplotlib.patches import Patch
 
-from mpkit.plot.labels import text
+from mpkit.i18n import t as text
 from mpkit.plot.style import IDLE_COLOUR, IDLE_HATCH, KIND_COLOURS, drawing, new_figure
 
 PARTS = ("compute", "comm", "bubble")

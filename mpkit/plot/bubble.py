@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from matplotlib.ticker import PercentFormatter
 
-from mpkit.plot.labels import text
+from mpkit.i18n import t as text
 from mpkit.plot.style import drawing, new_figure
 
 

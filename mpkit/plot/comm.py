@@ -13,7 +13,8 @@ from __future__ import annotations
 from matplotlib.patches import Patch
 
 from mpkit.plot.inputs import as_trace, select_step
-from mpkit.plot.labels import text, title
+from mpkit.i18n import t as text
+from mpkit.plot.style import title
 from mpkit.plot.style import KIND_COLOURS, drawing, new_figure
 
 MEASURED_KINDS = ("send", "rpc")

@@ -10,7 +10,7 @@ from matplotlib.lines import Line2D
 
 from mpkit.observe.memory import CATEGORIES, mib
 from mpkit.plot.inputs import as_runs
-from mpkit.plot.labels import text
+from mpkit.i18n import t as text
 from mpkit.plot.style import CATEGORY_COLOURS, drawing, new_figure
 
 # kind -> (MemoryReport attribute, subtitle key)

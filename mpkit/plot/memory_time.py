@@ -11,7 +11,8 @@ from matplotlib.patches import Patch, Rectangle
 
 from mpkit.observe.memory import CATEGORIES, mib
 from mpkit.plot.inputs import as_trace, reports_of, select_step
-from mpkit.plot.labels import text, title
+from mpkit.i18n import t as text
+from mpkit.plot.style import title
 from mpkit.plot.memory import category_label
 from mpkit.plot.style import CATEGORY_COLOURS, KIND_COLOURS, drawing, new_figure
 

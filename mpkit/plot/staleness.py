@@ -8,18 +8,9 @@ from __future__ import annotations
 
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
+from mpkit.i18n import t
 from mpkit.plot.style import drawing, new_figure
 
-_LABELS = {
-    "ko": {"title": "파라미터 서버 (비동기): 적용된 업데이트마다의 손실", "loss": "손실",
-           "update": "파라미터 서버에 적용된 업데이트 순서", "stale": "지연(staleness)",
-           "stale_title": "그 사이 다른 워커가 먼저 적용한 업데이트 수", "rank": "rank {}", "worker": "워커 {}",
-           "mean": "이동 평균 (업데이트 {}개)"},
-    "en": {"title": "Parameter server (async): loss of each applied update", "loss": "loss",
-           "update": "order in which the server applied the updates", "stale": "staleness",
-           "stale_title": "updates other workers applied in between", "rank": "rank {}", "worker": "worker {}",
-           "mean": "running mean ({} updates)"},
-}
 _COLOURS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
 
 
@@ -42,7 +33,6 @@ def staleness(source, lang="ko", title=None, log=None):
         raise ValueError(f"need one loss, worker and staleness per update; got {len(losses)}, {len(workers)}, "
                          f"{len(stale)}")
     with drawing(lang):
-        labels = _LABELS[lang]
         fig, (top, bottom) = new_figure(8.0, 5.2, nrows=2, sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
         order = list(range(1, len(losses) + 1))
         ids = sorted(set(workers))
@@ -50,23 +40,23 @@ def staleness(source, lang="ko", title=None, log=None):
         top.plot(order, losses, color="#BAB0AC", lw=1, zorder=1)
         for w in ids:
             top.scatter([o for o, x in zip(order, workers) if x == w], [l for l, x in zip(losses, workers) if x == w],
-                        color=colour[w], label=labels[key].format(w), zorder=2)
+                        color=colour[w], label=t(f"staleness_{key}", lang, n=w), zorder=2)
         window = len(ids)
         if window > 1 and len(losses) > window:   # one update per worker: smooths the per-shard noise
             means = [sum(losses[i - window + 1:i + 1]) / window for i in range(window - 1, len(losses))]
-            top.plot(order[window - 1:], means, color="#222222", lw=1.8, label=labels["mean"].format(window), zorder=3)
+            top.plot(order[window - 1:], means, color="#222222", lw=1.8, label=t("staleness_mean", lang, n=window), zorder=3)
         if log if log is not None else max(losses) > 20 * max(min(losses), 1e-30):
             top.set_yscale("log")
             top.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # no mathtext minus glyphs
             top.yaxis.set_minor_formatter(NullFormatter())
-        top.set_ylabel(labels["loss"])
-        top.set_title(title or labels["title"])
+        top.set_ylabel(t("staleness_loss", lang))
+        top.set_title(title or t("staleness_title", lang))
         top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)   # outside: never over the dots
         top.grid(alpha=0.3)
         bottom.bar(order, stale, color=[colour[w] for w in workers])
-        bottom.set_ylabel(labels["stale"])
-        bottom.set_xlabel(labels["update"])
-        bottom.set_title(labels["stale_title"], fontsize=9)
+        bottom.set_ylabel(t("staleness_stale", lang))
+        bottom.set_xlabel(t("staleness_update", lang))
+        bottom.set_title(t("staleness_stale_title", lang), fontsize=9)
         bottom.set_ylim(0, max(2, max(stale) + 1))
         bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
         bottom.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -12,7 +12,7 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from mpkit.plot import fonts
-from mpkit.plot.labels import check_lang
+from mpkit.i18n import check_lang, t
 
 # One colour per event kind: compute in blues/greens/purple, communication in warm colours.
 KIND_COLOURS = {
@@ -51,3 +51,14 @@ def save(fig, path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
     return str(path)
+
+
+def title(key: str, run, lang: str, step=None) -> str:
+    """``"Timeline — pp · step 1"``: the plot's name, the run's strategy if it has one, the step."""
+    out = t(key, lang)
+    strategy = getattr(run, "strategy", None)
+    if strategy:
+        out += f" — {strategy}"
+    if step is not None:
+        out += " · " + t("step", lang, step=step)
+    return out

@@ -10,7 +10,8 @@ from __future__ import annotations
 from matplotlib.patches import Patch, Rectangle
 
 from mpkit.plot.inputs import as_trace, select_step
-from mpkit.plot.labels import text, title as run_title
+from mpkit.i18n import t as text
+from mpkit.plot.style import title as run_title
 from mpkit.plot.style import IDEAL_EDGE, IDLE_COLOUR, IDLE_HATCH, KIND_COLOURS, drawing, new_figure
 
 # Lanes inside the row of rank r (y grows downwards): compute [r-0.40, r+0.10], comm [r+0.14, r+0.40].

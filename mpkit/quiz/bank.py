@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 import mpkit
-from mpkit.quiz.text import LANGS
+from mpkit.i18n import LANGS
 
 TOPICS = ("overview", "data_parallel", "model_parallel", "tensor_parallel",
           "pipeline", "communication", "memory", "libraries")

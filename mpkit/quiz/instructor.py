@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mpkit.quiz.bank import load_bank
 from mpkit.quiz.store import ResultsFileError, read_results, results_path
-from mpkit.quiz.text import t
+from mpkit.i18n import t
 
 GRADE_COLUMNS = ("student", "item_id", "topic", "pitfall", "answer_given", "correct_answer", "correct")
 SUMMARY_COLUMNS = ("student", "file", "answered", "correct", "total", "percent")

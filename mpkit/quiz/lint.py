@@ -8,7 +8,7 @@ O every time).
 from dataclasses import dataclass
 
 from mpkit.quiz.bank import TOPICS, Problem, read_bank
-from mpkit.quiz.text import LANGS
+from mpkit.i18n import LANGS
 
 BALANCE = (0.35, 0.65)  # allowed share of O answers per topic
 

@@ -6,7 +6,7 @@ HTML declares UTF-8 and a Korean-capable font stack, so Hangul prints without to
 import html
 from pathlib import Path
 
-from mpkit.quiz.text import t
+from mpkit.i18n import t
 
 FONTS = '"Nanum Gothic", "NanumGothic", "Noto Sans CJK KR", "Noto Sans KR", "Malgun Gothic", sans-serif'
 FORMATS = (".html", ".md")

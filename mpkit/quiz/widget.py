@@ -12,7 +12,7 @@ import ipywidgets as W
 
 from mpkit.quiz.bank import ANSWERS, load_bank
 from mpkit.quiz.store import ResultStore
-from mpkit.quiz.text import LANG_LABELS, LANGS, check_lang, t
+from mpkit.i18n import LANG_LABELS, LANGS, check_lang, t
 
 MODES = ("drill", "exam")
 

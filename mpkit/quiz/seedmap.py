@@ -18,7 +18,7 @@ _TODO = "TODO"
 def map_path(path=None) -> Path:
     """``path``, else ``$MPKIT_SEED_MAP``, else ``<repo>/labs/seed_map.yaml``."""
     if path is None:
-        path = os.environ.get("MPKIT_SEED_MAP") or Path(__file__).resolve().parent.parent / "labs" / "seed_map.yaml"
+        path = os.environ.get("MPKIT_SEED_MAP") or Path(__file__).resolve().parents[2] / "labs" / "seed_map.yaml"
     return Path(path)
 
 

@@ -10,7 +10,7 @@ from mpkit.quiz.bank import load_bank
 from mpkit.quiz.instructor import grade, stats, write_assignment
 from mpkit.quiz.lint import lint
 from mpkit.quiz.sheet import write_sheet
-from mpkit.quiz.text import LANGS
+from mpkit.i18n import LANGS
 
 
 def register(subparsers):

@@ -1,12 +1,13 @@
 """The ``mpkit`` command line: ``tour``, ``run`` and ``quiz`` subcommands.
 
-Each subcommand lives in its own module and registers itself through ``register(subparsers)``;
+Each subcommand lives in its own module of this package (``run``, ``tour``, ``quiz``) and registers
+itself through ``register(subparsers)``;
 this file only wires them together.
 """
 import argparse
 import sys
 
-SUBCOMMAND_MODULES = ("mpkit.commands.run", "mpkit.commands.tour", "mpkit.quiz.cli")
+SUBCOMMAND_MODULES = ("mpkit.cli.run", "mpkit.cli.tour", "mpkit.cli.quiz")
 
 
 def build_parser():

@@ -1,7 +1,7 @@
 """TensorFlow glue for lab 08: logical CPU replicas, an in-process parameter-server cluster, and a
 subprocess runner with a hard timeout.
 
-Nothing here imports TensorFlow at module import time: ``import mpkit.tfdist`` works without it,
+Nothing here imports TensorFlow at module import time: ``import mpkit.tf.distribute`` works without it,
 and ``available()`` / ``install_hint()`` say how to get it.
 
 Facts this module is built on (TensorFlow 2.21, tensorflow-cpu, 2-core machine):

@@ -1,0 +1,1 @@
+"""TensorFlow (``tf.distribute``) glue for lab 08; see ``mpkit.tf.distribute``."""
