@@ -23,7 +23,7 @@ import mpkit
 from mpkit.models import ModelConfig, describe
 from mpkit.strategies.pp import torch_pipelining
 from mpkit.strategies.pp.measure import step_bubble
-from mpkit.train import make_config
+from mpkit.strategies import make_config
 
 WORLD = 4
 VERSUS_TORCH = dict(model="gpt", hidden=128, layers=4, seq_len=32, batch_size=32, micro_batches=8)

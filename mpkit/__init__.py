@@ -6,7 +6,7 @@ submodules (plot, sim, quiz) load on first use so ``import mpkit`` stays fast in
 from importlib import import_module
 
 from mpkit.runtime.devices import devices
-from mpkit.runtime.errors import DeviceOutOfMemory, LaunchError, LaunchTimeout
+from mpkit.errors import DeviceOutOfMemory, LaunchError, LaunchTimeout
 from mpkit.runtime.launch import launch
 # Eager, not lazy: importing the submodule ``mpkit.train`` first (``from mpkit.train import
 # make_config``) would otherwise leave ``mpkit.train`` bound to the module, not the function.

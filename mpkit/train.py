@@ -6,19 +6,18 @@ Options are checked here, in the caller, before any rank starts: a bad combinati
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-
-from mpkit.models import ModelConfig, describe
+from mpkit.config import TrainConfig
+from mpkit.models import describe
 from mpkit.observe.memory import CATEGORIES
 from mpkit.observe.trace import Trace
 from mpkit.runtime.context import make_context
-from mpkit.runtime.launch import LaunchResult, launch
-from mpkit.runtime.torchrun import in_torchrun
-from mpkit.strategies import get_strategy
-from mpkit.strategies.common import OPTIMIZERS, TrainConfig
+from mpkit.runtime.env import in_torchrun
+from mpkit.runtime.launch import launch
+from mpkit.runtime.result import LaunchResult
+from mpkit.strategies import get_strategy, make_config
 
-_MODEL_FIELDS = {f.name for f in fields(ModelConfig)} - {"kind"}
 _REFERENCE_KEYS = ("steps", "batch_size", "lr", "optimizer", "seed")
 
 
@@ -147,36 +146,6 @@ class Run:
         return f"<Run {self.strategy} world_size={self.world_size} steps={self.config.steps} losses={self.losses}>"
 
 
-def make_config(strategy, world_size, *, model="mlp", steps=3, batch_size=32, lr=1e-2, optimizer="adam",
-                seed=0, **options) -> TrainConfig:
-    """Resolve model sizes and strategy options into a checked ``TrainConfig``."""
-    module = get_strategy(strategy)
-    model_sizes = {k: options.pop(k) for k in list(options) if k in _MODEL_FIELDS}
-    if isinstance(model, ModelConfig):
-        model_cfg = ModelConfig(**{**model.as_dict(), **model_sizes})
-    elif isinstance(model, dict):
-        model_cfg = ModelConfig(**{**model, **model_sizes})
-    else:
-        model_cfg = ModelConfig(kind=model, **model_sizes)
-    unknown = sorted(set(options) - set(module.OPTIONS))
-    if unknown:
-        valid = ", ".join(module.OPTIONS) or "none"
-        raise ValueError(f"option(s) {unknown} do not apply to strategy={strategy!r}; its options are: {valid} "
-                         f"(model sizes: {', '.join(sorted(_MODEL_FIELDS))})")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size={world_size!r}: pass a whole number >= 1")
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: pass a whole number of optimizer steps >= 1")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r}: pass a whole number >= 1")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r} is unknown; use one of {', '.join(OPTIMIZERS)}")
-    if not lr > 0:
-        raise ValueError(f"lr={lr!r} must be positive")
-    cfg = TrainConfig(strategy, world_size, model_cfg, steps, batch_size, float(lr), optimizer, seed,
-                      {**module.OPTIONS, **options})
-    module.validate(cfg)
-    return cfg
 
 
 def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, device_memory=None, trace=True,
@@ -204,4 +173,4 @@ def _single_in_process(cfg) -> Run:
     return Run(cfg, [out], LaunchResult([out], Trace.merge([ctx.trace]), [ctx.memory.report()], [""], "gloo"))
 
 
-__all__ = ["train", "Run", "Comparison", "make_config"]
+__all__ = ["train", "Run", "Comparison"]

@@ -11,7 +11,7 @@ import mpkit
 from mpkit.models import ModelConfig, build_model, parameter_count
 from mpkit.strategies.common import state_of
 from mpkit.strategies.dp_buckets import plan_buckets, train_loop
-from mpkit.train import make_config
+from mpkit.strategies import make_config
 
 # Float32 reduction-order differences only: each rank's mean over b/N samples, summed over ranks
 # and divided by N, rounds differently from one mean over b samples: ~1e-7 relative on losses ~2-4

@@ -8,7 +8,7 @@ import mpkit
 from mpkit.strategies.pp import torch_pipelining
 from mpkit.strategies.pp.measure import step_bubble
 from mpkit.strategies.pp.schedules import COMPUTE, schedule
-from mpkit.train import make_config
+from mpkit.strategies import make_config
 
 # Micro-batching changes only float32 summation order (per-micro-batch means / m, gradients
 # accumulated over micro-batches): ~1e-7 relative on losses ~2-4 and weights ~0.1-1.

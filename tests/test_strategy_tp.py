@@ -8,7 +8,7 @@ import torch
 import mpkit
 from mpkit.models import ModelConfig
 from mpkit.strategies import tp_torch
-from mpkit.train import make_config
+from mpkit.strategies import make_config
 
 # Float32 reduction-order differences only: a matmul split in t partial sums and an all-reduce
 # round differently from one matmul, ~1e-7 relative on values of order 1 (losses ~2-4, weights

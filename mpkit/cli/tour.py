@@ -11,7 +11,7 @@ import math
 import time
 from pathlib import Path
 
-from mpkit.runtime.errors import LaunchError
+from mpkit.errors import LaunchError
 from mpkit.strategies import STRATEGIES
 from mpkit.train import train
 

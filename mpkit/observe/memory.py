@@ -19,7 +19,7 @@ from torch._guards import active_fake_mode
 from torch.distributed.tensor import DTensor
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from mpkit.runtime.errors import DeviceOutOfMemory
+from mpkit.errors import DeviceOutOfMemory
 
 # Our categories; MemTracker's Parameter+Buffer -> parameters, Gradient -> gradients,
 # Optstate -> optimizer, Activation -> activations, Temp (backward temporaries)+Other -> other.

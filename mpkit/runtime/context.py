@@ -20,6 +20,7 @@ class RankContext:
     trace: Trace
     memory: MemoryTracker
     local_rank: int = 0
+    launcher: str = "mpkit"  # "torchrun" when torchrun made the world (its env:// store serves rpc too)
     comm: Comm = field(init=False)
 
     def __post_init__(self):
@@ -38,14 +39,15 @@ class RankContext:
         self.memory.step = step
 
 
-def make_context(rank, world_size, local_rank, backend, *, device_memory=None, trace=True, memory=True) -> RankContext:
+def make_context(rank, world_size, local_rank, backend, *, device_memory=None, trace=True, memory=True,
+                 launcher="mpkit") -> RankContext:
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
     return RankContext(
-        rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend,
+        rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend, launcher=launcher,
         trace=Trace(rank=rank, enabled=trace),
         memory=MemoryTracker(rank=rank, device=device, capacity=device_memory, enabled=memory),
     )

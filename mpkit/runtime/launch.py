@@ -17,23 +17,15 @@ from multiprocessing.connection import wait
 from mpkit.observe.trace import Trace
 from mpkit.runtime.devices import cuda_count
 from mpkit.runtime import torchrun
-from mpkit.runtime.errors import LaunchError, LaunchTimeout, RankOutOfMemory
+from mpkit.runtime.env import in_torchrun
+from mpkit.runtime.result import LaunchResult
+from mpkit.errors import LaunchError, LaunchTimeout, RankOutOfMemory
 from mpkit.observe.memory import parse_bytes
 from mpkit.runtime.worker import run_rank
 
 BACKENDS = ("gloo", "nccl")
 
 
-class LaunchResult(list):
-    """The per-rank return values (a list), plus ``.trace`` (all ranks merged), ``.memory``
-    (one MemoryReport per rank) and ``.output`` (what each rank printed)."""
-
-    def __init__(self, results, trace, memory, output, backend):
-        super().__init__(results)
-        self.trace = trace
-        self.memory = memory
-        self.output = output
-        self.backend = backend
 
 
 def store_socket() -> socket.socket:
@@ -138,7 +130,7 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
     """
     _check_args(fn, world_size, timeout, backend)
     capacity = parse_bytes(device_memory)
-    if torchrun.in_torchrun():
+    if in_torchrun():
         return _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory)
     backend = choose_backend(world_size, backend)
     method = _start_method(backend, fn)

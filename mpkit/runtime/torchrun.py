@@ -7,7 +7,6 @@ rank 0 gathers results, events and memory reports, so notebook code runs unchang
 from __future__ import annotations
 
 import atexit
-import os
 import statistics
 import time
 from dataclasses import replace
@@ -19,18 +18,12 @@ import torch.distributed as dist
 from mpkit.observe.memory import parse_bytes
 from mpkit.observe.trace import Trace
 from mpkit.runtime.context import make_context
+from mpkit.runtime.env import env_int
+from mpkit.runtime.result import LaunchResult
 
 _CLOCK_ROUNDS = 7
 
 
-def in_torchrun() -> bool:
-    """True inside a process torchrun (or any env:// launcher) started."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def _env_int(name, default=None) -> int:
-    value = os.environ.get(name)
-    return default if value is None else int(value)
 
 
 def torchrun_backend(local_rank: int) -> str:
@@ -79,10 +72,10 @@ def join_world(backend=None, timeout=None) -> str:
     until the process exits.
     """
     if not dist.is_initialized():
-        backend = backend or torchrun_backend(_env_int("LOCAL_RANK", 0))
+        backend = backend or torchrun_backend(env_int("LOCAL_RANK", 0))
         kwargs = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
-        dist.init_process_group(backend, init_method="env://", rank=_env_int("RANK"),
-                                world_size=_env_int("WORLD_SIZE"), **kwargs)
+        dist.init_process_group(backend, init_method="env://", rank=env_int("RANK"),
+                                world_size=env_int("WORLD_SIZE"), **kwargs)
         atexit.register(_leave)
     return dist.get_backend()
 
@@ -95,15 +88,14 @@ def run_in_torchrun(fn, args=(), device_memory=None, trace=True, memory=True, *,
     torchrun's console. A rank that raises lets the exception propagate: torchrun then stops
     the world and reports it.
     """
-    from mpkit.runtime.launch import LaunchResult
-
     backend = join_world(backend, timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    ctx = make_context(rank, world_size, _env_int("LOCAL_RANK", 0), backend,
-                       device_memory=parse_bytes(device_memory), trace=trace, memory=memory)
+    ctx = make_context(rank, world_size, env_int("LOCAL_RANK", 0), backend,
+                       device_memory=parse_bytes(device_memory), trace=trace, memory=memory,
+                       launcher="torchrun")
     result = fn(ctx, *args)
     # One host shares one perf_counter; across hosts, move every rank onto rank 0's clock.
-    multi_host = _env_int("LOCAL_WORLD_SIZE", world_size) != world_size
+    multi_host = env_int("LOCAL_WORLD_SIZE", world_size) != world_size
     offset = clock_offset(ctx.device) if multi_host else 0.0
     events, report = _shifted(ctx.trace.events, ctx.memory.report(), offset)
     gathered = [None] * world_size if rank == 0 else None

@@ -12,7 +12,7 @@ import sys
 import traceback
 from datetime import timedelta
 
-from mpkit.runtime.errors import DeviceOutOfMemory
+from mpkit.errors import DeviceOutOfMemory
 
 
 _BACKSTOP_S = 10.0

@@ -19,6 +19,7 @@ from mpkit.sim.engine import Compute, simulate
 from mpkit.sim.hardware import Hardware, get_hardware
 from mpkit.sim.memory import predict_memory
 from mpkit.sim.programs import BUILDERS, Plan, price_by_gap
+from mpkit.strategies import STRATEGIES, make_config
 
 
 class Prediction:
@@ -60,11 +61,7 @@ class Prediction:
 
 
 def _config(strategy, world_size, model, batch_size, options):
-    from mpkit.train import make_config  # lazily: mpkit.train imports every strategy's module
-
     if strategy not in BUILDERS:
-        from mpkit.strategies import STRATEGIES
-
         if strategy in STRATEGIES:
             raise ValueError(f"strategy={strategy!r} has no cost model yet; predict one of {', '.join(BUILDERS)}")
     if world_size is None:

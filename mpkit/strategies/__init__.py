@@ -6,6 +6,8 @@
 """
 from importlib import import_module
 
+from mpkit.config import TrainConfig, build_config
+
 STRATEGIES = {
     "single": "reference run on one device",
     "dp": "data parallel from scratch: broadcast, shard batch, all-reduce gradients (buckets, overlap)",
@@ -23,3 +25,13 @@ def get_strategy(name):
     if name not in STRATEGIES:
         raise ValueError(f"strategy={name!r} is unknown; use one of {', '.join(STRATEGIES)}")
     return import_module(f"mpkit.strategies.{name}")
+
+
+def make_config(strategy, world_size, *, model="mlp", steps=3, batch_size=32, lr=1e-2, optimizer="adam",
+                seed=0, **options) -> TrainConfig:
+    """Resolve model sizes and strategy options into a ``TrainConfig`` checked by the strategy too."""
+    module = get_strategy(strategy)
+    cfg = build_config(strategy, world_size, options, module.OPTIONS, model=model, steps=steps,
+                       batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
+    module.validate(cfg)
+    return cfg

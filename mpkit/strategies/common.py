@@ -1,34 +1,12 @@
 """Pieces every strategy shares: the config, the per-rank output, optimizer, batch sharding."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
-from mpkit.models import ModelConfig
+from mpkit.config import TrainConfig
 
-OPTIMIZERS = ("adam", "sgd")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    strategy: str
-    world_size: int
-    model: ModelConfig
-    steps: int = 3
-    batch_size: int = 32
-    lr: float = 1e-2
-    optimizer: str = "adam"
-    seed: int = 0
-    options: dict = field(default_factory=dict)
-
-    def option(self, name):
-        return self.options[name]
-
-    def as_dict(self):
-        out = asdict(self)
-        out["model"] = self.model.as_dict()
-        return out
 
 
 @dataclass

@@ -31,7 +31,6 @@ from torch.distributed import rpc
 
 from mpkit.models import build_model, loss_fn, make_batch
 from mpkit.observe.comm import nbytes
-from mpkit.runtime.torchrun import in_torchrun
 from mpkit.strategies.common import RankOutput, make_optimizer, require_divisible, shard, state_of
 
 OPTIONS = {"mode": "sync"}
@@ -182,7 +181,7 @@ def _init_rpc(ctx):
     """Join an rpc world next to the process group. Under torchrun, its agent's store (env://)
     serves rpc too (rpc prefixes its keys); in our own worlds rank 0 picks a port for a new
     store and tells the others over the process group."""
-    if in_torchrun():
+    if ctx.launcher == "torchrun":
         init_method = "env://"
     else:
         port = [_free_port() if ctx.rank == 0 else None]

@@ -1,0 +1,74 @@
+"""What a training run is asked to do, checked before any rank starts.
+
+``TrainConfig`` is the plain data every strategy, the cost model and the plots read.
+``build_config`` checks the arguments all strategies share (world size, steps, batch, optimizer,
+learning rate, seed) and resolves the model sizes; each strategy then checks its own options
+(``mpkit.strategies.make_config``). A bad value is a ``ValueError`` that names the argument and
+says what to pass, never a hang inside the world.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from mpkit.models import ModelConfig
+
+OPTIMIZERS = ("adam", "sgd")
+MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"kind"}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    strategy: str
+    world_size: int
+    model: ModelConfig
+    steps: int = 3
+    batch_size: int = 32
+    lr: float = 1e-2
+    optimizer: str = "adam"
+    seed: int = 0
+    options: dict = field(default_factory=dict)
+
+    def option(self, name):
+        return self.options[name]
+
+    def as_dict(self):
+        out = asdict(self)
+        out["model"] = self.model.as_dict()
+        return out
+
+
+def model_config(model, sizes) -> ModelConfig:
+    """A built-in model's config from a name, a dict or a ``ModelConfig``, with ``sizes`` applied."""
+    if isinstance(model, ModelConfig):
+        return ModelConfig(**{**model.as_dict(), **sizes})
+    if isinstance(model, dict):
+        return ModelConfig(**{**model, **sizes})
+    return ModelConfig(kind=model, **sizes)
+
+
+def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=3, batch_size=32, lr=1e-2,
+                 optimizer="adam", seed=0) -> TrainConfig:
+    """A ``TrainConfig`` whose shared arguments are checked; ``options`` are the strategy's own (with
+    model sizes mixed in, as ``mpkit.train`` takes them), ``defaults`` its option defaults."""
+    options = dict(options)
+    model_cfg = model_config(model, {k: options.pop(k) for k in list(options) if k in MODEL_FIELDS})
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        valid = ", ".join(defaults) or "none"
+        raise ValueError(f"option(s) {unknown} do not apply to strategy={strategy!r}; its options are: {valid} "
+                         f"(model sizes: {', '.join(sorted(MODEL_FIELDS))})")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r}: pass a whole number >= 1")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r}: pass a whole number of optimizer steps >= 1")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: pass a whole number >= 1")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} is unknown; use one of {', '.join(OPTIMIZERS)}")
+    if not lr > 0:
+        raise ValueError(f"lr={lr!r} must be positive")
+    return TrainConfig(strategy, world_size, model_cfg, steps, batch_size, float(lr), optimizer, seed,
+                       {**defaults, **options})
+
+
+__all__ = ["TrainConfig", "OPTIMIZERS", "MODEL_FIELDS", "model_config", "build_config"]

@@ -1,0 +1,75 @@
+"""How ranks are laid out on a data x pipeline x tensor parallel grid (3-D parallelism).
+
+Megatron-LM, torchtitan's ``ParallelDims`` and picotron's process-group grid all put tensor
+parallel innermost: the ranks of one TP group are adjacent (rank r and r+1 share a node and its
+fastest links), because TP communicates inside every layer, forward and backward. Pipeline
+stages come next (one activation per micro-batch per stage boundary), data parallel outermost
+(one gradient reduction per step, the cheapest to stretch across nodes). So
+
+    rank = (dp_index * pp + pp_index) * tp + tp_index
+
+and the run (``mpkit.parallel`` on a ``DeviceMesh``), the cost model and the planner read this
+one mapping.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DIMS = ("dp", "pp", "tp")  # mesh dimension order: outermost first, tensor parallel innermost
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Sizes of the data, pipeline and tensor parallel dimensions; ``dp * pp * tp`` ranks."""
+
+    dp: int = 1
+    pp: int = 1
+    tp: int = 1
+
+    def __post_init__(self):
+        for name in DIMS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a whole number >= 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Sizes in ``DIMS`` order, the shape of the ``DeviceMesh``."""
+        return (self.dp, self.pp, self.tp)
+
+    def check_world(self, world_size: int) -> None:
+        if self.world_size != world_size:
+            raise ValueError(f"dp*pp*tp = {self.dp}*{self.pp}*{self.tp} = {self.world_size} ranks, but "
+                             f"world_size={world_size}; choose sizes whose product is the world size")
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """``{"dp": i, "pp": j, "tp": k}`` of ``rank``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank={rank} is outside 0..{self.world_size - 1}")
+        rest, tp_index = divmod(rank, self.tp)
+        dp_index, pp_index = divmod(rest, self.pp)
+        return {"dp": dp_index, "pp": pp_index, "tp": tp_index}
+
+    def rank(self, dp: int = 0, pp: int = 0, tp: int = 0) -> int:
+        return (dp * self.pp + pp) * self.tp + tp
+
+    def groups(self, dim: str) -> list[list[int]]:
+        """The rank lists along ``dim``: every group of ranks that differ only in that coordinate."""
+        if dim not in DIMS:
+            raise ValueError(f"dim={dim!r} is unknown; use one of {', '.join(DIMS)}")
+        out = {}
+        for rank in range(self.world_size):
+            key = tuple(v for d, v in self.coords(rank).items() if d != dim)
+            out.setdefault(key, []).append(rank)
+        return list(out.values())
+
+    def group_of(self, rank: int, dim: str) -> list[int]:
+        """The ranks of ``rank``'s group along ``dim``."""
+        return next(g for g in self.groups(dim) if rank in g)
+
+    def __str__(self):
+        return f"dp={self.dp} x pp={self.pp} x tp={self.tp}"
