@@ -6,7 +6,7 @@
     over runs. Memory tracking off, trace on (``step_times`` reads it).
 (b) the measured bubble against (p-1)/(m+p-1) for m = 1..16 on balanced stages (an mlp of 8
     equal layers, 2 per rank), from the trace: share of rank-time not in forward/backward over
-    one step's forward/backward window (``pp.measure.step_bubble``), median over steps after
+    one step's forward/backward window (``Trace.pipeline_bubble``), median over steps after
     the first. Each layer carries simulated device time (``layer_ms``: 10 ms forward, 20 ms
     backward, slept): four ranks on a 2-core laptop would otherwise share cores exactly when
     the pipeline is full, and the measurement would be the machine's, not the pipeline's.
@@ -21,8 +21,7 @@ import statistics
 
 import mpkit
 from mpkit.models import ModelConfig, describe
-from mpkit.strategies.pp import torch_pipelining
-from mpkit.strategies.pp.measure import step_bubble
+from mpkit.crosscheck import pipelining as torch_pipelining
 from mpkit.strategies import make_config
 
 WORLD = 4
@@ -65,7 +64,7 @@ def bubble_rows(steps, schedule="1f1b") -> list[dict]:
     out = []
     for m in BUBBLE_MS:
         run = mpkit.train("pp", WORLD, steps=steps, schedule=schedule, micro_batches=m, memory=False, **BALANCED)
-        measured = statistics.median(step_bubble(run.trace, s) for s in range(1, steps))
+        measured = statistics.median(run.trace.pipeline_bubble(s) for s in range(1, steps))
         formula = (WORLD - 1) / (m + WORLD - 1)
         out.append({"schedule": schedule, "m": m, "measured": measured, "formula": formula,
                     "diff_points": (measured - formula) * 100,

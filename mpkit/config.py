@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from mpkit.models import ModelConfig
+from mpkit.models import ModelConfig, UserModel
 
 OPTIMIZERS = ("adam", "sgd")
 MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"kind"}
@@ -20,13 +20,14 @@ MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"kind"}
 class TrainConfig:
     strategy: str
     world_size: int
-    model: ModelConfig
+    model: ModelConfig | UserModel
     steps: int = 3
     batch_size: int = 32
     lr: float = 1e-2
     optimizer: str = "adam"
     seed: int = 0
     options: dict = field(default_factory=dict)
+    check_finite: bool = True  # stop with an error naming the step when a loss is NaN or infinite
 
     def option(self, name):
         return self.options[name]
@@ -37,8 +38,20 @@ class TrainConfig:
         return out
 
 
-def model_config(model, sizes) -> ModelConfig:
-    """A built-in model's config from a name, a dict or a ``ModelConfig``, with ``sizes`` applied."""
+def model_config(model, sizes, data=None, loss=None) -> ModelConfig | UserModel:
+    """A built-in model's config from a name, a dict or a ``ModelConfig`` with ``sizes`` applied,
+    or a ``UserModel`` from a factory (``model=lambda: MyNet()``) with its ``data`` and ``loss``."""
+    if callable(model) and not isinstance(model, (ModelConfig, UserModel)):
+        if sizes:
+            raise ValueError(f"model sizes {sorted(sizes)} set the built-in models; your model factory sets its own")
+        if data is None:
+            raise ValueError("model=<a factory> needs data=<a function (step, batch_size) -> (inputs, targets)>, "
+                             "the same batch on every rank")
+        return UserModel(model, data) if loss is None else UserModel(model, data, loss)
+    if data is not None or loss is not None:
+        raise ValueError("data= and loss= go with model=<your model factory>; the built-in models make their own")
+    if isinstance(model, UserModel):
+        return model
     if isinstance(model, ModelConfig):
         return ModelConfig(**{**model.as_dict(), **sizes})
     if isinstance(model, dict):
@@ -47,11 +60,11 @@ def model_config(model, sizes) -> ModelConfig:
 
 
 def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=3, batch_size=32, lr=1e-2,
-                 optimizer="adam", seed=0) -> TrainConfig:
+                 optimizer="adam", seed=0, data=None, loss=None, check_finite=True) -> TrainConfig:
     """A ``TrainConfig`` whose shared arguments are checked; ``options`` are the strategy's own (with
     model sizes mixed in, as ``mpkit.train`` takes them), ``defaults`` its option defaults."""
     options = dict(options)
-    model_cfg = model_config(model, {k: options.pop(k) for k in list(options) if k in MODEL_FIELDS})
+    model_cfg = model_config(model, {k: options.pop(k) for k in list(options) if k in MODEL_FIELDS}, data, loss)
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         valid = ", ".join(defaults) or "none"
@@ -67,8 +80,10 @@ def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=
         raise ValueError(f"optimizer={optimizer!r} is unknown; use one of {', '.join(OPTIMIZERS)}")
     if not lr > 0:
         raise ValueError(f"lr={lr!r} must be positive")
+    if not isinstance(check_finite, bool):
+        raise ValueError(f"check_finite={check_finite!r} must be True (stop at a NaN/inf loss) or False")
     return TrainConfig(strategy, world_size, model_cfg, steps, batch_size, float(lr), optimizer, seed,
-                       {**defaults, **options})
+                       {**defaults, **options}, check_finite)
 
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "MODEL_FIELDS", "model_config", "build_config"]

@@ -57,6 +57,25 @@ class ModelConfig:
     def as_dict(self):
         return asdict(self)
 
+    # ---- what a run needs of any model (``UserModel`` has the same methods) ----
+    builtin = True
+
+    def build(self, seed: int = 0) -> "LayerStack":
+        return build_model(self, seed)
+
+    def batch(self, batch_size: int, step: int, seed: int = 0):
+        return make_batch(self, batch_size, step, seed)
+
+    def loss(self, output, target):
+        return loss_fn(self, output, target)
+
+    def layers_of(self, model) -> list:
+        """The sequence of layers that pipelines cut into stages."""
+        return list(model.layers)
+
+    def describe(self) -> str:
+        return describe(self)
+
 
 class SimulatedDeviceTime(torch.autograd.Function):
     """Identity that sleeps ``seconds`` in forward and twice that in backward (see ModelConfig)."""
@@ -220,3 +239,65 @@ def describe(cfg: ModelConfig) -> str:
         return f"MLP {cfg.d_in}->{cfg.hidden}x{cfg.layers}->{cfg.classes} ({n:,} parameters)"
     return (f"TinyGPT: {cfg.layers} blocks, hidden {cfg.hidden}, {cfg.heads} heads, seq {cfg.seq_len}, "
             f"vocab {cfg.vocab} ({n:,} parameters, {math.ceil(n * 4 / 2**10)} KiB fp32)")
+
+
+class UserModel:
+    """A learner's own model for ``mpkit.train``: ``factory()`` builds it (called with the same seed
+    on every rank, so the replicas start equal), ``data(step, batch_size)`` returns the step's
+    global batch ``(inputs, targets)`` (the same on every rank), ``loss(output, target)`` the mean
+    loss. Pipelines (``mp``, ``pp``) need the model to be an ``nn.Sequential``."""
+
+    builtin = False
+
+    def __init__(self, factory, data, loss=F.cross_entropy):
+        for name, value in (("model", factory), ("data", data), ("loss", loss)):
+            if not callable(value):
+                raise ValueError(f"{name}={value!r} must be callable: model=a function returning an nn.Module, "
+                                 f"data=a function (step, batch_size) -> (inputs, targets), loss=(output, target) -> loss")
+        self.factory, self.data, self.loss_fn = factory, data, loss
+
+    def build(self, seed: int = 0) -> nn.Module:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = self.factory()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model factory {self.factory!r} returned a {type(model).__name__}, not an nn.Module")
+        return model
+
+    def batch(self, batch_size: int, step: int, seed: int = 0):
+        out = self.data(step, batch_size)
+        if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+            raise TypeError(f"data(step, batch_size) must return (inputs, targets) tensors; got {type(out).__name__}")
+        if out[0].shape[0] != batch_size:
+            raise ValueError(f"data(step={step}, batch_size={batch_size}) returned a batch of {out[0].shape[0]} samples; "
+                             f"return exactly batch_size samples")
+        return out
+
+    def loss(self, output, target):
+        return self.loss_fn(output, target)
+
+    def layers_of(self, model) -> list:
+        if not isinstance(model, nn.Sequential):
+            raise ValueError(f"a pipeline cuts an nn.Sequential into stages; this model is a {type(model).__name__}. "
+                             f"Return an nn.Sequential from the model factory to train it with mp or pp")
+        return list(model)
+
+    def describe(self) -> str:
+        model = self.build()
+        n = sum(p.numel() for p in model.parameters())
+        return f"{type(model).__name__} from {getattr(self.factory, '__name__', 'a factory')} ({n:,} parameters)"
+
+    def as_dict(self) -> dict:
+        return {"kind": "user", "factory": getattr(self.factory, "__qualname__", repr(self.factory)),
+                "data": getattr(self.data, "__qualname__", repr(self.data)),
+                "loss": getattr(self.loss_fn, "__qualname__", repr(self.loss_fn))}
+
+    def __eq__(self, other):
+        return isinstance(other, UserModel) and (self.factory, self.data, self.loss_fn) == (
+            other.factory, other.data, other.loss_fn)
+
+    def __hash__(self):
+        return hash((self.factory, self.data, self.loss_fn))
+
+    def __repr__(self):
+        return f"UserModel({self.as_dict()['factory']})"

@@ -158,8 +158,7 @@ def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, de
     if world_size is None:
         world_size = 1 if strategy == "single" else 4
     cfg = make_config(strategy, world_size, **kwargs)
-    module = get_strategy(strategy)
-    result = launch(module.run_rank, world_size=cfg.world_size, args=(cfg,), timeout=timeout, backend=backend,
+    result = launch(get_strategy(strategy).run_rank, world_size=cfg.world_size, args=(cfg,), timeout=timeout, backend=backend,
                     device_memory=device_memory, trace=trace, memory=memory)
     if result is None:  # a rank other than 0 under torchrun: rank 0 holds the Run
         return None

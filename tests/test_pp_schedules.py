@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import pytest
 
-from mpkit.strategies.pp.schedules import (
+from mpkit.parallel.pipeline.schedules import (
     SCHEDULES, Backward, Forward, OptimizerStep, RecvAct, RecvGrad, ScheduleError, SendAct, SendGrad, schedule,
     simulate,
 )

@@ -9,8 +9,7 @@ import pytest
 from mpkit.models import ModelConfig, parameter_count
 from mpkit.sim import GPU_PRESETS, Hardware, Link, formulas, predict
 from mpkit.sim.engine import simulate
-from mpkit.sim.programs import schedule_programs
-from mpkit.strategies.pp.schedules import schedule
+from mpkit.parallel.pipeline.schedules import engine_programs, schedule
 
 matplotlib.use("Agg")
 
@@ -87,7 +86,7 @@ def test_formulas_reject_bad_sizes(call):
 # ---- pipeline timelines ----------------------------------------------------------------------
 
 def _equal_stage_trace(name, p, m, v=1, f=1.0, b=2.0):
-    programs = schedule_programs(schedule(name, p, m, v), lambda s: f / v, lambda s: b / v,
+    programs = engine_programs(schedule(name, p, m, v), lambda s: f / v, lambda s: b / v,
                                  lambda kind, stage, src, dst: (0, 0.0), lambda rank: 0.0)
     return simulate(programs).filter(category="compute")
 
@@ -138,11 +137,11 @@ def test_pp_follows_the_strategy_schedule_order():
 
 
 def test_engine_reports_a_deadlock_instead_of_hanging():
-    from mpkit.sim.engine import P2P
+    from mpkit.sim.engine import Msg, P2P
 
-    waits_for_each_other = [[P2P((("recv", 1, "a", 4, 0.0, None, None),)), P2P((("send", 1, "b", 4, 0.0, None, None),))],
-                            [P2P((("recv", 0, "b", 4, 0.0, None, None),)), P2P((("send", 0, "a", 4, 0.0, None, None),))]]
-    with pytest.raises(RuntimeError, match="deadlocks: rank 0 waits"):
+    waits_for_each_other = [[P2P((Msg("recv", 1, "a", 4, 0.0),)), P2P((Msg("send", 1, "b", 4, 0.0),))],
+                            [P2P((Msg("recv", 0, "b", 4, 0.0),)), P2P((Msg("send", 0, "a", 4, 0.0),))]]
+    with pytest.raises(RuntimeError, match="deadlock: rank 0 waits"):
         simulate(waits_for_each_other)
 
 

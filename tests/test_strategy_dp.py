@@ -9,8 +9,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 import mpkit
 from mpkit.models import ModelConfig, build_model, parameter_count
-from mpkit.strategies.common import state_of
-from mpkit.strategies.dp_buckets import plan_buckets, train_loop
+from mpkit.parallel.data_parallel import plan_buckets
+from mpkit.strategies.base import state_of
+from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
 from mpkit.strategies import make_config
 
 # Float32 reduction-order differences only: each rank's mean over b/N samples, summed over ranks
@@ -162,8 +163,13 @@ def _zero_redundancy_rank(ctx, cfg):
     ddp = DistributedDataParallel(model)
     optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=cfg.lr,
                                         foreach=True)
-    losses = train_loop(ctx, cfg, ddp, optimizer)
-    return losses, state_of(model)
+
+    def step(x, y):
+        loss = forward_backward(ctx, cfg, ddp, x, y)
+        optimizer_step(ctx, optimizer)
+        return loss.item()
+
+    return group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg))), state_of(model)
 
 
 @pytest.mark.timeout(120)

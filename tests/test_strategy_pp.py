@@ -5,9 +5,8 @@ from functools import lru_cache
 import pytest
 
 import mpkit
-from mpkit.strategies.pp import torch_pipelining
-from mpkit.strategies.pp.measure import step_bubble
-from mpkit.strategies.pp.schedules import COMPUTE, schedule
+from mpkit.crosscheck import pipelining as torch_pipelining
+from mpkit.parallel.pipeline.schedules import COMPUTE, schedule
 from mpkit.strategies import make_config
 
 # Micro-batching changes only float32 summation order (per-micro-batch means / m, gradients
@@ -101,7 +100,7 @@ def test_micro_batches_let_ranks_compute_at_once():
     one, eight = run("mlp", 4, "gpipe", micro_batches=1), run("mlp", 4, "gpipe", micro_batches=8)
     assert one.losses == pytest.approx(eight.losses, abs=ATOL)
     assert overlapping_compute(one.trace, 2) == []
-    assert step_bubble(one.trace, 2) >= 0.75
+    assert one.trace.pipeline_bubble(2) >= 0.75
     assert overlapping_compute(eight.trace, 2)
 
 

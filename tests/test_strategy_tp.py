@@ -7,7 +7,7 @@ import torch
 
 import mpkit
 from mpkit.models import ModelConfig
-from mpkit.strategies import tp_torch
+from mpkit.crosscheck import tensor_parallel as tp_torch
 from mpkit.strategies import make_config
 
 # Float32 reduction-order differences only: a matmul split in t partial sums and an all-reduce

@@ -1,9 +1,15 @@
-"""``ctx.comm``: torch.distributed collectives and p2p ops that log one trace event each.
+"""Traced communication: torch.distributed collectives and p2p ops that log one trace event each.
 
 ``bytes`` on an event is what this rank put on the wire: exact for send/recv (payload), and for
 collectives the payload size S the op was called with (the name says which algorithm bytes apply,
 e.g. ring all-reduce moves 2(N-1)/N·S; see ``mpkit.sim.formulas``). Async ops record their
 real completion time (the Work's future, or wait()), so overlap with compute shows in the timeline.
+An event names its process group ("dp", "tp", "pp": the group's ``group_desc``, as DeviceMesh sets
+it) so a 3-D run's plots can colour the dimensions apart.
+
+``Comm`` works in any process group. Without recorders (a user's own ``init_process_group`` world)
+it is a thin pass-through to ``torch.distributed``; ``mpkit.observe.active.comm()`` hands out the
+recording one of the rank mpkit is running, or that pass-through.
 """
 from __future__ import annotations
 
@@ -18,6 +24,16 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.R
 
 def nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def group_label(group) -> str:
+    """"tp" for a DeviceMesh group described "mesh_tp", the description of a named group, "" for the world."""
+    if group is None or group is dist.group.WORLD:
+        return ""
+    desc = getattr(group, "group_desc", "") or ""
+    if desc.startswith("mesh_"):
+        return desc[len("mesh_"):]
+    return "" if desc in ("undefined", "default_pg") else desc
 
 
 class TracedWork:
@@ -54,18 +70,20 @@ class TracedWork:
 
 
 class Comm:
-    def __init__(self, ctx):
-        self._ctx = ctx
+    """Collectives and messages that record into ``trace`` (and file their buffers under "other"
+    in ``memory``); with disabled recorders it only calls ``torch.distributed``."""
 
-    @property
-    def trace(self):
-        return self._ctx.trace
+    def __init__(self, trace, memory):
+        self.trace = trace
+        self.memory = memory
 
-    def _run(self, kind, op, size, async_op, *, stage=None, micro_batch=None, name=""):
+    def _run(self, kind, op, size, async_op, group=None, *, stage=None, micro_batch=None, name=""):
         start = self.trace.now()
-        with self._ctx.memory.communicating():
+        with self.memory.communicating():
             work = op(async_op)
-        event = dict(stage=stage, micro_batch=micro_batch, bytes=size, name=name)
+        if not self.trace.enabled:
+            return work
+        event = dict(stage=stage, micro_batch=micro_batch, bytes=size, name=name, group=group_label(group))
         if async_op:
             return TracedWork(work, self.trace, kind, start, **event)
         self.trace.record(kind, start, self.trace.now(), **event)
@@ -77,40 +95,49 @@ class Comm:
             raise ValueError("all_reduce(op='avg', async_op=True): use op='sum' and divide after wait()")
         reduce_op = _REDUCE_OPS["sum" if op == "avg" else op]
         work = self._run("all_reduce", lambda a: dist.all_reduce(tensor, reduce_op, group, a),
-                         nbytes(tensor), async_op, **tags)
+                         nbytes(tensor), async_op, group, **tags)
         if op == "avg":
             tensor.div_(dist.get_world_size(group))
         return work
 
+    def reduce(self, tensor, dst, op="sum", group=None, async_op=False, **tags):
+        return self._run("reduce", lambda a: dist.reduce(tensor, dst, _REDUCE_OPS[op], group, a),
+                         nbytes(tensor), async_op, group, **tags)
+
     def broadcast(self, tensor, src, group=None, async_op=False, **tags):
-        return self._run("broadcast", lambda a: dist.broadcast(tensor, src, group, a), nbytes(tensor), async_op, **tags)
+        return self._run("broadcast", lambda a: dist.broadcast(tensor, src, group, a), nbytes(tensor), async_op,
+                         group, **tags)
 
     def all_gather_into_tensor(self, output, input, group=None, async_op=False, **tags):
         return self._run("all_gather", lambda a: dist.all_gather_into_tensor(output, input, group, a),
-                         nbytes(output), async_op, **tags)
+                         nbytes(output), async_op, group, **tags)
 
     def all_gather(self, tensor_list, tensor, group=None, async_op=False, **tags):
         return self._run("all_gather", lambda a: dist.all_gather(tensor_list, tensor, group, a),
-                         sum(nbytes(t) for t in tensor_list), async_op, **tags)
+                         sum(nbytes(t) for t in tensor_list), async_op, group, **tags)
 
     def reduce_scatter_tensor(self, output, input, op="sum", group=None, async_op=False, **tags):
         return self._run("reduce_scatter",
                          lambda a: dist.reduce_scatter_tensor(output, input, _REDUCE_OPS[op], group, a),
-                         nbytes(input), async_op, **tags)
+                         nbytes(input), async_op, group, **tags)
+
+    def all_to_all_single(self, output, input, group=None, async_op=False, **tags):
+        return self._run("all_to_all", lambda a: dist.all_to_all_single(output, input, group=group, async_op=a),
+                         nbytes(input), async_op, group, **tags)
 
     def send(self, tensor, dst, group=None, **tags):
-        self._run("send", lambda a: dist.send(tensor, dst, group), nbytes(tensor), False, **tags)
+        self._run("send", lambda a: dist.send(tensor, dst, group), nbytes(tensor), False, group, **tags)
 
     def recv(self, tensor, src, group=None, **tags):
         """Blocking receive; its event spans the wait, so a stalled stage shows as recv time."""
-        self._run("recv", lambda a: dist.recv(tensor, src, group), 0, False, **tags)
+        self._run("recv", lambda a: dist.recv(tensor, src, group), 0, False, group, **tags)
         return tensor
 
     def isend(self, tensor, dst, group=None, **tags):
-        return self._run("send", lambda a: dist.isend(tensor, dst, group), nbytes(tensor), True, **tags)
+        return self._run("send", lambda a: dist.isend(tensor, dst, group), nbytes(tensor), True, group, **tags)
 
     def irecv(self, tensor, src, group=None, **tags):
-        return self._run("recv", lambda a: dist.irecv(tensor, src, group), 0, True, **tags)
+        return self._run("recv", lambda a: dist.irecv(tensor, src, group), 0, True, group, **tags)
 
     def barrier(self, group=None, **tags):
-        self._run("barrier", lambda a: dist.barrier(group, async_op=a), 0, False, **tags)
+        self._run("barrier", lambda a: dist.barrier(group, async_op=a), 0, False, group, **tags)

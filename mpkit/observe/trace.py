@@ -45,7 +45,9 @@ def union_seconds(events) -> float:
 
 @dataclass(frozen=True)
 class Event:
-    """One timed operation on one rank. ``bytes`` is what this rank put on the wire (0 for compute)."""
+    """One timed operation on one rank. ``bytes`` is what this rank put on the wire (0 for compute);
+    ``group`` names the process group a communication ran in ("dp", "tp", "pp" on a 3-D mesh; "" for
+    the whole world), so plots can tell the dimensions apart."""
 
     rank: int
     kind: str
@@ -56,6 +58,7 @@ class Event:
     bytes: int = 0
     name: str = ""
     step: int | None = None
+    group: str = ""
 
     @property
     def duration(self) -> float:
@@ -78,11 +81,11 @@ class Trace:
     t0: float = 0.0  # clock value subtracted by merge(), to align memory samples with events
 
     # ---- recording (inside a rank) ----
-    def record(self, kind, start, end, *, stage=None, micro_batch=None, bytes=0, name="", rank=None):
+    def record(self, kind, start, end, *, stage=None, micro_batch=None, bytes=0, name="", rank=None, group=""):
         if self.enabled:
             category(kind)
             self.events.append(Event(self.rank if rank is None else rank, kind, start, end,
-                                     stage, micro_batch, int(bytes), name, self.step))
+                                     stage, micro_batch, int(bytes), name, self.step, group))
 
     @contextmanager
     def span(self, kind, *, stage=None, micro_batch=None, bytes=0, name=""):
@@ -141,6 +144,13 @@ class Trace:
         busy = sum(self.busy_time(r, "compute") for r in self.ranks)
         return 1.0 - busy / (span * len(self.ranks))
 
+    def pipeline_bubble(self, step: int) -> float:
+        """Share of rank-time not in forward/backward over one step's window (first forward to
+        last backward on any rank): the pipeline bubble as (p-1)/(m+p-1) counts it, i.e. only the
+        fill and drain of forwards and backwards, without the optimizer."""
+        events = [e for e in self.events if e.step == step and e.kind in ("forward", "backward")]
+        return Trace(events=events, enabled=False).bubble_share()
+
     def comm_share(self) -> float:
         """Share of rank-time during which communication was in flight."""
         start, end = self.window()
@@ -173,7 +183,8 @@ class Trace:
             label = e.kind if e.micro_batch is None else f"{e.kind} mb{e.micro_batch}"
             # stage 0 / micro-batch 0 / step 0 are real values; only "no bytes" and "no name" are dropped
             args = {k: v for k, v in (("stage", e.stage), ("micro_batch", e.micro_batch), ("step", e.step),
-                                      ("bytes", e.bytes or None), ("name", e.name or None)) if v is not None}
+                                      ("bytes", e.bytes or None), ("name", e.name or None),
+                                      ("group", e.group or None)) if v is not None}
             records.append({"name": label, "cat": e.category, "ph": "X", "pid": e.rank,
                             "tid": lanes[e.category], "ts": e.start * 1e6, "dur": max(e.duration, 0.0) * 1e6,
                             "args": args})

@@ -1,1 +1,26 @@
-"""``mpkit.parallel``: the mechanisms the labs teach, usable on any ``nn.Module`` in any process group."""
+"""``mpkit.parallel``: the mechanisms the labs teach, on any ``nn.Module``, in any process group.
+
+Every class here works in a world made by ``mpkit.launch``, by ``torchrun``, or by a plain
+``torch.distributed.init_process_group`` — no mpkit context needed. Inside ``mpkit.launch`` their
+communication is also recorded into the rank's trace and memory, so ``mpkit.plot`` draws a
+learner's own model too. The built-in strategies of ``mpkit.train`` are thin users of these same
+classes: one implementation per mechanism.
+
+- ``DataParallel``: replicas, bucketed all-reduce of gradients, overlap with backward, ``no_sync``.
+- ``ShardedOptimizer``: ZeRO-1 — any elementwise ``torch.optim`` optimizer with its state sharded.
+- ``ColumnParallelLinear``, ``RowParallelLinear``, ``tensor_parallel``: Megatron tensor parallel.
+- ``pipeline``: GPipe, 1F1B and interleaved schedules over an ``nn.Sequential`` or stage list.
+- ``Layout``: the dp x pp x tp rank grid of 3-D parallelism; ``ring_all_reduce``: a collective by hand.
+"""
+from mpkit.parallel.collectives import ring_all_reduce
+from mpkit.parallel.data_parallel import DataParallel, broadcast_module, plan_buckets
+from mpkit.parallel.layout import Layout
+from mpkit.parallel.pipeline import Pipeline, pipeline, schedule, simulate
+from mpkit.parallel.sharded_optimizer import ShardedOptimizer
+from mpkit.parallel.tensor_parallel import (
+    ColumnParallelLinear, RowParallelLinear, Split, full_parameters, head_split, tensor_parallel,
+)
+
+__all__ = ["DataParallel", "ShardedOptimizer", "ColumnParallelLinear", "RowParallelLinear", "Split",
+           "tensor_parallel", "full_parameters", "head_split", "pipeline", "Pipeline", "schedule", "simulate",
+           "Layout", "plan_buckets", "broadcast_module", "ring_all_reduce"]

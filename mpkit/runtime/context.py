@@ -24,7 +24,7 @@ class RankContext:
     comm: Comm = field(init=False)
 
     def __post_init__(self):
-        self.comm = Comm(self)
+        self.comm = Comm(self.trace, self.memory)
 
     @property
     def is_main(self) -> bool:

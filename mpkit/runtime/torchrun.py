@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from mpkit.observe.active import recording
 from mpkit.observe.memory import parse_bytes
 from mpkit.observe.trace import Trace
 from mpkit.runtime.context import make_context
@@ -93,7 +94,8 @@ def run_in_torchrun(fn, args=(), device_memory=None, trace=True, memory=True, *,
     ctx = make_context(rank, world_size, env_int("LOCAL_RANK", 0), backend,
                        device_memory=parse_bytes(device_memory), trace=trace, memory=memory,
                        launcher="torchrun")
-    result = fn(ctx, *args)
+    with recording(ctx):
+        result = fn(ctx, *args)
     # One host shares one perf_counter; across hosts, move every rank onto rank 0's clock.
     multi_host = env_int("LOCAL_WORLD_SIZE", world_size) != world_size
     offset = clock_offset(ctx.device) if multi_host else 0.0

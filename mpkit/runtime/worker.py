@@ -44,6 +44,7 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
     try:
         import torch.distributed as dist
 
+        from mpkit.observe.active import recording
         from mpkit.runtime.context import make_context
 
         # The caller enforces ``timeout`` and kills the world; the group's own timeout is a later
@@ -53,7 +54,8 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=group_timeout)
         ctx = make_context(rank, world_size, rank, backend, device_memory=options["device_memory"],
                            trace=options["trace"], memory=options["memory"])
-        result = fn(ctx, *args)
+        with recording(ctx):
+            result = fn(ctx, *args)
         try:
             blob = _message("ok", result=result, events=ctx.trace.events, memory=ctx.memory.report(),
                             output=captured.getvalue())

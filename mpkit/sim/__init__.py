@@ -1,17 +1,37 @@
 """``mpkit.sim``: the cost model. Closed-form formulas, hardware presets (``cpu-sim`` measured
-here, GPU machines from datasheets), and ``predict`` — step time, breakdown, per-rank memory and
-a predicted timeline that ``mpkit.plot`` draws like a measured one. ``whatif`` is the widget."""
-from mpkit.sim import formulas
-from mpkit.sim.hardware import GPU_PRESETS, PRESETS, Hardware, Link, get_hardware
-from mpkit.sim.predict import Prediction, predict
+here by ``calibrate()``, GPU machines from datasheets), and ``predict`` — step time, breakdown,
+per-rank memory and a predicted timeline that ``mpkit.plot`` draws like a measured one.
+``whatif`` is the widget.
+
+The package holds two layers: the simulator and its prices (``engine``, ``formulas``,
+``hardware``, ``profile``, ``pricing``), which the strategies build their programs with, and
+the front end (``predict``, ``calibrate``, ``whatif``), which reads the strategies. Names load
+on first use, so importing the simulator does not import the front end.
+"""
+from importlib import import_module
+
+_LAZY = {
+    "formulas": ("mpkit.sim.formulas", None),
+    "Hardware": ("mpkit.sim.hardware", "Hardware"),
+    "Link": ("mpkit.sim.hardware", "Link"),
+    "PRESETS": ("mpkit.sim.hardware", "PRESETS"),
+    "GPU_PRESETS": ("mpkit.sim.hardware", "GPU_PRESETS"),
+    "get_hardware": ("mpkit.sim.hardware", "get_hardware"),
+    "predict": ("mpkit.sim.predict", "predict"),
+    "Prediction": ("mpkit.sim.predict", "Prediction"),
+    "PredictedMemory": ("mpkit.sim.memory", "PredictedMemory"),
+    "calibrate": ("mpkit.sim.calibrate", "calibrate"),
+    "whatif": ("mpkit.sim.whatif", "whatif"),
+}
+
+__all__ = list(_LAZY)
 
 
-def whatif(*args, **kwargs):
-    """The interactive what-if widget (imports ipywidgets only when called)."""
-    from mpkit.sim.whatif import whatif as _whatif
-
-    return _whatif(*args, **kwargs)
-
-
-__all__ = ["formulas", "Hardware", "Link", "PRESETS", "GPU_PRESETS", "get_hardware", "predict", "Prediction",
-           "whatif"]
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'mpkit.sim' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value

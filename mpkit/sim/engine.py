@@ -1,4 +1,4 @@
-"""Play per-rank instruction lists forward in time and return the predicted ``Trace``.
+"""The one simulator: play per-rank instruction lists forward in time and return their ``Trace``.
 
 A strategy's step is data (as in ShallowSpeed / LLM-Training-Puzzles): for each rank, the ops
 it issues in program order. This executor gives every op its start and end: compute runs when
@@ -6,37 +6,66 @@ the rank is free; a message moves once both sides have posted it (rendezvous, li
 batch waits for its receives (and its sends, unless deferred to the next batch); a collective
 starts when the last member reaches it. Events span only the data movement: waiting for a peer
 is left as a gap, so a predicted timeline shows the bubble as idle time (a measured one shows it
-inside recv or the collective); an async
-collective runs on the rank's communication lane and ``Wait`` joins it. A program that cannot
-finish (a recv nobody sends) raises instead of hanging.
+inside recv or the collective); an async collective runs on the rank's communication lane and
+``Wait`` joins it.
+
+It also checks what makes a program wrong rather than slow, and raises ``ProgramError`` instead
+of hanging: a deadlock (every unfinished rank waits), a receive that a different message would
+match (gloo matches the messages between two ranks in posting order), and — where instructions
+say what data they need and produce (the pipeline schedules do) — a computation that runs
+without its input or produces the same thing twice. Times are whatever numbers the costs are:
+``Fraction`` unit costs give exact bubbles, seconds give a predicted timeline.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from mpkit.observe.trace import Event, Trace
 
 
+class ProgramError(RuntimeError):
+    """The instruction lists cannot run: deadlock, mismatched messages or a missing input."""
+
+
 @dataclass(frozen=True)
 class Compute:
+    """``needs``/``produces``: data keys this computation reads / makes on its rank (optional)."""
+
     kind: str
     seconds: float
     stage: int | None = None
     micro_batch: int | None = None
     name: str = ""
+    needs: tuple = ()
+    produces: tuple = ()
+    source: object = None  # the instruction this was made from, for messages
+
+
+class Msg(NamedTuple):
+    """One side of a message: ``side`` "send"|"recv", the peer rank, the message ``key`` (the same on
+    both sides), bytes, transfer seconds; ``data``: the key a send needs or a receive produces."""
+
+    side: str
+    peer: int
+    key: object
+    nbytes: int
+    seconds: float
+    stage: int | None = None
+    micro_batch: int | None = None
+    data: object = None
 
 
 @dataclass(frozen=True)
 class P2P:
     """One communication batch, posted together (the pp executor's isend/irecv batches; a lone
-    blocking send or recv is a batch of one). ``ops``: tuples (side "send"|"recv", peer rank,
-    message key, bytes, transfer seconds, stage, micro_batch). gloo sends are rendezvous: a
-    message moves once both sides have posted it. Receives are waited at once; sends too unless
+    blocking send or recv is a batch of one). Receives are waited at once; sends too unless
     ``defer_sends``, in which case they are waited at the rank's next batch or ``WaitSends``
     (the executor lets a send overlap the next computation)."""
 
     ops: tuple
     defer_sends: bool = False
+    source: object = None
 
 
 @dataclass(frozen=True)
@@ -62,17 +91,41 @@ class Wait:
     key: tuple
 
 
+def _describe(ins):
+    return getattr(ins, "source", None) or ins
+
+
+class _Channels:
+    """Messages between two ranks, in posting order on each side: the k-th receive must be the
+    k-th send, or gloo would hand it the wrong message."""
+
+    def __init__(self):
+        self.posted = {}  # (src, dst) -> ([send keys], [recv keys])
+
+    def post(self, src, dst, side, key, rank, ins):
+        sends, recvs = self.posted.setdefault((src, dst), ([], []))
+        mine, theirs = (sends, recvs) if side == "send" else (recvs, sends)
+        mine.append(key)
+        k = len(mine) - 1
+        if k < len(theirs) and theirs[k] != key:
+            expected, got = (theirs[k], key) if side == "recv" else (key, theirs[k])
+            raise ProgramError(f"rank {rank}: {_describe(ins)} would be matched by {expected} instead of {got} "
+                               f"(messages between ranks {src} and {dst} are matched in posting order)")
+
+
 def simulate(programs: list[list], step: int = 0) -> Trace:
     """Run ``programs[rank]`` (lists of the instructions above) and return their events."""
     n = len(programs)
     pc = [0] * n
-    clock = [0.0] * n          # compute lane: when the rank is next free
-    comm_clock = [0.0] * n     # communication lane (async collectives)
+    clock = [0] * n            # compute lane: when the rank is next free
+    comm_clock = [0] * n       # communication lane (async collectives)
     posted: dict = {}          # (message key, side, rank) -> time that side was posted
     entered: set = set()       # (rank, pc) of P2P batches already posted
     deferred = [[] for _ in range(n)]  # per rank: (op, post time) of sends not waited yet
     joined: dict = {}          # collective key -> {rank: (ready time, instruction)}
     finished: dict = {}        # collective key -> end time
+    have = [set() for _ in range(n)]  # data keys each rank holds
+    channels = _Channels()
     events: list[Event] = []
 
     def emit(rank, kind, start, end, ins, nbytes=0, name=""):
@@ -93,6 +146,42 @@ def simulate(programs: list[list], step: int = 0) -> Trace:
                 clock[rank] = end
                 pc[rank] += 1
 
+    def run_compute(r, ins):
+        for key in ins.needs:
+            if key not in have[r]:
+                raise ProgramError(f"rank {r}: {_describe(ins)} runs without {key}")
+        for key in ins.produces:
+            if key in have[r]:
+                raise ProgramError(f"rank {r}: {_describe(ins)} runs twice")
+            have[r].add(key)
+        emit(r, ins.kind, clock[r], clock[r] + ins.seconds, ins, name=ins.name)
+        clock[r] += ins.seconds
+
+    def run_p2p(r, ins) -> bool:
+        ops = getattr(ins, "ops", ())
+        if (r, pc[r]) not in entered:
+            entered.add((r, pc[r]))
+            for op in ops:
+                if op.side == "send" and op.data is not None and op.data not in have[r]:
+                    raise ProgramError(f"rank {r}: {_describe(ins)} sends {op.data}, which it does not hold")
+                src, dst = (r, op.peer) if op.side == "send" else (op.peer, r)
+                channels.post(src, dst, op.side, op.key, r, ins)
+                posted[(op.key, op.side, r)] = clock[r]
+        now = [(op, clock[r]) for op in ops if not (op.side == "send" and ins.defer_sends)]
+        waited = deferred[r] + now
+        peers = [posted.get((op.key, "recv" if op.side == "send" else "send", op.peer)) for op, _ in waited]
+        if None in peers:
+            return False
+        for (op, post), peer in zip(waited, peers):
+            begin = max(post, peer)
+            events.append(Event(r, op.side, begin, begin + op.seconds, op.stage, op.micro_batch,
+                                int(op.nbytes) if op.side == "send" else 0, "", step))
+            clock[r] = max(clock[r], begin + op.seconds)
+            if op.side == "recv" and op.data is not None:
+                have[r].add(op.data)
+        deferred[r] = [(op, clock[r]) for op in ops if op.side == "send" and ins.defer_sends]
+        return True
+
     progress = True
     while progress:
         progress = False
@@ -100,26 +189,10 @@ def simulate(programs: list[list], step: int = 0) -> Trace:
             while pc[r] < len(programs[r]):
                 ins = programs[r][pc[r]]
                 if isinstance(ins, Compute):
-                    emit(r, ins.kind, clock[r], clock[r] + ins.seconds, ins, name=ins.name)
-                    clock[r] += ins.seconds
+                    run_compute(r, ins)
                 elif isinstance(ins, (P2P, WaitSends)):
-                    ops = getattr(ins, "ops", ())
-                    if (r, pc[r]) not in entered:
-                        entered.add((r, pc[r]))
-                        for op in ops:
-                            posted[(op[2], op[0], r)] = clock[r]
-                    now = [(op, clock[r]) for op in ops if not (op[0] == "send" and ins.defer_sends)]
-                    waited = deferred[r] + now
-                    peers = [posted.get((op[2], "recv" if op[0] == "send" else "send", op[1])) for op, _ in waited]
-                    if None in peers:
+                    if not run_p2p(r, ins):
                         break
-                    for (op, post), peer in zip(waited, peers):
-                        side, _, _, nbytes, seconds, stage, mb = op
-                        begin = max(post, peer)
-                        events.append(Event(r, side, begin, begin + seconds, stage, mb,
-                                            int(nbytes) if side == "send" else 0, "", step))
-                        clock[r] = max(clock[r], begin + seconds)
-                    deferred[r] = [(op, clock[r]) for op in ops if op[0] == "send" and ins.defer_sends]
                 elif isinstance(ins, Collective):
                     members = joined.setdefault(ins.key, {})
                     if r not in members:
@@ -142,7 +215,7 @@ def simulate(programs: list[list], step: int = 0) -> Trace:
                 progress = True
     stuck = [r for r in range(n) if pc[r] < len(programs[r])]
     if stuck:
-        raise RuntimeError("predicted program deadlocks: " + "; ".join(
-            f"rank {r} waits at {programs[r][pc[r]]}" for r in stuck))
+        raise ProgramError("deadlock: " + "; ".join(
+            f"rank {r} waits at {_describe(programs[r][pc[r]])}" for r in stuck))
     events.sort(key=lambda e: (e.rank, e.start, e.end))
     return Trace(events=events, enabled=False)

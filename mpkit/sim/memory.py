@@ -12,7 +12,11 @@ import math
 
 from mpkit.observe.memory import CATEGORIES
 from mpkit.sim import formulas
-from mpkit.sim.programs import Plan, fsdp_unsharded_bytes, padded_numel, stage_groups
+from mpkit.parallel.pipeline.split import partition
+from mpkit.parallel.sharded_optimizer import shard_numel
+from mpkit.sim.pricing import Pricer
+from mpkit.strategies.fsdp import unsharded_bytes
+from mpkit.strategies.tp import shard as tp_shard
 
 
 class PredictedMemory(dict):
@@ -38,7 +42,7 @@ class PredictedMemory(dict):
         return f"PredictedMemory(rank={self.rank}, " + ", ".join(f"{k}={v}" for k, v in self.items()) + ")"
 
 
-def _states(plan: Plan, numel: float, stage: int, tensors: int, n: int) -> dict:
+def _states(plan: Pricer, numel: float, stage: int, tensors: int, n: int) -> dict:
     """Parameters, gradients and Adam state of ``numel`` parameters in ``tensors`` tensors."""
     if plan.hw.precision == "bf16":
         return formulas.zero_memory(numel, n, stage)  # mixed-precision Adam: 2 + 2 + 12
@@ -47,31 +51,31 @@ def _states(plan: Plan, numel: float, stage: int, tensors: int, n: int) -> dict:
     return out
 
 
-def _scale(plan: Plan, nbytes: float) -> float:
+def _scale(plan: Pricer, nbytes: float) -> float:
     return nbytes * plan.hw.bytes_per_element / 4
 
 
-def _input_bytes(plan: Plan, batch: int) -> int:
+def _input_bytes(plan: Pricer, batch: int) -> int:
     """Bytes of ``batch`` inputs as ``models.make_batch`` makes them (float features or token ids)."""
     return batch * (plan.cfg.d_in * 4 if plan.cfg.kind == "mlp" else plan.cfg.seq_len * 8)
 
 
-def _target_bytes(plan: Plan, batch: int) -> int:
+def _target_bytes(plan: Pricer, batch: int) -> int:
     return batch * (8 if plan.cfg.kind == "mlp" else plan.cfg.seq_len * 8)
 
 
-def _batch_bytes(plan: Plan, batch: int) -> int:
+def _batch_bytes(plan: Pricer, batch: int) -> int:
     return _input_bytes(plan, batch) + _target_bytes(plan, batch)
 
 
-def _largest_tensor(plan: Plan, profs) -> float:
+def _largest_tensor(plan: Pricer, profs) -> float:
     """Accumulating into an existing .grad (dp's bucket views, zero1's flat buffer, pp's
     micro-batches) briefly holds one fresh gradient next to it: the largest tensor's bytes."""
     biggest = max(math.prod(s) for p in profs for shapes in p.layer_shapes.values() for s in shapes)
     return _scale(plan, 4 * biggest) if plan.hw.precision == "fp32" else 0
 
 
-def predict_memory(strategy: str, plan: Plan) -> list[PredictedMemory]:
+def predict_memory(strategy: str, plan: Pricer) -> list[PredictedMemory]:
     n, cap = plan.world, plan.hw.memory_bytes
     full = plan.piece(batch=1)
     psi = full.total_param_bytes // 4
@@ -92,7 +96,7 @@ def predict_memory(strategy: str, plan: Plan) -> list[PredictedMemory]:
         values["gradients"] += _largest_tensor(plan, [full])
         return [PredictedMemory(r, values, cap) for r in range(n)]
     if strategy == "zero1":
-        flat = padded_numel(psi, n)
+        flat = shard_numel(psi, n) * n
         out = []
         for r in range(n):
             values = replicated(plan.batch // n, stage=1, numel=flat, ntensors=1)
@@ -103,11 +107,11 @@ def predict_memory(strategy: str, plan: Plan) -> list[PredictedMemory]:
     if strategy == "fsdp":
         padded = sum(math.ceil(s[0] / n) * n * math.prod(s[1:]) for sh in full.layer_shapes.values() for s in sh)
         values = replicated(plan.batch // n, stage=3, numel=padded)
-        largest = max(fsdp_unsharded_bytes(full, i, n) for i in full.layers)
+        largest = max(unsharded_bytes(full.layer_shapes[i], n) for i in full.layers)
         values["other"] += _scale(plan, largest)  # one unit's gathered parameters at a time
         return [PredictedMemory(r, values, cap) for r in range(n)]
     if strategy == "tp":
-        prof = plan.piece(tp=n)
+        prof = plan.piece(tp=n, shard=tp_shard)
         numel = prof.total_param_bytes // 4
         values = _states(plan, numel, 0, sum(len(s) for s in prof.layer_shapes.values()), 1)
         values["activations"] = _scale(plan, prof.memory["activations"])
@@ -132,7 +136,7 @@ def _pipeline_memory(strategy, plan, cap):
     else:
         name, m = plan.options["schedule"], plan.options["micro_batches"]
         v = plan.options["virtual_stages"] if name == "interleaved" else 1
-    groups = stage_groups(plan, n * v)
+    groups = partition([b // 4 for b in plan.piece(batch=1).param_bytes.values()], n * v)
     mb = plan.batch // m
     out = []
     for r in range(n):

@@ -18,8 +18,8 @@ from mpkit.observe.trace import Trace, union_seconds
 from mpkit.sim.engine import Compute, simulate
 from mpkit.sim.hardware import Hardware, get_hardware
 from mpkit.sim.memory import predict_memory
-from mpkit.sim.programs import BUILDERS, Plan, price_by_gap
-from mpkit.strategies import STRATEGIES, make_config
+from mpkit.sim.pricing import Pricer, price_by_gap
+from mpkit.strategies import get_strategy, make_config
 
 
 class Prediction:
@@ -61,14 +61,12 @@ class Prediction:
 
 
 def _config(strategy, world_size, model, batch_size, options):
-    if strategy not in BUILDERS:
-        if strategy in STRATEGIES:
-            raise ValueError(f"strategy={strategy!r} has no cost model yet; predict one of {', '.join(BUILDERS)}")
     if world_size is None:
         world_size = 1 if strategy == "single" else 4
     cfg = make_config(strategy, world_size, model=model, batch_size=batch_size, **options)
-    if strategy == "ps" and cfg.option("mode") != "sync":
-        raise ValueError("ps mode='async' has no step to predict (each push is its own update); use mode='sync'")
+    if not cfg.model.builtin:
+        raise ValueError("the cost model profiles the built-in models (model='mlp' or 'gpt' with their sizes); "
+                         "it cannot count the operations of a model factory")
     return cfg
 
 
@@ -88,8 +86,8 @@ def compute_concurrency(trace) -> float:
 
 
 def _programs(plan, build):
-    """The strategy's per-rank programs, each led by the step's work outside its phases, with
-    communication priced by the compute before it."""
+    """The strategy's per-rank programs (its ``program``, beside its ``run_rank``), each led by the
+    step's work outside its phases, with communication priced by the compute before it."""
     programs = build(plan)
     if plan.hw.step_overhead > 0:
         lead = Compute("compute", plan.hw.step_overhead * plan.slowdown, name="batch, loss.item(), loop")
@@ -106,13 +104,16 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
     """
     cfg = _config(strategy, world_size, model, batch_size, options)
     hw = get_hardware(hardware)
-    plan = Plan(hw, cfg.model, cfg.world_size, cfg.batch_size, cfg.options)
-    trace = simulate(_programs(plan, BUILDERS[strategy]))
+    build = get_strategy(strategy).program
+    if build is None:
+        raise ValueError(f"strategy={strategy!r} has no cost model")
+    plan = Pricer(hw, cfg.model, cfg.world_size, cfg.batch_size, cfg.options)
+    trace = simulate(_programs(plan, build))
     slowdown = 1.0
     if hw.cores:
         concurrency = compute_concurrency(trace)
         if concurrency > hw.cores:
             slowdown = concurrency / hw.cores
             plan.slowdown = slowdown
-            trace = simulate(_programs(plan, BUILDERS[strategy]))
+            trace = simulate(_programs(plan, build))
     return Prediction(cfg, hw, trace, predict_memory(strategy, plan), slowdown)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,9 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from mpkit.models import LayerStack, ModelConfig, build_layers, loss_fn
+from mpkit.observe import active
 from mpkit.observe.memory import MemoryTracker
+from mpkit.observe.trace import Trace
 
 _FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _VIEW_OPS = frozenset({"view", "_unsafe_view", "expand", "transpose", "permute", "t", "select", "slice",
@@ -144,7 +147,8 @@ class _Counter(TorchDispatchMode):
 
 
 class RecordingComm:
-    """Stands in for ``ctx.comm`` while profiling: logs each collective the model code issues."""
+    """Stands in for the rank's communicator while profiling: logs each collective the model
+    code issues (``mpkit.parallel``'s layers ask ``mpkit.observe.active`` for it)."""
 
     def __init__(self, counter: _Counter):
         self._counter = counter
@@ -170,18 +174,19 @@ def _stage_input(cfg: ModelConfig, batch: int):
 
 
 @lru_cache(maxsize=512)
-def profile_piece(cfg: ModelConfig, first: int, last: int, batch: int, tp: int = 1) -> PieceProfile:
+def profile_piece(cfg: ModelConfig, first: int, last: int, batch: int, tp: int = 1, shard=None) -> PieceProfile:
     """Profile layers ``first..last-1`` of ``cfg`` on one micro-batch of ``batch`` samples;
-    ``tp`` > 1 slices them the way ``mpkit.strategies.tp`` does (rank 0's slice)."""
+    ``shard(model, rank, tp)`` (with ``tp`` > 1) slices them as a tensor-parallel strategy does
+    (rank 0's slice); the collectives its layers issue are recorded as ``CommOp`` items."""
     if not 0 <= first < last <= cfg.num_layers:
         raise ValueError(f"layers {first}..{last - 1} are outside the model's {cfg.num_layers} layers")
     counter = _Counter()
     with torch.device("meta"):  # no simulated sleeps while counting: they are added per layer below
         model = LayerStack(build_layers(replace(cfg, layer_ms=0.0)), cfg)
     if tp > 1:
-        from mpkit.strategies.tp import parallelize
-
-        parallelize(model, 0, tp, RecordingComm(counter))
+        if shard is None:
+            raise ValueError("profile_piece(tp > 1) needs the strategy's shard(model, rank, tp)")
+        shard(model, 0, tp)
     layers = list(range(first, last))
     piece = torch.nn.ModuleList([model.layers[i] for i in layers])
     prof = PieceProfile(tuple(layers))
@@ -192,7 +197,8 @@ def profile_piece(cfg: ModelConfig, first: int, last: int, batch: int, tp: int =
     optimizer = torch.optim.Adam(params, lr=1e-3, foreach=True)
     is_last = last == cfg.num_layers
     tracker = MemoryTracker(device="meta")
-    with tracker.track(piece, optimizer), _CpuKernels(), counter:
+    recorder = SimpleNamespace(comm=RecordingComm(counter), trace=Trace(enabled=False), memory=tracker)
+    with tracker.track(piece, optimizer), _CpuKernels(), counter, active.recording(recorder):
         h, y = _example(cfg, batch)
         if first > 0:
             h = _stage_input(cfg, batch)
@@ -228,7 +234,7 @@ def profile_piece(cfg: ModelConfig, first: int, last: int, batch: int, tp: int =
 
 @lru_cache(maxsize=512)
 def optimizer_cost(shapes: tuple) -> Cost:
-    """One steady-state step of foreach Adam (``strategies.common.make_optimizer``) over
+    """One steady-state step of foreach Adam (``strategies.base.make_optimizer``) over
     parameters of these shapes: the second step, since the first also creates the state."""
     with torch.device("meta"):
         params = [torch.nn.Parameter(torch.empty(shape)) for shape in shapes]

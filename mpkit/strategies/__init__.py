@@ -1,37 +1,45 @@
-"""The strategy registry: name -> module. Each module defines
+"""The strategy registry: every strategy ``mpkit.train`` runs, by name.
 
-- ``OPTIONS``: its own options and their defaults (anything else is rejected by name),
-- ``validate(cfg)``: raise ``ValueError`` saying what to change, before any rank starts,
-- ``run_rank(ctx, cfg) -> RankOutput``: the training loop of one rank.
+Each entry names the module that defines its ``STRATEGY`` (a ``base.Strategy``: option defaults,
+``validate``, ``run_rank`` and the cost model's ``program``) and says in a line what it does.
+Modules load on first use: fsdp and the pipelining cross-check each cost about a second of imports,
+which a notebook that never runs them should not pay. ARCHITECTURE.md says how to add one.
 """
 from importlib import import_module
 
 from mpkit.config import TrainConfig, build_config
+from mpkit.strategies.base import Strategy
 
-STRATEGIES = {
-    "single": "reference run on one device",
-    "dp": "data parallel from scratch: broadcast, shard batch, all-reduce gradients (buckets, overlap)",
-    "ddp": "torch.nn.parallel.DistributedDataParallel",
-    "zero1": "data parallel with optimizer state sharded across ranks (ZeRO stage 1)",
-    "fsdp": "FSDP2 fully_shard: parameters, gradients and optimizer state sharded (ZeRO-3)",
-    "mp": "layer-wise model parallel: consecutive layers on different devices",
-    "tp": "Megatron tensor parallel: column- then row-parallel linear layers",
-    "pp": "pipeline parallel: micro-batches through stages (gpipe, 1f1b, interleaved)",
-    "ps": "parameter server over torch.distributed.rpc (mode sync or async)",
+REGISTRY = {
+    "single": ("mpkit.strategies.single", "reference run on one device"),
+    "dp": ("mpkit.strategies.dp",
+           "data parallel from scratch: broadcast, shard batch, all-reduce gradients (buckets, overlap)"),
+    "ddp": ("mpkit.strategies.ddp", "torch.nn.parallel.DistributedDataParallel"),
+    "zero1": ("mpkit.strategies.zero1", "data parallel with optimizer state sharded across ranks (ZeRO stage 1)"),
+    "fsdp": ("mpkit.strategies.fsdp", "FSDP2 fully_shard: parameters, gradients and optimizer state sharded (ZeRO-3)"),
+    "mp": ("mpkit.strategies.mp", "layer-wise model parallel: consecutive layers on different devices"),
+    "tp": ("mpkit.strategies.tp", "Megatron tensor parallel: column- then row-parallel linear layers"),
+    "pp": ("mpkit.strategies.pp", "pipeline parallel: micro-batches through stages (gpipe, 1f1b, interleaved)"),
+    "ps": ("mpkit.strategies.ps", "parameter server over torch.distributed.rpc (mode sync or async)"),
 }
+STRATEGIES = {name: summary for name, (_, summary) in REGISTRY.items()}
 
 
-def get_strategy(name):
-    if name not in STRATEGIES:
-        raise ValueError(f"strategy={name!r} is unknown; use one of {', '.join(STRATEGIES)}")
-    return import_module(f"mpkit.strategies.{name}")
+def get_strategy(name) -> Strategy:
+    if name not in REGISTRY:
+        raise ValueError(f"strategy={name!r} is unknown; use one of {', '.join(REGISTRY)}")
+    return import_module(REGISTRY[name][0]).STRATEGY
 
 
 def make_config(strategy, world_size, *, model="mlp", steps=3, batch_size=32, lr=1e-2, optimizer="adam",
-                seed=0, **options) -> TrainConfig:
+                seed=0, data=None, loss=None, check_finite=True, **options) -> TrainConfig:
     """Resolve model sizes and strategy options into a ``TrainConfig`` checked by the strategy too."""
-    module = get_strategy(strategy)
-    cfg = build_config(strategy, world_size, options, module.OPTIONS, model=model, steps=steps,
-                       batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed)
-    module.validate(cfg)
+    spec = get_strategy(strategy)
+    cfg = build_config(strategy, world_size, options, spec.options, model=model, steps=steps,
+                       batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, data=data, loss=loss,
+                       check_finite=check_finite)
+    spec.validate(cfg)
     return cfg
+
+
+__all__ = ["REGISTRY", "STRATEGIES", "Strategy", "get_strategy", "make_config"]

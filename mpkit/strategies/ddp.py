@@ -10,16 +10,18 @@ bucket: start when DDP hands the bucket over, end when its future completes.
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from mpkit.models import build_model
-from mpkit.strategies.common import RankOutput, make_optimizer, state_of
-from mpkit.strategies.dp_buckets import train_loop, validate_batch, validate_bucket_mb
+from mpkit.parallel.data_parallel import MiB, check_bucket_mb
+from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
+from mpkit.strategies.dp import bucket_program, validate_batch
+from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
 
 OPTIONS = {"bucket_mb": 25.0}
+DDP_FIRST_BUCKET = 1 * MiB  # torch DDP caps its first bucket at 1 MiB so communication starts early
 
 
 def validate(cfg):
     validate_batch(cfg)
-    validate_bucket_mb(cfg)
+    check_bucket_mb(cfg.option("bucket_mb"))
 
 
 class HookState:
@@ -44,14 +46,27 @@ def traced_allreduce_hook(state, bucket):
 
 
 def run_rank(ctx, cfg):
-    model = build_model(cfg.model, cfg.seed).to(ctx.device)
+    model = cfg.model.build(cfg.seed).to(ctx.device)
     ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                                   bucket_cap_mb=cfg.option("bucket_mb"))
     hook_state = HookState(ctx)
     ddp.register_comm_hook(hook_state, traced_allreduce_hook)
-    optimizer = make_optimizer(ddp.parameters(), cfg)
-    losses = train_loop(ctx, cfg, ddp, optimizer, track=(model, optimizer))
+    opt = make_optimizer(ddp.parameters(), cfg)
+
+    def step(x, y):
+        loss = forward_backward(ctx, cfg, ddp, x, y)
+        optimizer_step(ctx, opt)
+        return loss.item()
+
+    losses = group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt)))
     buckets = hook_state.bucket_bytes[cfg.steps - 1]  # after DDP's rebuild at the end of step 0
     extra = {"buckets": len(buckets), "bucket_bytes": buckets, "all_reduce_bytes_per_step": sum(buckets)}
     return RankOutput(losses=losses if ctx.rank == 0 else None, params=state_of(model) if ctx.rank == 0 else {},
                       extra=extra)
+
+
+def program(pricer):
+    return bucket_program(pricer, int(pricer.options["bucket_mb"] * MiB), True, first_cap=DDP_FIRST_BUCKET)
+
+
+STRATEGY = Strategy("ddp", OPTIONS, validate, run_rank, program)

@@ -1,45 +1,87 @@
-"""Data parallel from scratch: every rank holds the whole model and trains on its slice of the
-global batch; averaging the gradients makes every rank take the same step as one big device.
+"""Data parallel from scratch (``mpkit.parallel.DataParallel``): every rank holds the whole model
+and trains on its slice of the global batch; bucketed all-reduces average the gradients, so every
+rank takes the same step as one big device. world_size=1 is allowed: the all-reduces become
+no-ops and this is exactly ``single``.
 
-The mechanics, in order: (1) build the model everywhere and broadcast rank 0's weights (seeds
-match here, but broadcasting is what makes replicas identical in general); (2) each rank runs
-forward/backward on ``batch_size / world_size`` samples; (3) gradients are all-reduced and
-divided by the world size — packed in flat buckets of at most ``bucket_mb`` MiB (fewer, larger
-messages: latency is paid per message), optionally started from backward hooks (``overlap``) so
-the network works while autograd still computes; (4) every rank runs the same optimizer step.
-
-world_size=1 is allowed: the all-reduces become no-ops and this is exactly ``single``.
+Options: ``bucket_mb`` (MiB per all-reduce, as DDP's ``bucket_cap_mb``; 0 = one per parameter
+tensor) and ``overlap`` (start each bucket's all-reduce from a backward hook the moment it is
+full, or all after backward).
 """
-from mpkit.models import build_model
-from mpkit.strategies.common import RankOutput, make_optimizer, state_of
-from mpkit.strategies.dp_buckets import GradientAllReducer, train_loop, validate_batch, validate_bucket_mb
+from __future__ import annotations
+
+from mpkit.parallel.data_parallel import MiB, DataParallel, check_bucket_mb, plan_buckets
+from mpkit.sim.engine import Compute, Wait
+from mpkit.sim.pricing import optimizer
+from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible, state_of
+from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
 
 OPTIONS = {"bucket_mb": 25.0, "overlap": False}
 
 
+def validate_batch(cfg) -> None:
+    require_divisible(cfg.batch_size, cfg.world_size, "batch_size", "world_size",
+                      "every rank trains on an equal slice of the global batch")
+
+
 def validate(cfg):
     validate_batch(cfg)
-    validate_bucket_mb(cfg)
+    check_bucket_mb(cfg.option("bucket_mb"))
     if not isinstance(cfg.option("overlap"), bool):
         raise ValueError(f"overlap={cfg.option('overlap')!r} must be True (all-reduce buckets during backward) "
                          f"or False (after backward)")
 
 
-def broadcast_parameters(ctx, model, src=0):
-    """Make every replica start from rank ``src``'s weights."""
-    for name, p in model.named_parameters():
-        ctx.comm.broadcast(p.detach(), src=src, name=name)
-
-
 def run_rank(ctx, cfg):
-    model = build_model(cfg.model, cfg.seed).to(ctx.device)
-    broadcast_parameters(ctx, model)
-    reducer = GradientAllReducer(ctx, model.parameters(), cfg.option("bucket_mb"), cfg.option("overlap"))
-    optimizer = make_optimizer(model.parameters(), cfg)
-    losses = train_loop(ctx, cfg, model, optimizer, track=(model, optimizer, *reducer.buffers),
-                        sync_grads=reducer.finish, zero_grad=reducer.zero_grad)
-    bucket_bytes = [b.nbytes for b in reducer.buckets]
+    model = cfg.model.build(cfg.seed).to(ctx.device)
+    dp = DataParallel(model, bucket_mb=cfg.option("bucket_mb"), overlap=cfg.option("overlap"))
+    opt = make_optimizer(model.parameters(), cfg)
+
+    def step(x, y):
+        loss = forward_backward(ctx, cfg, dp, x, y)
+        dp.finish_gradient_synchronization()
+        optimizer_step(ctx, opt, set_to_none=False)  # keeps .grad as views of the buckets between steps
+        return loss.item()
+
+    losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt, *dp.buffers_for_tracking))
+    bucket_bytes = [b.nbytes for b in dp.buckets]
     extra = {"buckets": len(bucket_bytes), "bucket_bytes": bucket_bytes,
              "all_reduce_bytes_per_step": sum(bucket_bytes), "overlap": cfg.option("overlap")}
+    losses = group_mean(ctx, losses)
     return RankOutput(losses=losses if ctx.rank == 0 else None, params=state_of(model) if ctx.rank == 0 else {},
                       extra=extra)
+
+
+def bucket_program(pricer, cap_bytes, overlap, first_cap=None):
+    """One data-parallel step (dp, ddp): forward, backward (layer by layer when buckets start
+    from backward hooks), the buckets of ``plan_buckets`` on the model's real parameters, each
+    all-reduced once the backward of the earliest layer it holds is done, then the optimizer."""
+    prof = pricer.piece(batch=pricer.batch // pricer.world)
+    model = pricer.meta_model()
+    layer_of = {p: i for i, layer in enumerate(model.layers) for p in layer.parameters()}
+    buckets = plan_buckets([p for p in model.parameters() if p.requires_grad], cap_bytes, first_cap)
+    done_at = [min(layer_of[p] for p in bucket) for bucket in buckets]
+    sizes = [sum(p.numel() * p.element_size() for p in bucket) for bucket in buckets]
+
+    def all_reduce(k):
+        return pricer.collective("all_reduce", pricer.all_ranks, sizes[k], ("bucket", k), True, f"bucket {k}")
+
+    program = [Compute("forward", pricer.seconds(prof.cost("forward"), "forward"))]
+    if overlap:
+        for i in reversed(prof.layers):
+            program.append(Compute("backward", pricer.seconds(prof.cost("backward", [i]), "backward"), name=f"layer {i}"))
+            program += [all_reduce(k) for k in range(len(buckets)) if done_at[k] == i]
+    else:
+        program.append(Compute("backward", pricer.seconds(prof.cost("backward"), "backward")))
+        program += [all_reduce(k) for k in range(len(buckets))]
+    program += [Wait(("bucket", k)) for k in range(len(buckets))]
+    program.append(optimizer(pricer, prof))
+    return [list(program) for _ in range(pricer.world)]
+
+
+def program(pricer):
+    return bucket_program(pricer, int(pricer.options["bucket_mb"] * MiB), pricer.options["overlap"])
+
+
+STRATEGY = Strategy("dp", OPTIONS, validate, run_rank, program)
+
+__all__ = ["STRATEGY", "bucket_program", "validate_batch"]

@@ -6,19 +6,24 @@ again before its backward) its parameters are all-gathered, used, and freed; aft
 the gradients are reduce-scattered, so each rank keeps only its shard. FSDP2 shards every tensor
 along dim 0, padding dim 0 to a multiple of N (rank r holds rows [r·c, (r+1)·c), c = ceil(d0/N)).
 
-Tracing: FSDP2's ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` let us issue its
+Tracing: FSDP2's public ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` let us issue its
 collectives ourselves, so each one is logged as an event with its bytes: an async all-gather ends
 when its Work's future completes, a blocking reduce-scatter when the call returns. Not traced:
 the all-gathers that ``DTensor.full_tensor()`` does to report full parameters after training.
 """
+import math
+
+import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
-from mpkit.models import build_model
 from mpkit.observe.comm import nbytes
-from mpkit.strategies.common import RankOutput, make_optimizer
-from mpkit.strategies.dp_buckets import train_loop, validate_batch
+from mpkit.sim.engine import Compute
+from mpkit.sim.profile import optimizer_cost
+from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
+from mpkit.strategies.dp import validate_batch
+from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
 
 OPTIONS = {}
 
@@ -38,43 +43,96 @@ def _log(ctx, kind, start, work, size, name):
     return work
 
 
-class TracedAllGather(DefaultAllGather):
+class _Traced:
+    """What FSDP2's ``set_custom_all_gather``/``set_custom_reduce_scatter`` take: ``allocate`` and a
+    call issuing the collective. Ours issue FSDP2's own ops and log each as one event."""
+
     def __init__(self, ctx, name):
         self.ctx, self.name = ctx, name
 
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+class TracedAllGather(_Traced):
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         start = self.ctx.trace.now()
-        work = super().__call__(output_tensor, input_tensor, group, async_op)
+        work = dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
         return _log(self.ctx, "all_gather", start, work, nbytes(output_tensor), self.name)
 
 
-class TracedReduceScatter(DefaultReduceScatter):
-    def __init__(self, ctx, name):
-        self.ctx, self.name = ctx, name
-
+class TracedReduceScatter(_Traced):
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         start = self.ctx.trace.now()
-        work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+        work = dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
         return _log(self.ctx, "reduce_scatter", start, work, nbytes(input_tensor), self.name)
 
 
-def shard_model(ctx, model):
+def units(cfg, model) -> dict:
+    """{name: module} of the FSDP units: each layer of a built-in model; each top-level child
+    that holds parameters of a user's model."""
+    if cfg.model.builtin:
+        return {f"layers.{i}": layer for i, layer in enumerate(model.layers)}
+    return {name: child for name, child in model.named_children() if any(True for _ in child.parameters())}
+
+
+def shard_model(ctx, cfg, model):
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    for i, layer in enumerate(model.layers):
-        fully_shard(layer, mesh=mesh)
-        layer.set_custom_all_gather(TracedAllGather(ctx, f"layers.{i}"))
-        layer.set_custom_reduce_scatter(TracedReduceScatter(ctx, f"layers.{i}"))
-    fully_shard(model, mesh=mesh)  # the root: owns no parameters of its own, drives the lazy init
+    for name, unit in units(cfg, model).items():
+        fully_shard(unit, mesh=mesh)
+        unit.set_custom_all_gather(TracedAllGather(ctx, name))
+        unit.set_custom_reduce_scatter(TracedReduceScatter(ctx, name))
+    fully_shard(model, mesh=mesh)  # the root: owns what no unit holds, drives the lazy init
     return model
 
 
 def run_rank(ctx, cfg):
-    model = shard_model(ctx, build_model(cfg.model, cfg.seed).to(ctx.device))
-    optimizer = make_optimizer(model.parameters(), cfg)
-    losses = train_loop(ctx, cfg, model, optimizer, track=(model, optimizer))
+    model = shard_model(ctx, cfg, cfg.model.build(cfg.seed).to(ctx.device))
+    opt = make_optimizer(model.parameters(), cfg)
+
+    def step(x, y):
+        loss = forward_backward(ctx, cfg, model, x, y)
+        optimizer_step(ctx, opt)
+        return loss.item()
+
+    losses = group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt)))
     local = {name: p.to_local() for name, p in model.named_parameters()}
     full = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}  # collective
     extra = {"local_numel": sum(t.numel() for t in local.values()),
              "padded_numel": sum(t.untyped_storage().nbytes() // t.element_size() for t in local.values()),
              "traced": "all_gather and reduce_scatter of every layer (not the final full_tensor gathers)"}
     return RankOutput(losses=losses if ctx.rank == 0 else None, params=full if ctx.rank == 0 else {}, extra=extra)
+
+
+def unsharded_bytes(shapes, world: int) -> int:
+    """Bytes of one FSDP2 unit once gathered: every tensor's dim 0 padded to a multiple of N
+    (rank r holds rows [r·c, (r+1)·c), c = ceil(d0/N))."""
+    return sum(math.ceil(s[0] / world) * world * math.prod(s[1:]) * 4 for s in shapes)
+
+
+def program(pricer):
+    """One unit per layer: all-gather before each layer's forward and again before its backward,
+    reduce-scatter after its backward, Adam on the local shards."""
+    prof = pricer.piece(batch=pricer.batch // pricer.world)
+    n, program = pricer.world, []
+    gathered = {i: unsharded_bytes(prof.layer_shapes[i], n) for i in prof.layers}
+
+    def collective(kind, i, key):
+        return pricer.collective(kind, pricer.all_ranks, gathered[i], (key, i), name=f"layers.{i}")
+
+    for i in prof.layers:
+        if gathered[i]:
+            program.append(collective("all_gather", i, "ag"))
+        program.append(Compute("forward", pricer.seconds(prof.cost("forward", [i]), "forward"), name=f"layer {i}"))
+    for i in reversed(prof.layers):
+        if gathered[i]:
+            program.append(collective("all_gather", i, "ag-b"))
+        program.append(Compute("backward", pricer.seconds(prof.cost("backward", [i]), "backward"), name=f"layer {i}"))
+        if gathered[i]:
+            program.append(collective("reduce_scatter", i, "rs"))
+    shapes = tuple((math.ceil(s[0] / n), *s[1:]) for i in prof.layers for s in prof.layer_shapes[i])
+    program.append(Compute("optimizer", pricer.seconds(optimizer_cost(shapes), "optimizer")))
+    return [list(program) for _ in range(n)]
+
+
+STRATEGY = Strategy("fsdp", OPTIONS, validate, run_rank, program)

@@ -29,9 +29,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed import rpc
 
-from mpkit.models import build_model, loss_fn, make_batch
 from mpkit.observe.comm import nbytes
-from mpkit.strategies.common import RankOutput, make_optimizer, require_divisible, shard, state_of
+from mpkit.sim.engine import Compute
+from mpkit.sim.pricing import fwd_bwd, message, optimizer
+from mpkit.sim.profile import Cost
+from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible, state_of
+from mpkit.strategies.loop import forward_backward, local_batch, run_steps
 
 OPTIONS = {"mode": "sync"}
 MODES = ("sync", "async")
@@ -154,19 +157,19 @@ def _push_from(ctx, model, step, version, loss) -> None:
 
 
 def _work(ctx, cfg, model):
-    workers, version = ctx.world_size - 1, 0
-    with ctx.memory.track(model):
-        for step in range(cfg.steps):
-            ctx.set_step(step)
-            if step:
-                version = _pull_into(ctx, model)
-            x, y = (shard(t, ctx.rank - 1, workers).to(ctx.device)
-                    for t in make_batch(cfg.model, cfg.batch_size, step, cfg.seed))
-            with ctx.trace.span("forward"):
-                loss = loss_fn(cfg.model, model(x), y)
-            with ctx.trace.span("backward"):
-                loss.backward()
-            _push_from(ctx, model, step, version, loss.item())
+    """A worker's steps in the one loop: pull (from its second step on), forward/backward on its
+    shard, push."""
+    state = {"step": 0, "version": 0}
+
+    def step(x, y):
+        if state["step"]:
+            state["version"] = _pull_into(ctx, model)
+        loss = forward_backward(ctx, cfg, model, x, y).item()
+        _push_from(ctx, model, state["step"], state["version"], loss)
+        state["step"] += 1
+        return loss
+
+    run_steps(ctx, cfg, step, local_batch(ctx, cfg, ctx.rank - 1, ctx.world_size - 1), track=(model,))
     return {"pushes": cfg.steps}
 
 
@@ -193,7 +196,7 @@ def _init_rpc(ctx):
 
 def run_rank(ctx, cfg):
     global _server
-    model = build_model(cfg.model, cfg.seed).to(ctx.device)
+    model = cfg.model.build(cfg.seed).to(ctx.device)
     if ctx.rank == 0:
         _server = _Server(ctx, model)
     _init_rpc(ctx)
@@ -204,3 +207,31 @@ def run_rank(ctx, cfg):
     extra = _work(ctx, cfg, model)
     rpc.shutdown()
     return RankOutput(extra={"role": "worker", **extra})
+
+
+def program(pricer):
+    """Synchronous parameter server (rank 0): each worker pulls the parameters, runs
+    forward/backward on its shard and pushes its gradients; the server takes the pushes one after
+    another over its own link, averages them, steps, and replies. rpc (TensorPipe) is priced with
+    the gloo p2p link: same sockets, a little more per-message software."""
+    if pricer.options["mode"] != "sync":
+        raise ValueError("ps mode='async' has no step to predict (each push is its own update); use mode='sync'")
+    workers = pricer.world - 1
+    prof = pricer.piece(batch=pricer.batch // workers)
+    size = prof.total_param_bytes
+    tensors = sum(len(sh) for sh in prof.layer_shapes.values())
+    server = [message(pricer, "send", 0, w, ("pull", w), size) for w in range(1, pricer.world)]
+    server += [message(pricer, "recv", 0, w, ("push", w), size) for w in range(1, pricer.world)]
+    average = Cost(ops=tensors * (workers + 1), bytes=3 * size * workers)  # copy, add_ per push, div_
+    server += [Compute("compute", pricer.seconds(average, "optimizer"), name="average gradients"),
+               optimizer(pricer, prof)]
+    server += [message(pricer, "send", 0, w, ("reply", w), 8) for w in range(1, pricer.world)]
+    programs = [server]
+    for w in range(1, pricer.world):
+        programs.append([message(pricer, "recv", w, 0, ("pull", w), size), *fwd_bwd(pricer, prof),
+                         message(pricer, "send", w, 0, ("push", w), size),
+                         message(pricer, "recv", w, 0, ("reply", w), 8)])
+    return programs
+
+
+STRATEGY = Strategy("ps", OPTIONS, validate, run_rank, program)

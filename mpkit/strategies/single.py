@@ -1,7 +1,8 @@
 """The reference: the whole model on one device, the global batch at once. Every other
 strategy is tested against this run."""
-from mpkit.models import build_model
-from mpkit.strategies.common import RankOutput, make_optimizer, state_of, train_full_batch
+from mpkit.sim.pricing import fwd_bwd, optimizer
+from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
+from mpkit.strategies.loop import forward_backward, full_batch, optimizer_step, run_steps
 
 OPTIONS = {}
 
@@ -12,6 +13,21 @@ def validate(cfg):
 
 
 def run_rank(ctx, cfg):
-    model = build_model(cfg.model, cfg.seed).to(ctx.device)
-    losses = train_full_batch(ctx, cfg, model, make_optimizer(model.parameters(), cfg))
+    model = cfg.model.build(cfg.seed).to(ctx.device)
+    opt = make_optimizer(model.parameters(), cfg)
+
+    def step(x, y):
+        loss = forward_backward(ctx, cfg, model, x, y)
+        optimizer_step(ctx, opt)
+        return loss.item()
+
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
     return RankOutput(losses=losses, params=state_of(model))
+
+
+def program(pricer):
+    prof = pricer.piece()
+    return [[*fwd_bwd(pricer, prof), optimizer(pricer, prof)]]
+
+
+STRATEGY = Strategy("single", OPTIONS, validate, run_rank, program)

@@ -1,29 +1,30 @@
-"""Tensor parallel (Megatron-LM, tp size = world_size): every rank holds a slice of every big
-matrix and all ranks work on the same batch at the same time.
+"""Tensor parallel (Megatron-LM, tp size = world_size) with ``mpkit.parallel.tensor_parallel``:
+every rank holds a slice of every big matrix and all ranks work on the same batch at the same time.
 
 gpt: in each block, attention's qkv is column-parallel BY HEADS (rank r computes q, k, v of its
 heads only; attention is independent per head, so no communication inside) and proj is
 row-parallel; the MLP's up is column-parallel (GeLU is elementwise) and down row-parallel. That
 is 2 all-reduces per block forward (g after proj and down) and 2 backward (f before qkv and up).
-
-Embeddings, LayerNorms, the head and the row-parallel biases are replicated. Their gradients
-agree on all ranks without any gradient all-reduce: they see identical inputs (every g ends
-with the full, summed activation) and identical output gradients (every f sums the partial
-input gradients), so every rank computes the same gradient and takes the same Adam step.
+Embeddings, LayerNorms, the head and the row-parallel biases are replicated; their gradients
+agree on all ranks without any gradient all-reduce (identical inputs and output gradients).
 
 mlp: consecutive DenseReLU layers pair up as column -> row (ReLU between is elementwise); with an
 odd number of layers the last one (the classifier) stays replicated.
 
-Every rank builds the full model from the seed and keeps its slice, so the weights equal the
-single-device model's exactly; ``params`` gathers the slices back into the single layout.
+A user's model brings its own plan: ``mpkit.train("tp", model=..., plan={"mlp.up": "column",
+"mlp.down": "row"})``. Every rank builds the full model from the seed and keeps its slice, so the
+weights equal the single-device model's exactly; ``params`` gathers the slices back.
 """
 from __future__ import annotations
 
-from mpkit.models import Block, build_model
-from mpkit.strategies.common import RankOutput, make_optimizer, train_full_batch
-from mpkit.strategies.tp_layers import ColumnParallelLinear, RowParallelLinear, contiguous_split, head_split
+from mpkit.models import Block
+from mpkit.parallel.tensor_parallel import Split, full_parameters, head_split, sharded_layers, tensor_parallel
+from mpkit.sim.engine import Compute
+from mpkit.sim.pricing import optimizer
+from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
+from mpkit.strategies.loop import forward_backward, full_batch, optimizer_step, run_steps
 
-OPTIONS = {}
+OPTIONS = {"plan": None}
 
 
 def _divisors(n: int) -> list[int]:
@@ -31,6 +32,14 @@ def _divisors(n: int) -> list[int]:
 
 
 def validate(cfg):
+    plan = cfg.option("plan")
+    if not cfg.model.builtin:
+        if not isinstance(plan, dict) or not plan:
+            raise ValueError("tp on your own model needs plan={'<module name>': 'column' | 'row', ...}, e.g. "
+                             "plan={'mlp.up': 'column', 'mlp.down': 'row'}")
+        return
+    if plan is not None:
+        raise ValueError("the built-in models come with their Megatron plan; plan= is for model=<your factory>")
     m, t = cfg.model, cfg.world_size
     if m.kind == "gpt":
         # heads % t implies the other two for this model (hidden = heads·head_dim), but each is a
@@ -48,40 +57,27 @@ def validate(cfg):
                              f"use world_size in {_divisors(value)}")
 
 
-def parallelize(model, rank: int, world_size: int, comm) -> dict:
-    """Replace the model's big Linears by this rank's column/row slices, in place.
-    Returns {dotted module name: sharded layer}."""
-    cfg, layers, sharded = model.cfg, model.layers, {}
-
-    def swap(parent, attr, cls, indices, name):
-        sharded[name] = cls(getattr(parent, attr), indices, rank, comm, name)
-        setattr(parent, attr, sharded[name])
-
+def builtin_plan(cfg, tp: int) -> dict:
+    """The Megatron plan of a built-in model (see the module docstring)."""
     if cfg.kind == "gpt":
-        h = cfg.hidden
-        for i, block in enumerate(layers):
-            if isinstance(block, Block):
-                swap(block.attn, "qkv", ColumnParallelLinear, head_split(h, world_size), f"layers.{i}.attn.qkv")
-                swap(block.attn, "proj", RowParallelLinear, contiguous_split(h, world_size), f"layers.{i}.attn.proj")
-                block.attn.heads //= world_size  # its forward now views the local qkv as its own heads
-                swap(block.mlp, "up", ColumnParallelLinear, contiguous_split(4 * h, world_size), f"layers.{i}.mlp.up")
-                swap(block.mlp, "down", RowParallelLinear, contiguous_split(4 * h, world_size), f"layers.{i}.mlp.down")
-    else:
-        for i in range(0, len(layers) - 1, 2):
-            split = contiguous_split(layers[i].fc.out_features, world_size)
-            swap(layers[i], "fc", ColumnParallelLinear, split, f"layers.{i}.fc")
-            swap(layers[i + 1], "fc", RowParallelLinear, split, f"layers.{i + 1}.fc")
-    return sharded
+        return {"layers.*.attn.qkv": Split("column", tuple(head_split(cfg.hidden, tp))),
+                "layers.*.attn.proj": "row", "layers.*.mlp.up": "column", "layers.*.mlp.down": "row"}
+    plan = {}
+    for i in range(0, cfg.layers - 1, 2):
+        plan[f"layers.{i}.fc"], plan[f"layers.{i + 1}.fc"] = "column", "row"
+    return plan
 
 
-def full_params(model, sharded) -> dict:
-    """{single-model name: full tensor}; sharded tensors are all-gathered (every rank calls this)."""
-    out = {}
-    for name, param in model.named_parameters():
-        module_name, _, param_name = name.rpartition(".")
-        layer = sharded.get(module_name)
-        out[name] = layer.gather(param_name) if layer is not None else param.detach().clone()
-    return out
+def shard(model, rank: int, tp: int, group=None):
+    """Swap a built-in model's big Linears for this rank's slices, in place (also what the cost
+    model profiles, with ``rank=0``)."""
+    plan = builtin_plan(model.cfg, tp)
+    if plan:
+        tensor_parallel(model, plan, group, rank=rank, world_size=tp)
+    for layer in model.layers:
+        if isinstance(layer, Block):
+            layer.attn.heads //= tp  # its forward now views the local qkv as its own heads
+    return model
 
 
 def all_reduce_counts(events, step=0) -> dict:
@@ -92,12 +88,44 @@ def all_reduce_counts(events, step=0) -> dict:
 
 
 def run_rank(ctx, cfg):
-    model = build_model(cfg.model, cfg.seed)
-    sharded = parallelize(model, ctx.rank, ctx.world_size, ctx.comm)
+    model = cfg.model.build(cfg.seed)
+    if cfg.model.builtin:
+        shard(model, ctx.rank, ctx.world_size)
+    else:
+        tensor_parallel(model, cfg.option("plan"))
     model = model.to(ctx.device)
-    losses = train_full_batch(ctx, cfg, model, make_optimizer(model.parameters(), cfg))
-    return RankOutput(losses=losses, params=full_params(model, sharded), extra={
+    opt = make_optimizer(model.parameters(), cfg)
+
+    def step(x, y):
+        loss = forward_backward(ctx, cfg, model, x, y)
+        optimizer_step(ctx, opt)
+        return loss.item()
+
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
+    return RankOutput(losses=losses, params=full_parameters(model), extra={
         "parameters_per_rank": sum(p.numel() for p in model.parameters()),
-        "sharded_layers": list(sharded),
+        "sharded_layers": list(sharded_layers(model)),
         "all_reduces_per_step": all_reduce_counts(ctx.trace.events),
     })
+
+
+def program(pricer):
+    """The whole batch on every rank, this strategy's own slices and its f/g all-reduces in the
+    order its code issues them (recorded while profiling the sliced model)."""
+    prof = pricer.piece(tp=pricer.world, shard=shard)
+    program = []
+    for phase in ("forward", "backward"):
+        table = getattr(prof, phase)
+        order = prof.layers if phase == "forward" else reversed(prof.layers)
+        for i in order:
+            for k, item in enumerate(table[i]):
+                if hasattr(item, "flops"):
+                    program.append(Compute(phase, pricer.seconds(item, phase), name=f"layer {i}"))
+                else:
+                    program.append(pricer.collective(item.kind, pricer.all_ranks, item.bytes, (phase, i, k),
+                                                     name=item.name))
+    program.append(optimizer(pricer, prof))
+    return [list(program) for _ in range(pricer.world)]
+
+
+STRATEGY = Strategy("tp", OPTIONS, validate, run_rank, program)

@@ -1,12 +1,13 @@
 """The same tensor parallelism done by PyTorch: ``parallelize_module`` with ``ColwiseParallel`` /
 ``RowwiseParallel`` on a 1-D DeviceMesh. Not a registered strategy: the tests run it with
-``mpkit.launch(run_rank, world_size, args=(cfg,))`` to cross-check ``tp``.
+``mpkit.launch(run_rank, world_size, args=(cfg,))`` to cross-check ``tp`` (and so
+``mpkit.parallel.tensor_parallel``).
 
 The one subtlety is the fused qkv Linear(h, 3h). ``ColwiseParallel`` shards its weight rows
 contiguously (``Shard(0)``): with t=2 and h=64, rank 0 would get rows 0..95, i.e. all of q and
 half of k — not whole heads, and the local output would not view as (3, heads/t, head_dim).
 So before sharding we permute qkv's rows into rank-major order [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]
-(q_r = the rows of rank r's heads, ``tp_layers.head_split``). Its contiguous shard r then is
+(q_r = the rows of rank r's heads, ``mpkit.parallel.tensor_parallel.head_split``). Its contiguous shard r then is
 exactly the rows our ``tp`` gives rank r, in the same order; the permutation is undone when the
 parameters are reported. Everything else (proj, up, down) splits contiguously in both.
 """
@@ -17,10 +18,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from mpkit.models import Block, build_model
-from mpkit.strategies.common import RankOutput, make_optimizer
-from mpkit.strategies.common import train_full_batch
-from mpkit.strategies.tp_layers import head_split
+from mpkit.models import Block
+from mpkit.parallel.tensor_parallel import head_split
+from mpkit.strategies.base import RankOutput, make_optimizer
+from mpkit.strategies.loop import forward_backward, full_batch, optimizer_step, run_steps
 
 
 def _permute_rows(linear, order):
@@ -32,7 +33,7 @@ def _permute_rows(linear, order):
 def run_rank(ctx, cfg):
     t = ctx.world_size
     mesh = init_device_mesh(ctx.device.type, (t,))
-    model = build_model(cfg.model, cfg.seed).to(ctx.device)
+    model = cfg.model.build(cfg.seed).to(ctx.device)
     order = torch.cat(head_split(cfg.model.hidden, t)).to(ctx.device)
     plan = ({"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
              "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()} if cfg.model.kind == "gpt" else None)
@@ -48,7 +49,14 @@ def run_rank(ctx, cfg):
     params = list(model.parameters())
     groups = [{"params": [p for p in params if isinstance(p, DTensor)]},
               {"params": [p for p in params if not isinstance(p, DTensor)]}]
-    losses = train_full_batch(ctx, cfg, model, make_optimizer(groups, cfg))
+    opt = make_optimizer(groups, cfg)
+
+    def step(x, y):
+        loss = forward_backward(ctx, cfg, model, x, y)
+        optimizer_step(ctx, opt)
+        return loss.item()
+
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
     full = {}
     for name, p in model.named_parameters():
         value = (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()

@@ -1,8 +1,10 @@
 """Pipeline schedules as data (ShallowSpeed / LLM-Training-Puzzles style).
 
 ``schedule(name, stages, micro_batches, virtual)`` returns one instruction list per rank. The
-same lists are checked by ``simulate`` (no deadlock, every micro-batch once per stage, in-flight
-activations, bubble), drawn by the labs, and run for real by ``executor.PipelineExecutor``.
+same lists are checked and timed by the one simulator, ``mpkit.sim.engine`` (``simulate`` here:
+no deadlock, every micro-batch once per stage, in-flight activations, bubble, on unit costs;
+the cost model: on a machine's prices), drawn by the labs, and run for real by
+``executor.PipelineExecutor``.
 
 Stages are numbered globally: with ``p`` ranks and ``v`` virtual stages (model chunks) per rank
 there are ``p·v`` stages and stage ``s`` lives on rank ``s % p`` (Megatron's interleaving:
@@ -18,9 +20,11 @@ are matched in the order they were posted, so the receiver must post them in the
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from fractions import Fraction
+
+from mpkit.sim.engine import Compute, Msg, P2P, ProgramError, WaitSends
+from mpkit.sim.engine import simulate as run_programs
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -163,10 +167,67 @@ def batches(program):
 
 
 # ---------------------------------------------------------------------------------------------
-# The simulator: run the lists with the executor's semantics, on a clock of unit costs.
+# Checking and timing the lists: converted to the one simulator's instructions (mpkit.sim.engine).
 
-class ScheduleError(RuntimeError):
-    """The instruction lists cannot run: deadlock, mismatched messages or a missing input."""
+ScheduleError = ProgramError  # the lists cannot run: deadlock, mismatched messages or a missing input
+
+
+def message(ins) -> tuple:
+    """The identity of a message, the same on sender and receiver: (kind, micro-batch, stage it feeds)."""
+    if isinstance(ins, SendAct):
+        return ("act", ins.mb, ins.stage + 1)
+    if isinstance(ins, RecvAct):
+        return ("act", ins.mb, ins.stage)
+    if isinstance(ins, SendGrad):
+        return ("grad", ins.mb, ins.stage - 1)
+    return ("grad", ins.mb, ins.stage)
+
+
+def _data(ins) -> tuple:
+    """What a message instruction needs (send) or produces (receive) on its rank."""
+    if isinstance(ins, SendAct):
+        return ("out", ins.mb, ins.stage)
+    if isinstance(ins, SendGrad):
+        return ("dx", ins.mb, ins.stage)
+    return ("in" if isinstance(ins, RecvAct) else "grad", ins.mb, ins.stage)
+
+
+def engine_programs(lists, forward, backward, message_cost, optimizer=None):
+    """The schedule lists as the simulator's programs. ``forward(stage)``/``backward(stage)`` ->
+    seconds; ``message_cost(kind 'act'|'grad', stage it feeds, src, dst)`` -> (bytes, seconds);
+    ``optimizer(rank)`` -> seconds (None: no optimizer span). Each communication batch stays one
+    batch, as the executor runs it: receives waited at once, sends at the next batch or before
+    the optimizer step."""
+    last = max((ins.stage for prog in lists for ins in prog if isinstance(ins, Forward)), default=0)
+    programs = []
+    for rank, program in enumerate(lists):
+        out = []
+        for item in batches(program):
+            if isinstance(item, list):
+                ops = []
+                for ins in item:
+                    send = isinstance(ins, (SendAct, SendGrad))
+                    peer = ins.to if send else ins.frm
+                    key = message(ins)
+                    nbytes, seconds = message_cost(key[0], key[2], *((rank, peer) if send else (peer, rank)))
+                    ops.append(Msg("send" if send else "recv", peer, key, nbytes, seconds, ins.stage, ins.mb,
+                                   _data(ins)))
+                out.append(P2P(tuple(ops), defer_sends=True, source=item))
+            elif isinstance(item, Forward):
+                s, mb = item.stage, item.mb
+                out.append(Compute("forward", forward(s), s, mb, needs=(("in", mb, s),) if s > 0 else (),
+                                   produces=(("out", mb, s),), source=item))
+            elif isinstance(item, Backward):
+                s, mb = item.stage, item.mb
+                needs = (("out", mb, s),) + ((("grad", mb, s),) if s < last else ())
+                out.append(Compute("backward", backward(s), s, mb, needs=needs, produces=(("dx", mb, s),),
+                                   source=item))
+            elif isinstance(item, OptimizerStep):
+                out.append(WaitSends())
+                if optimizer is not None:
+                    out.append(Compute("optimizer", optimizer(rank)))
+        programs.append(out)
+    return programs
 
 
 @dataclass
@@ -182,132 +243,27 @@ class Simulation:
         return 1 - sum(self.compute_time) / (self.makespan * len(self.compute_time))
 
 
-def _message(ins):
-    """The identity of a message, the same on sender and receiver."""
-    if isinstance(ins, SendAct):
-        return ("act", ins.mb, ins.stage + 1)
-    if isinstance(ins, RecvAct):
-        return ("act", ins.mb, ins.stage)
-    if isinstance(ins, SendGrad):
-        return ("grad", ins.mb, ins.stage - 1)
-    return ("grad", ins.mb, ins.stage)
-
-
 def simulate(programs, forward=1, backward=2, comm=0) -> Simulation:
-    """Run per-rank instruction lists; ``forward``/``backward``: time of one Forward/Backward.
-
-    Raises ``ScheduleError`` on a deadlock (every unfinished rank waits), on a receive matched
-    by a different message than it expects (posting order differs), or on an instruction whose
-    input is missing (e.g. a Backward before its Forward, or one that runs twice).
-    """
+    """Run per-rank instruction lists on unit costs: ``forward``/``backward`` per Forward/Backward,
+    ``comm`` per message. Raises ``ScheduleError`` on a deadlock, on a receive matched by a
+    different message than it expects (posting order differs), or on an instruction whose input
+    is missing (e.g. a Backward before its Forward, or one that runs twice)."""
+    trace = run_programs(engine_programs(programs, lambda s: Fraction(forward), lambda s: Fraction(backward),
+                                         lambda *key: (0, Fraction(comm))))
     p = len(programs)
-    items = [batches(prog) for prog in programs]
-    pc, clock = [0] * p, [Fraction(0)] * p
-    channels = {}  # (src, dst) -> deque of (message, time posted), in posting order
-    receives = {}  # (message, receiver) -> time the receive was posted
-    arrived = set()  # (rank, item index) of batches already posted
-    have = [set() for _ in range(p)]  # ("in"|"out"|"grad"|"dx", mb, stage) held by each rank
-    sending = [[] for _ in range(p)]  # sends of each rank's last batch, not yet waited
-    in_flight, peak = [0] * p, [0] * p
-    busy, spans = [Fraction(0)] * p, []
-    last = max((ins.stage for prog in programs for ins in prog if isinstance(ins, Forward)), default=0)
-
-    def need(rank, key, ins):
-        if key not in have[rank]:
-            raise ScheduleError(f"rank {rank}: {ins} runs without {key[0]} of micro-batch {key[1]} stage {key[2]}")
-
-    def produce(rank, key, ins):
-        if key in have[rank]:
-            raise ScheduleError(f"rank {rank}: {ins} runs twice")
-        have[rank].add(key)
-
-    def run_batch(rank, batch) -> bool:
-        """Post the batch (once); finish it if every peer has posted its side. False: blocked."""
-        if (rank, pc[rank]) not in arrived:
-            arrived.add((rank, pc[rank]))
-            for ins in batch:
-                if isinstance(ins, (SendAct, SendGrad)):
-                    need(rank, ("out" if isinstance(ins, SendAct) else "dx", ins.mb, ins.stage), ins)
-                    channels.setdefault((rank, ins.to), deque()).append((_message(ins), clock[rank]))
-                else:
-                    receives[(_message(ins), rank)] = clock[rank]
-        done = sends_done(rank)
-        if done is None:
-            return False
-        taken = {}
-        for ins in batch:
-            if isinstance(ins, (SendAct, SendGrad)):
-                continue  # waited at the next batch
-            if isinstance(ins, (RecvAct, RecvGrad)):  # the next unmatched message must be ours
-                channel, index = channels.get((ins.frm, rank), ()), taken.get(ins.frm, 0)
-                if index >= len(channel):
-                    return False
-                message, when = channel[index]
-                if message != _message(ins):
-                    raise ScheduleError(f"rank {rank}: {ins} would be matched by {message} from rank {ins.frm} "
-                                        f"(messages between two ranks are matched in posting order)")
-                taken[ins.frm] = index + 1
-            done = max(done, when)
-        for frm, count in taken.items():
-            for _ in range(count):
-                channels[(frm, rank)].popleft()
-        for ins in batch:
-            if isinstance(ins, (RecvAct, RecvGrad)):
-                have[rank].add(("in" if isinstance(ins, RecvAct) else "grad", ins.mb, ins.stage))
-        sending[rank] = [ins for ins in batch if isinstance(ins, (SendAct, SendGrad))]
-        clock[rank] = done + comm
-        return True
-
-    def sends_done(rank):
-        """When the sends of the rank's previous batch completed (None: not yet received)."""
-        done = clock[rank]
-        for ins in sending[rank]:  # rendezvous: the receiver must have posted the receive
-            when = receives.get((_message(ins), ins.to))
-            if when is None:
-                return None
-            done = max(done, when)
-        return done
-
-    def run_compute(rank, ins):
-        s, mb = ins.stage, ins.mb
-        if isinstance(ins, Forward):
-            if s > 0:
-                need(rank, ("in", mb, s), ins)
-            produce(rank, ("out", mb, s), ins)
-            in_flight[rank] += 1
-            peak[rank] = max(peak[rank], in_flight[rank])
-            cost = forward
-        else:
-            need(rank, ("out", mb, s), ins)
-            if s < last:
-                need(rank, ("grad", mb, s), ins)
-            produce(rank, ("dx", mb, s), ins)
-            in_flight[rank] -= 1
-            cost = backward
-        spans.append((rank, ins, clock[rank], clock[rank] + cost))
-        clock[rank] += cost
-        busy[rank] += cost
-
-    progress = True
-    while progress:
-        progress = False
-        for rank in range(p):
-            while pc[rank] < len(items[rank]):
-                item = items[rank][pc[rank]]
-                if isinstance(item, list):
-                    if not run_batch(rank, item):
-                        break
-                elif isinstance(item, COMPUTE):
-                    run_compute(rank, item)
-                else:  # OptimizerStep: the last sends must be through first
-                    done = sends_done(rank)
-                    if done is None:
-                        break
-                    clock[rank], sending[rank] = done, []
-                pc[rank] += 1
-                progress = True
-    stuck = [r for r in range(p) if pc[r] < len(items[r])]
-    if stuck:
-        raise ScheduleError("deadlock: " + "; ".join(f"rank {r} waits at {items[r][pc[r]]}" for r in stuck))
+    spans, peak, busy, in_flight = [], [0] * p, [Fraction(0)] * p, [0] * p
+    for e in trace.events:  # sorted by rank, then time
+        if e.kind not in ("forward", "backward"):
+            continue
+        instruction = (Forward if e.kind == "forward" else Backward)(e.micro_batch, e.stage)
+        spans.append((e.rank, instruction, e.start, e.end))
+        busy[e.rank] += e.end - e.start
+        in_flight[e.rank] += 1 if e.kind == "forward" else -1
+        peak[e.rank] = max(peak[e.rank], in_flight[e.rank])
     makespan = max((end for *_, end in spans), default=Fraction(0))
     return Simulation(Fraction(makespan), spans, peak, busy)
+
+
+def validate(programs) -> None:
+    """Raise ``ScheduleError`` unless the lists run to the end (see ``simulate``)."""
+    simulate(programs)

@@ -1,0 +1,3 @@
+"""PyTorch's own implementations of mechanisms mpkit writes out by hand, run on the same models
+and data so the tests can compare them: ``parallelize_module`` for tensor parallel,
+``torch.distributed.pipelining`` for the pipeline schedules. Not registered strategies."""

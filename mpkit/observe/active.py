@@ -1,0 +1,43 @@
+"""The recorders of the rank this process is running, so ``mpkit.parallel`` logs into them.
+
+``mpkit.launch`` (and its torchrun path) makes every rank's ``RankContext`` current while ``fn``
+runs. Code that takes no context (``DataParallel``, ``ShardedOptimizer``, tensor-parallel layers,
+``pipeline``) asks here for the communicator and trace: inside mpkit they record into
+``ctx.trace`` / ``ctx.memory`` so the plots work on a user's model; in a user's own
+``init_process_group`` world they get a pass-through that records nothing.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from mpkit.observe.comm import Comm
+from mpkit.observe.memory import MemoryTracker
+from mpkit.observe.trace import Trace
+
+_NULL_TRACE = Trace(enabled=False)
+_NULL_COMM = Comm(_NULL_TRACE, MemoryTracker(enabled=False))
+_current = None  # the RankContext (anything with .comm, .trace and .memory) of this process's rank
+
+
+@contextmanager
+def recording(ctx):
+    """Make ``ctx`` this process's current rank context inside the block."""
+    global _current
+    previous, _current = _current, ctx
+    try:
+        yield ctx
+    finally:
+        _current = previous
+
+
+def current():
+    """The current rank context, or None outside ``mpkit.launch``/torchrun runs."""
+    return _current
+
+
+def comm() -> Comm:
+    return _NULL_COMM if _current is None else _current.comm
+
+
+def trace() -> Trace:
+    return _NULL_TRACE if _current is None else _current.trace

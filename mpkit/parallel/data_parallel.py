@@ -1,0 +1,273 @@
+"""Data parallel from scratch, on any ``nn.Module``: every rank holds the whole model, trains on its
+own slice of the batch, and averaging the gradients makes every rank take the step one big device
+would take on the whole batch.
+
+The mechanics, in order:
+
+1. at construction every parameter and buffer is broadcast from the group's first rank, so the
+   replicas start identical whatever each rank's seed did;
+2. each rank runs forward/backward on its slice;
+3. gradients are all-reduced and divided by the group size, packed in flat *buckets* of at most
+   ``bucket_mb`` MiB (fewer, larger messages: latency is paid per message; DDP's
+   ``bucket_cap_mb``, counted as ``bucket_mb * 1024 * 1024`` bytes). Buckets follow reverse
+   parameter order because backward produces gradients last layer first. With ``overlap=True`` a
+   post-accumulate-grad hook counts each bucket's gradients and starts its all-reduce the moment
+   the last one lands, while autograd still computes earlier layers; with ``overlap=False`` the
+   all-reduces run in ``finish_gradient_synchronization()``;
+4. ``finish_gradient_synchronization()`` waits for them (call it before ``optimizer.step()``), and
+   every rank then takes the same optimizer step.
+
+A bucket is one flat buffer whose slices *are* the parameters' ``.grad`` tensors (DDP's
+``gradient_as_bucket_view``), so autograd accumulates straight into it. ``zero_grad(set_to_none=True)``
+(torch's default) drops those views; the hook then copies the fresh gradient into its slice and
+points ``.grad`` back at it, so both kinds of ``zero_grad`` work.
+
+What real models bring: frozen parameters are left alone (no hook, no bytes); shared (tied)
+parameters appear once and are reduced once; gradient accumulation goes through ``no_sync()`` as
+in DDP. A parameter that gets no gradient in a step is an error that names it, as in DDP, unless
+``find_unused_parameters=True``: then one small extra all-reduce per step tells every rank which
+parameters were used anywhere, those used somewhere are averaged (zeros where unused), and those
+used nowhere keep the ``.grad`` they had (None after ``zero_grad()``), so the optimizer skips them
+exactly as it would on one device.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mpkit.observe import active
+
+MiB = 2**20  # DDP's bucket_cap_mb counts MiB (bucket_cap_mb * 1024 * 1024 bytes); so does bucket_mb
+
+
+def check_bucket_mb(bucket_mb) -> float:
+    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb >= 0 \
+            or math.isinf(bucket_mb):
+        raise ValueError(f"bucket_mb={bucket_mb!r} must be a number of MiB >= 0 (0 = one all-reduce per parameter "
+                         f"tensor, 25 = DDP's default)")
+    return float(bucket_mb)
+
+
+def plan_buckets(params, cap_bytes: int, first_cap: int | None = None) -> list[list]:
+    """The bucket plan: reverse parameter order, a new bucket whenever the next tensor would
+    overflow ``cap_bytes`` (a tensor bigger than the cap gets a bucket of its own; cap 0 = one
+    bucket per tensor). ``first_cap``: a smaller cap for the first bucket (torch DDP's 1 MiB, so
+    communication starts early). Works on meta tensors too, so the cost model prices the very
+    buckets a run reduces."""
+    buckets, current, size = [], [], 0
+    cap = cap_bytes if first_cap is None else first_cap
+    for p in reversed(list(params)):
+        nbytes = p.numel() * p.element_size()
+        if current and size + nbytes > cap:
+            buckets.append(current)
+            current, size, cap = [], 0, cap_bytes
+        current.append(p)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def flat_views(tensors, numel=None):
+    """One zeroed flat buffer of ``numel`` (default: their total) elements and a view shaped like
+    each tensor, back to back; the tail past their total is padding."""
+    tensors = list(tensors)
+    total = sum(t.numel() for t in tensors)
+    flat = torch.zeros(total if numel is None else numel, dtype=tensors[0].dtype, device=tensors[0].device)
+    views, offset = [], 0
+    for t in tensors:
+        views.append(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+    return flat, views
+
+
+def trainable_parameters(module: nn.Module, what: str) -> list[nn.Parameter]:
+    """The parameters that need a gradient, each once; a clear error when there are none."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"{what}: the module has no trainable parameters (every parameter has "
+                         f"requires_grad=False); there is nothing to synchronise")
+    return params
+
+
+def group_ranks(group):
+    """(this rank in ``group``, the group's size, the global rank of its first member)."""
+    return dist.get_rank(group), dist.get_world_size(group), dist.get_global_rank(group or dist.group.WORLD, 0)
+
+
+def broadcast_module(module: nn.Module, group=None) -> None:
+    """Every parameter and buffer of ``module`` from the group's first rank (replicas start equal)."""
+    comm, src = active.comm(), group_ranks(group)[2]
+    with torch.no_grad():
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            comm.broadcast(tensor.data, src=src, group=group, name=name)
+
+
+class _Bucket:
+    def __init__(self, index, params, names):
+        self.index = index
+        self.params = params
+        self.names = names
+        # The views become the parameters' .grad when their first gradient arrives (``_adopt``):
+        # until then .grad stays None, as on one device, so an optimizer skips what never got one.
+        self.buffer, self.views = flat_views(p.detach() for p in params)
+        self.work = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+
+class DataParallel(nn.Module):
+    """``module`` replicated on every rank of ``group`` (default: the whole world), gradients
+    averaged with bucketed all-reduces. Use it like ``DistributedDataParallel``::
+
+        dp = DataParallel(model, bucket_mb=25.0, overlap=True)
+        loss_fn(dp(x_local), y_local).backward()
+        dp.finish_gradient_synchronization()
+        optimizer.step(); optimizer.zero_grad()
+
+    Inside ``mpkit.launch`` every all-reduce is a traced event (bucket sizes, overlap with the
+    backward in the timeline); in any other process group it just runs.
+    """
+
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, overlap: bool = True, group=None,
+                 find_unused_parameters: bool = False):
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"DataParallel wraps an nn.Module; got {type(module).__name__}")
+        if not isinstance(overlap, bool):
+            raise ValueError(f"overlap={overlap!r} must be True (all-reduce buckets during backward) or False "
+                             f"(after backward, in finish_gradient_synchronization)")
+        if not dist.is_initialized():
+            raise RuntimeError("DataParallel needs a process group: run inside mpkit.launch, torchrun, or after "
+                               "torch.distributed.init_process_group(...)")
+        self.module = module
+        self.bucket_mb = check_bucket_mb(bucket_mb)
+        self.overlap = overlap
+        self.group = group
+        self.find_unused_parameters = bool(find_unused_parameters)
+        self.world_size = dist.get_world_size(group)
+        params = trainable_parameters(module, "DataParallel")
+        names = {p: n for n, p in module.named_parameters() if p.requires_grad}
+        broadcast_module(module, group)
+        self.buckets = [_Bucket(i, ps, [names[p] for p in ps])
+                        for i, ps in enumerate(plan_buckets(params, int(self.bucket_mb * MiB)))]
+        self._slot = {p: (b, k) for b in self.buckets for k, p in enumerate(b.params)}
+        self._sync = True
+        self._reset()
+        for p in params:
+            p.register_post_accumulate_grad_hook(partial(DataParallel._grad_ready, self))
+
+    def forward(self, *args, **kwargs):
+        if self._awaiting_finish:
+            raise RuntimeError("the last backward's gradients were never synchronised: call "
+                               "finish_gradient_synchronization() after backward, before optimizer.step()")
+        return self.module(*args, **kwargs)
+
+    def _name(self, p) -> str:
+        bucket, k = self._slot[p]
+        return bucket.names[k]
+
+    # ---- bookkeeping of one step ----
+    def _reset(self):
+        self._used = set()      # parameters whose gradient arrived since the last synchronisation
+        self._counted = set()   # ... in the synchronising backward (outside no_sync): they complete buckets
+        self._awaiting_finish = False  # a backward outside no_sync() ran; finish_... comes next
+        self._pending = [len(b.params) for b in self.buckets]
+        self._next = 0          # buckets are launched in index order on every rank
+        for bucket in self.buckets:
+            bucket.work = None
+
+    def _adopt(self, p) -> None:
+        """Make ``p.grad`` the bucket slice again (after ``zero_grad(set_to_none=True)``)."""
+        bucket, k = self._slot[p]
+        view = bucket.views[k]
+        if p.grad is not view:
+            if p.grad is None:
+                view.zero_()
+            else:
+                view.copy_(p.grad)
+            p.grad = view
+
+    def _grad_ready(self, p) -> None:
+        bucket, _ = self._slot[p]
+        if bucket.work is not None:
+            raise RuntimeError(f"parameter {self._name(p)!r} got a gradient after its bucket was all-reduced: "
+                               f"call backward once per step, and use no_sync() to accumulate")
+        self._adopt(p)
+        self._used.add(p)
+        if not self._sync or p in self._counted:
+            return
+        self._awaiting_finish = True
+        self._counted.add(p)
+        self._pending[bucket.index] -= 1
+        if self.overlap:
+            while self._next < len(self.buckets) and self._pending[self._next] == 0:
+                self._launch(self.buckets[self._next])
+
+    def _launch(self, bucket) -> None:
+        bucket.work = active.comm().all_reduce(bucket.buffer, group=self.group, async_op=True,
+                                               name=f"bucket {bucket.index}")
+        self._next = bucket.index + 1
+
+    @contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally (no communication) inside; the next backward outside syncs."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def _unused(self):
+        return [(b, p) for b in self.buckets for p in b.params if p not in self._used]
+
+    def _global_use(self, unused) -> set:
+        """Parameters used by no rank this step: one all-reduce of a 0/1 mask over all parameters."""
+        params = [p for b in self.buckets for p in b.params]
+        mask = torch.tensor([p in self._used for p in params], dtype=torch.float32, device=params[0].device)
+        active.comm().all_reduce(mask, group=self.group, name="used-parameter mask")
+        return {p for p, used in zip(params, mask.tolist()) if not used}
+
+    def finish_gradient_synchronization(self) -> None:
+        """Wait until every bucket is averaged over the group; call before ``optimizer.step()``."""
+        if not self._sync:
+            raise RuntimeError("finish_gradient_synchronization() inside no_sync(): leave the no_sync() block "
+                               "and run the last backward first")
+        unused = self._unused()
+        if unused and not self.find_unused_parameters:
+            names = ", ".join(repr(self._name(p)) for _, p in unused[:5])
+            raise RuntimeError(f"parameter(s) {names}{' ...' if len(unused) > 5 else ''} got no gradient this step "
+                               f"(not used to compute the loss). Pass DataParallel(..., find_unused_parameters=True), "
+                               f"as torch DDP asks, or freeze them with requires_grad_(False)")
+        nowhere = self._global_use(unused) if self.find_unused_parameters else set()
+        kept = {}
+        for _, p in unused:  # a slice nobody wrote this step: its stale values must not be summed
+            kept[p] = p.grad
+            self._adopt(p)
+            if kept[p] is None:
+                self._slot[p][0].views[self._slot[p][1]].zero_()
+        for bucket in self.buckets:
+            if bucket.work is None:
+                self._launch(bucket)
+        for bucket in self.buckets:
+            bucket.work.wait()
+            bucket.buffer.div_(self.world_size)
+        for p in nowhere:  # used by no rank: the optimizer must see what one device would have
+            p.grad = kept[p]
+        self._reset()
+
+    @property
+    def buffers_for_tracking(self):
+        """The bucket buffers, for ``ctx.memory.track`` (they hold the gradients)."""
+        return [b.buffer for b in self.buckets]
+
+    def extra_repr(self) -> str:
+        sizes = ", ".join(f"{b.nbytes / MiB:.3g}" for b in self.buckets)
+        return f"world_size={self.world_size}, buckets MiB=[{sizes}], overlap={self.overlap}"

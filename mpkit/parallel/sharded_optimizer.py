@@ -1,0 +1,290 @@
+"""ZeRO stage 1 as a real ``torch.optim.Optimizer``: each rank keeps the optimizer state of only its
+1/N of the parameters.
+
+Parameters and gradients stay replicated (every rank runs the full forward/backward on its batch
+slice); the optimizer is what gets sharded. The trainable parameters of each parameter group live
+in one flat buffer, padded to a multiple of N and cut into N equal contiguous slices: rank r owns
+slice r, and its inner optimizer (any elementwise ``torch.optim`` class: Adam, AdamW, SGD, ...)
+sees that slice as one tensor. A step is
+
+1. (``average_gradients=True``) reduce-scatter the flat gradient: rank r receives the sum of
+   slice r only, (N-1)/N·S bytes; otherwise the gradients were already averaged (``DataParallel``
+   or DDP before it) and rank r just reads its slice;
+2. the inner optimizer on slice r alone (Adam's two moments are 8Ψ/N bytes instead of 8Ψ);
+3. all-gather the updated slices back into every rank's flat parameters ((N-1)/N·S bytes).
+
+With the reduce-scatter that is the 2(N-1)/N·S of one all-reduce: ZeRO-1 saves memory at no extra
+traffic. Flat equal slices (not whole tensors balanced greedily, as torch's
+``ZeroRedundancyOptimizer`` does) make the state exactly ceil(Ψ/N) elements per rank plus one
+step counter. Elementwise optimizers do the same math on a slice as on whole tensors; optimizers
+that look at a whole tensor at once (Adafactor's factored moments, LBFGS) do not, and are refused.
+
+Frozen parameters are never sharded or touched. A parameter with no gradient in a step keeps its
+value and optimizer state, as the optimizer would skip it on one device. (The slice has one step
+counter: a parameter that gets gradients only in *some* steps sees Adam's bias correction of the
+slice's count, not its own; a warning says so when that happens.)
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mpkit.observe import active
+from mpkit.parallel.data_parallel import broadcast_module, flat_views
+
+# Optimizers whose update of an element depends on other elements of the same tensor.
+NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor")
+
+
+def shard_numel(numel: int, world_size: int) -> int:
+    """Elements per rank of a flat buffer of ``numel`` elements padded to a multiple of ``world_size``."""
+    return math.ceil(numel / world_size)
+
+
+class _GroupShard:
+    """One parameter group's flat buffers and this rank's slice of them."""
+
+    def __init__(self, params, names, rank, world_size, average_gradients):
+        self.params, self.names = params, names
+        self.numel = sum(p.numel() for p in params)
+        self.shard_numel = shard_numel(self.numel, world_size)
+        self.lo = rank * self.shard_numel
+        self.hi = self.lo + self.shard_numel
+        padded = self.shard_numel * world_size
+        self.flat, views = flat_views((p.detach() for p in params), padded)
+        for p, view in zip(params, views):
+            view.copy_(p.detach())
+            p.data = view  # the all-gather writes straight into the model's parameters
+        self.offsets = []
+        offset = 0
+        for p in params:
+            self.offsets.append(offset)
+            offset += p.numel()
+        self.grads = self.grad_views = None
+        if average_gradients:  # the reduce-scatter's input: the model's .grad are views of it
+            self.grads, self.grad_views = flat_views((p.detach() for p in params), padded)
+            for p, view in zip(params, self.grad_views):
+                p.grad = view
+        # This rank's slice as the inner optimizer's only parameter: a view, so it updates the model.
+        self.shard = nn.Parameter(self.flat[self.lo:self.hi])
+        self.shard.grad = self.flat.new_zeros(self.shard_numel)
+
+    @property
+    def padding(self) -> int:
+        return self.flat.numel() - self.numel
+
+    def overlaps(self):
+        """(param, name, slice of the param's flat elements, slice of the shard) for every parameter
+        that has elements in this rank's slice."""
+        for p, name, start in zip(self.params, self.names, self.offsets):
+            lo, hi = max(start, self.lo), min(start + p.numel(), self.hi)
+            if lo < hi:
+                yield p, name, slice(lo - start, hi - start), slice(lo - self.lo, hi - self.lo)
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """``optimizer_cls`` (e.g. ``torch.optim.AdamW``) with its state sharded over ``group``.
+
+    ``params``: parameters or parameter groups, as any optimizer takes them; ``**defaults``: the
+    inner optimizer's arguments (``lr=1e-3, weight_decay=0.1``). ``average_gradients=False``: the
+    gradients are already averaged across the group (``DataParallel``/DDP before it);
+    ``True``: ``step()`` averages them itself with a reduce-scatter (use it *instead of*
+    ``DataParallel``'s all-reduce; then call ``broadcast_parameters()`` once so replicas start
+    equal). ``step()`` = ``reduce_scatter_gradients()`` (when averaging) + ``update_shard()`` +
+    ``all_gather_parameters()``; the phases are public so a timeline can show each.
+    """
+
+    def __init__(self, params, optimizer_cls, group=None, average_gradients: bool = False, **defaults):
+        if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
+            raise TypeError(f"optimizer_cls must be a torch.optim.Optimizer class such as torch.optim.AdamW; "
+                            f"got {optimizer_cls!r}")
+        if optimizer_cls.__name__ in NOT_ELEMENTWISE or issubclass(optimizer_cls, ShardedOptimizer):
+            raise ValueError(f"{optimizer_cls.__name__} updates a tensor as a whole, so a flat slice of it would "
+                             f"change the math; ShardedOptimizer needs an elementwise optimizer "
+                             f"(SGD, Adam, AdamW, RMSprop, Adagrad, ...)")
+        if not dist.is_initialized():
+            raise RuntimeError("ShardedOptimizer needs a process group: run inside mpkit.launch, torchrun, or after "
+                               "torch.distributed.init_process_group(...)")
+        self.group = group
+        self.average_gradients = bool(average_gradients)
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._initialising = True
+        super().__init__(params, defaults)
+        self._initialising = False
+        self.shards = []
+        inner_groups = []
+        for g in self.param_groups:
+            trainable = [p for p in g["params"] if p.requires_grad]
+            if not trainable:
+                self.shards.append(None)
+                continue
+            names = [f"group {len(self.shards)} param {i}" for i in range(len(trainable))]
+            shard = _GroupShard(trainable, names, self.rank, self.world_size, self.average_gradients)
+            self.shards.append(shard)
+            inner_groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": [shard.shard]})
+        if not inner_groups:
+            raise ValueError("ShardedOptimizer: no trainable parameters (every parameter has requires_grad=False)")
+        self.inner = optimizer_cls(inner_groups, **defaults)
+        for g, inner in zip((g for g, s in zip(self.param_groups, self.shards) if s is not None),
+                            self.inner.param_groups):
+            g.update({k: v for k, v in inner.items() if k != "params"})  # the inner class's own defaults too
+        self._had_grad = {}  # parameter -> whether it had a gradient at the last step
+
+    @property
+    def shard_parameters(self) -> list[nn.Parameter]:
+        """This rank's slices (one per parameter group with trainable parameters): what the inner
+        optimizer steps and keeps state for."""
+        return [s.shard for s in self.shards if s is not None]
+
+    def name_parameters(self, module: nn.Module) -> None:
+        """Use ``module``'s parameter names in messages (instead of "group 0 param 3")."""
+        names = {p: n for n, p in module.named_parameters()}
+        for shard in self.shards:
+            if shard is not None:
+                shard.names = [names.get(p, old) for p, old in zip(shard.params, shard.names)]
+
+    def add_param_group(self, param_group):
+        if not self._initialising:
+            raise NotImplementedError("ShardedOptimizer cannot add parameter groups after construction (the flat "
+                                      "shards are laid out once); build a new ShardedOptimizer with every group")
+        super().add_param_group(param_group)
+
+    def broadcast_parameters(self, module: nn.Module | None = None) -> None:
+        """Make every replica start from the group's first rank (``module``: its buffers too)."""
+        if module is not None:
+            broadcast_module(module, self.group)
+            return
+        comm, src = active.comm(), dist.get_global_rank(self.group or dist.group.WORLD, 0)
+        for shard in self.shards:
+            if shard is not None:
+                comm.broadcast(shard.flat, src=src, group=self.group, name="initial weights")
+
+    # ---- the three phases of a step ----
+    def reduce_scatter_gradients(self) -> None:
+        """Rank r receives the group average of gradient slice r (``average_gradients=True`` only)."""
+        if not self.average_gradients:
+            raise RuntimeError("reduce_scatter_gradients() is for ShardedOptimizer(average_gradients=True); here "
+                               "the gradients are averaged before the optimizer (DataParallel)")
+        for shard in self.shards:
+            if shard is None:
+                continue
+            missing = []
+            for p, name, view in zip(shard.params, shard.names, shard.grad_views):
+                if p.grad is None:
+                    missing.append(name)
+                elif p.grad is not view:  # after zero_grad(set_to_none=True): a fresh tensor
+                    view.copy_(p.grad)
+                    p.grad = view
+            if missing:
+                raise RuntimeError(f"parameter(s) {', '.join(map(repr, missing[:5]))} have no gradient this step; "
+                                   f"ShardedOptimizer(average_gradients=True) reduces every trainable parameter. "
+                                   f"Freeze unused parameters, or average with DataParallel(find_unused_parameters="
+                                   f"True) and use ShardedOptimizer(average_gradients=False)")
+            active.comm().reduce_scatter_tensor(shard.shard.grad, shard.grads, group=self.group, name="grads")
+            shard.shard.grad.div_(self.world_size)
+
+    @torch.no_grad()
+    def update_shard(self) -> None:
+        """The inner optimizer's step on this rank's slices only."""
+        self._sync_hyperparameters()
+        restore = []
+        for shard in self.shards:
+            if shard is None:
+                continue
+            skip = None if self.average_gradients else self._gather_local_grads(shard)
+            if skip is not None:
+                if skip.all():
+                    shard.shard.grad = None  # nothing of this slice has a gradient: the optimizer skips it
+                elif skip.any():
+                    restore.append((shard, skip, self._snapshot(shard, skip)))
+        self.inner.step()
+        for shard, skip, saved in restore:
+            for tensor, values in saved:
+                tensor[skip] = values
+        for shard in self.shards:
+            if shard is not None and shard.shard.grad is None:
+                shard.shard.grad = shard.flat.new_zeros(shard.shard_numel)
+
+    def all_gather_parameters(self) -> None:
+        """Every rank's updated slice into every rank's parameters (in place)."""
+        for shard in self.shards:
+            if shard is not None:
+                active.comm().all_gather_into_tensor(shard.flat, shard.shard.detach(), group=self.group,
+                                                     name="params")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("ShardedOptimizer.step() takes no closure: compute the loss and call backward first")
+        if self.average_gradients:
+            self.reduce_scatter_gradients()
+        self.update_shard()
+        self.all_gather_parameters()
+
+    # ---- helpers ----
+    def _gather_local_grads(self, shard):
+        """Copy this rank's slice of the (already averaged) gradients; return the mask of shard
+        elements whose parameter has no gradient, or None when every one has."""
+        skip = None
+        for p, name, param_slice, shard_slice in shard.overlaps():
+            has = p.grad is not None
+            if self._had_grad.get(p, has) != has and has:
+                warnings.warn(f"parameter {name!r} has a gradient again after steps without one: the slice's single "
+                              f"step counter kept counting, so Adam-like bias correction differs from one device's",
+                              RuntimeWarning, stacklevel=4)
+            self._had_grad[p] = has
+            if has:
+                shard.shard.grad[shard_slice] = p.grad.detach().reshape(-1)[param_slice]
+            else:
+                if skip is None:
+                    skip = torch.zeros(shard.shard_numel, dtype=torch.bool, device=shard.flat.device)
+                skip[shard_slice] = True
+                shard.shard.grad[shard_slice] = 0
+        return skip  # (padding elements stay 0: a zero gradient and zero state never move them)
+
+    def _snapshot(self, shard, skip):
+        """Values and per-element state of the skipped elements, to put back after the step."""
+        tensors = [shard.shard.data]
+        state = self.inner.state.get(shard.shard, {})
+        tensors += [v for v in state.values() if torch.is_tensor(v) and v.shape == shard.shard.shape]
+        return [(t, t[skip].clone()) for t in tensors]
+
+    def _sync_hyperparameters(self) -> None:
+        """Learning-rate schedulers change ``self.param_groups``; the inner optimizer follows."""
+        inner = iter(self.inner.param_groups)
+        for g, shard in zip(self.param_groups, self.shards):
+            if shard is not None:
+                next(inner).update({k: v for k, v in g.items() if k != "params"})
+
+    # ---- checkpoints ----
+    def _layout(self) -> dict:
+        return {"world_size": self.world_size, "rank": self.rank,
+                "numels": [None if s is None else s.numel for s in self.shards]}
+
+    def state_dict(self) -> dict:
+        """This rank's shard of the optimizer state plus the layout it belongs to: save one per rank,
+        load each into the same rank of a world laid out the same way."""
+        return {"inner": self.inner.state_dict(), "layout": self._layout(),
+                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if not isinstance(state_dict, dict) or "inner" not in state_dict or "layout" not in state_dict:
+            raise ValueError("not a ShardedOptimizer state_dict (expected the keys 'inner' and 'layout')")
+        if state_dict["layout"] != self._layout():
+            raise ValueError(f"this state_dict was saved for layout {state_dict['layout']}, but this optimizer is "
+                             f"{self._layout()}: load each rank's file into the same rank of the same world, with the "
+                             f"same parameters")
+        self.inner.load_state_dict(state_dict["inner"])
+        for g, saved in zip(self.param_groups, state_dict["param_groups"]):
+            g.update(saved)
+        self._sync_hyperparameters()
+
+    def __repr__(self):
+        sizes = [s.shard_numel for s in self.shards if s is not None]
+        return (f"ShardedOptimizer({type(self.inner).__name__}, rank {self.rank} of {self.world_size}, "
+                f"slice elements per group {sizes}, average_gradients={self.average_gradients})")

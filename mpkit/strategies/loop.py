@@ -1,0 +1,76 @@
+"""The one training loop every strategy runs, and the phases it is made of.
+
+``run_steps`` does what every strategy's loop has in common: tag events with the step, hand the
+strategy's ``step(x, y)`` this rank's data, and stop with an error naming the step when a loss is
+NaN or infinite (``check_finite``). What differs between strategies is only ``step``: where the
+batch is cut, which communication follows backward, what the optimizer owns.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mpkit.config import TrainConfig
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The loss of a step is NaN or infinite (a learning rate too large, an overflow)."""
+
+
+def run_steps(ctx, cfg: TrainConfig, step, data, *, track=()) -> list[float]:
+    """``step(x, y) -> loss (float) or None`` for each of ``cfg.steps`` steps on ``data(k)``, inside
+    ``ctx.memory.track(*track)``; returns this rank's losses."""
+    losses = []
+    with ctx.memory.track(*track):
+        for k in range(cfg.steps):
+            ctx.set_step(k)
+            loss = step(*data(k))
+            if loss is None:
+                continue
+            if cfg.check_finite and not math.isfinite(loss):
+                raise NonFiniteLoss(f"step {k}: the loss is {loss} on rank {ctx.rank}. Lower the learning rate "
+                                    f"(lr={cfg.lr:g}), or pass check_finite=False to keep training anyway")
+            losses.append(loss)
+    ctx.set_step(None)
+    return losses
+
+
+def full_batch(ctx, cfg: TrainConfig):
+    """``data`` for strategies where every rank sees the whole global batch."""
+    def data(k):
+        return tuple(t.to(ctx.device) for t in cfg.model.batch(cfg.batch_size, k, cfg.seed))
+    return data
+
+
+def local_batch(ctx, cfg: TrainConfig, rank=None, parts=None):
+    """``data`` for data parallelism: slice ``rank`` of ``parts`` (default: this rank of the world)
+    of the global batch, contiguous, all of one size."""
+    rank = ctx.rank if rank is None else rank
+    parts = ctx.world_size if parts is None else parts
+
+    def data(k):
+        return tuple(t.tensor_split(parts)[rank].to(ctx.device) for t in cfg.model.batch(cfg.batch_size, k, cfg.seed))
+    return data
+
+
+def forward_backward(ctx, cfg: TrainConfig, model, x, y) -> torch.Tensor:
+    with ctx.trace.span("forward"):
+        loss = cfg.model.loss(model(x), y)
+    with ctx.trace.span("backward"):
+        loss.backward()
+    return loss
+
+
+def optimizer_step(ctx, optimizer, set_to_none: bool = True) -> None:
+    with ctx.trace.span("optimizer"):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def group_mean(ctx, losses, group=None) -> list[float]:
+    """The mean over ``group`` of each step's loss (equal shards: the mean of shard means is the
+    global mean): one all-reduce for all steps, outside the timed steps."""
+    values = torch.tensor(losses, dtype=torch.float64, device=ctx.device)
+    ctx.comm.all_reduce(values, op="avg", group=group, name="losses")
+    return values.tolist()

@@ -1,0 +1,104 @@
+"""Pipeline parallel (``mpkit.parallel.pipeline``): the model cut into stages, the batch into
+micro-batches that flow through the stages so that several devices compute at once.
+
+Options: ``schedule`` ("gpipe", "1f1b" or "interleaved"), ``micro_batches`` (m; each holds
+batch_size/m samples, loss scaled by 1/m, gradients accumulated, one optimizer step per rank per
+step), ``virtual_stages`` (v model chunks per rank, read by "interleaved" only). Stages of the
+built-in models are balanced by parameter count (``stages.py``); a user's ``nn.Sequential`` is
+cut the same way. ``mp`` is this strategy with one micro-batch.
+"""
+from mpkit.parallel.pipeline import check_schedule_args, pipeline, schedule
+from mpkit.parallel.pipeline.schedules import engine_programs
+from mpkit.parallel.pipeline.split import partition, split_layers
+from mpkit.sim.profile import Cost
+from mpkit.strategies import stages as builtin
+from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
+from mpkit.strategies.loop import full_batch, optimizer_step, run_steps
+
+OPTIONS = {"schedule": "gpipe", "micro_batches": 4, "virtual_stages": 2}
+
+
+def virtual_stages(cfg) -> int:
+    return cfg.option("virtual_stages") if cfg.option("schedule") == "interleaved" else 1
+
+
+def check_stages(cfg, count: int, what: str) -> None:
+    if cfg.model.builtin:
+        builtin.check_stage_count(cfg.model, count, what)
+
+
+def validate(cfg):
+    name, m = cfg.option("schedule"), cfg.option("micro_batches")
+    check_schedule_args(name, cfg.world_size, m, cfg.option("virtual_stages"))
+    require_divisible(cfg.batch_size, m, "batch_size", "micro_batches",
+                      "each micro-batch holds batch_size/micro_batches samples")
+    v = virtual_stages(cfg)
+    what = "world_size" if v == 1 else f"world_size*virtual_stages={cfg.world_size}*{v}"
+    try:
+        check_stages(cfg, cfg.world_size * v, "stages")
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+def all_stages(cfg, count: int) -> list:
+    """Every stage of the model, built from the seed (each rank keeps its own; see ``pipeline``)."""
+    model = cfg.model.build(cfg.seed)
+    return split_layers(cfg.model.layers_of(model), count)
+
+
+def train_pipeline(ctx, cfg, name, m, v):
+    """mp and pp: the stages, the schedule's program on this rank, the one loop; ``RankOutput``."""
+    p = ctx.world_size
+    pipe = pipeline(all_stages(cfg, p * v), schedule=name, micro_batches=m, loss_fn=cfg.model.loss,
+                    virtual_stages=v)
+    pipe.to(ctx.device)
+    opt = make_optimizer(pipe.parameters(), cfg)
+
+    def step(x, y):
+        loss = pipe.step(x, y)
+        optimizer_step(ctx, opt)
+        return loss
+
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(pipe, opt))
+    prefix = "layers." if cfg.model.builtin else ""
+    mine = sorted(pipe.stages)
+    return RankOutput(
+        losses=losses if pipe.holds_last_stage else None,
+        params={k: t for s in mine for k, t in pipe.stages[s].named_as_original(prefix).items()},
+        extra={"schedule": name, "micro_batches": m, "stages": mine,
+               "layers": {s: list(pipe.stages[s].layer_ids) for s in mine},
+               "parameters": sum(q.numel() for q in pipe.parameters()), "program": pipe.program})
+
+
+def run_rank(ctx, cfg):
+    return train_pipeline(ctx, cfg, cfg.option("schedule"), cfg.option("micro_batches"), virtual_stages(cfg))
+
+
+def pipeline_program(pricer, name, m, v):
+    """The schedule's instruction lists, each priced on its stage's profile (the same split)."""
+    p = pricer.world
+    groups = partition([b // 4 for b in pricer.piece(batch=1).param_bytes.values()], p * v)
+    profs = {s: pricer.piece(g.start, g.stop, batch=pricer.batch // m) for s, g in enumerate(groups)}
+
+    def message(kind, stage, src, dst):
+        prof = profs[stage]
+        nbytes = prof.input_bytes if kind == "act" else prof.output_bytes[groups[stage].stop - 1]
+        return pricer.wire(nbytes), pricer.p2p_time(src, dst, nbytes)
+
+    def optimizer(rank):
+        return pricer.seconds(sum((profs[s].optimizer for s in range(rank, p * v, p)), Cost()), "optimizer")
+
+    def compute(phase):
+        extra = pricer.hw.stage_overhead[phase] * pricer.slowdown  # the executor's own work per micro-batch
+        return lambda s: pricer.seconds(profs[s].cost(phase), phase) + extra
+
+    return engine_programs(schedule(name, p, m, v), compute("forward"), compute("backward"), message, optimizer)
+
+
+def program(pricer):
+    o = pricer.options
+    v = o["virtual_stages"] if o["schedule"] == "interleaved" else 1
+    return pipeline_program(pricer, o["schedule"], o["micro_batches"], v)
+
+
+STRATEGY = Strategy("pp", OPTIONS, validate, run_rank, program)
