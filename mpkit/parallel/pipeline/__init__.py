@@ -61,16 +61,19 @@ class Pipeline(nn.Module):
 
 
 def pipeline(stages_or_module, split_points=None, schedule="1f1b", micro_batches=4, group=None, loss_fn=None,
-             virtual_stages=1) -> Pipeline:
+             virtual_stages=None) -> Pipeline:
     """Cut ``stages_or_module`` into ``world_size x virtual_stages`` stages and keep this rank's.
 
     ``stages_or_module``: an ``nn.Sequential`` (cut at ``split_points`` — the indices where a new
     stage starts — or balanced by parameter count), or a list of stage modules (one per stage).
     Stage s lives on rank s % world_size. ``loss_fn(output, target)``: the mean loss of a
-    micro-batch, used on the rank holding the last stage. Build the same model on every rank
+    micro-batch, used on the rank holding the last stage. ``virtual_stages``: model chunks per
+    rank for ``schedule="interleaved"`` (default 2; 1 for the other schedules). Build the same model on every rank
     (same seed) and call this everywhere; the stages a rank does not hold are dropped.
     """
     p = dist.get_world_size(group)
+    if virtual_stages is None:
+        virtual_stages = 2 if schedule == "interleaved" else 1
     virtual = virtual_stages if schedule == "interleaved" else 1
     check_schedule_args(schedule, p, micro_batches, virtual_stages)
     if loss_fn is None or not callable(loss_fn):

@@ -1,0 +1,458 @@
+"""``mpkit.parallel`` on an ordinary model a learner would write: a frozen layer, tied weights, an
+unused branch, parameter groups, AdamW with weight decay and torch's default ``zero_grad()``.
+
+Every parallel run is compared with the single-device run of the same model, data and optimizer,
+and with PyTorch's own implementation of the mechanism (DDP, ZeroRedundancyOptimizer).
+Tolerance: data parallelism sums the same per-sample gradients in another order (each rank's
+shard mean, then the mean over ranks), so values differ in the last float32 bits; after 5 AdamW
+steps at lr 1e-2 that stays below 1e-5 (measured: ~1e-7).
+"""
+import pickle
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+
+import pytest
+
+import mpkit
+from mpkit.parallel import DataParallel, ShardedOptimizer
+
+ATOL = 1e-5
+STEPS, BATCH = 5, 8
+
+
+class Net(nn.Module):
+    """Embedding tied to the output layer, a frozen projection, an unused branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.body = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.frozen = nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+        self.unused = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.head(self.body(self.frozen(self.emb(idx).mean(1))))
+
+
+def make_net(seed=0):
+    torch.manual_seed(seed)
+    return Net()
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(step)
+    return torch.randint(0, 16, (BATCH, 4), generator=g), torch.randint(0, 16, (BATCH,), generator=g)
+
+
+def shard(t, rank, world):
+    return t.tensor_split(world)[rank]
+
+
+def param_groups(model):
+    """Weight decay on matrices only: two groups, as real training scripts do."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+def state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def single_run(steps=STEPS):
+    model = make_net()
+    opt = torch.optim.AdamW(param_groups(model), lr=1e-2)
+    losses = []
+    for step in range(steps):
+        x, y = batch(step)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, state(model)
+
+
+REFERENCE = single_run()
+
+
+def assert_matches_single(out, world_size):
+    ref_losses, ref_state = REFERENCE
+    start = state(make_net())
+    for rank in range(world_size):
+        losses, params = out[rank]
+        assert max(abs(a - b) for a, b in zip(losses, ref_losses)) <= ATOL
+        for name, tensor in ref_state.items():
+            assert (params[name] - tensor).abs().max().item() <= ATOL, (rank, name)
+        for name in ("frozen.weight", "frozen.bias", "unused.weight", "unused.bias"):
+            assert torch.equal(params[name], start[name]), (rank, name)  # never moved, bit for bit
+
+
+def train_replicated(ctx_rank, world_size, wrap, make_opt, sync):
+    """Every rank builds the net from its own seed (the wrapper must broadcast rank 0's)."""
+    model = make_net(seed=ctx_rank)
+    wrapped = wrap(model)
+    opt = make_opt(model)
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        loss = F.cross_entropy(wrapped(shard(x, ctx_rank, world_size)), shard(y, ctx_rank, world_size))
+        loss.backward()
+        sync(wrapped)
+        opt.step()
+        opt.zero_grad()  # torch's default: set_to_none=True
+        mean = torch.tensor([loss.item()])
+        dist.all_reduce(mean)
+        losses.append(mean.item() / world_size)
+    return losses, state(model)
+
+
+def _data_parallel_rank(ctx, bucket_mb, overlap, sharded):
+    def wrap(model):
+        return DataParallel(model, bucket_mb=bucket_mb, overlap=overlap, find_unused_parameters=True)
+
+    def make_opt(model):
+        if sharded:
+            return ShardedOptimizer(param_groups(model), torch.optim.AdamW, lr=1e-2)
+        return torch.optim.AdamW(param_groups(model), lr=1e-2)
+
+    return train_replicated(ctx.rank, ctx.world_size, wrap, make_opt, lambda dp: dp.finish_gradient_synchronization())
+
+
+def _torch_rank(ctx, zero):
+    """The same training with PyTorch's DDP, and ZeroRedundancyOptimizer when ``zero``."""
+    def make_opt(model):
+        groups = param_groups(model)
+        if not zero:
+            return torch.optim.AdamW(groups, lr=1e-2)
+        opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=torch.optim.AdamW, lr=1e-2,
+                                      weight_decay=0.1)
+        opt.add_param_group(groups[1])
+        return opt
+
+    return train_replicated(ctx.rank, ctx.world_size, lambda m: DistributedDataParallel(m, find_unused_parameters=True),
+                            make_opt, lambda _: None)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("bucket_mb,overlap", [(0, True), (1e-4, True), (25.0, True), (0, False), (25.0, False)])
+def test_data_parallel_matches_single_device(world_size, bucket_mb, overlap):
+    out = mpkit.launch(_data_parallel_rank, world_size, args=(bucket_mb, overlap, False), timeout=150)
+    assert_matches_single(out, world_size)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_sharded_optimizer_matches_single_device(world_size):
+    out = mpkit.launch(_data_parallel_rank, world_size, args=(25.0, True, True), timeout=150)
+    assert_matches_single(out, world_size)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("zero", [False, True], ids=["ddp", "zero_redundancy"])
+def test_torch_implementations_agree_with_ours(zero):
+    """PyTorch's DDP (+ ZeroRedundancyOptimizer) on the same model lands where ours does."""
+    theirs = mpkit.launch(_torch_rank, 2, args=(zero,), timeout=150)
+    ours = mpkit.launch(_data_parallel_rank, 2, args=(25.0, True, zero), timeout=150)
+    assert_matches_single(theirs, 2)
+    for (their_losses, their_state), (our_losses, our_state) in zip(theirs, ours):
+        assert max(abs(a - b) for a, b in zip(their_losses, our_losses)) <= ATOL
+        assert all((their_state[k] - our_state[k]).abs().max().item() <= ATOL for k in our_state)
+
+
+# ---- a world mpkit did not make -------------------------------------------------------------
+
+def _plain_world_child(rank, world_size, port, queue):
+    torch.set_num_threads(1)  # forked after the parent ran torch ops: OpenMP would hang without it
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        out = _data_parallel_rank(type("Ctx", (), {"rank": rank, "world_size": world_size}), 25.0, True, True)
+        queue.put(pickle.dumps((rank, out)))  # plain bytes: a tensor would travel as shared memory
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_works_in_a_plain_init_process_group_world():
+    import multiprocessing
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    procs = [context.Process(target=_plain_world_child, args=(r, 2, port, queue)) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    try:
+        results = dict(pickle.loads(queue.get(timeout=90)) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    assert_matches_single([results[0], results[1]], 2)
+
+
+# ---- checkpoints and accumulation -------------------------------------------------------------
+
+def _resume_rank(ctx, stop_at):
+    """Train ``stop_at`` steps, save model + optimizer, rebuild both from scratch, load, finish."""
+    def fresh():
+        model = make_net(seed=ctx.rank)
+        dp = DataParallel(model, find_unused_parameters=True)
+        return model, dp, ShardedOptimizer(param_groups(model), torch.optim.AdamW, lr=1e-2)
+
+    model, dp, opt = fresh()
+    losses = []
+    for step in range(STEPS):
+        if step == stop_at:
+            saved = (state(model), opt.state_dict())
+            model, dp, opt = fresh()
+            model.load_state_dict(saved[0])
+            opt.load_state_dict(saved[1])
+        x, y = batch(step)
+        loss = F.cross_entropy(dp(shard(x, ctx.rank, 2)), shard(y, ctx.rank, 2))
+        loss.backward()
+        dp.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return state(model)
+
+
+@pytest.mark.timeout(120)
+def test_sharded_optimizer_state_dict_resumes_exactly():
+    straight = mpkit.launch(_resume_rank, 2, args=(None,), timeout=100)
+    resumed = mpkit.launch(_resume_rank, 2, args=(2,), timeout=100)
+    for a, b in zip(straight, resumed):
+        assert all(torch.equal(a[k], b[k]) for k in a)  # the same run, bit for bit
+
+
+def _layout_mismatch_rank(ctx):
+    model = make_net()
+    saved = ShardedOptimizer(param_groups(model), torch.optim.AdamW, lr=1e-2).state_dict()
+    other = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2)  # one group, not two
+    try:
+        other.load_state_dict(saved)
+    except ValueError as exc:
+        return str(exc)
+    return "loaded"
+
+
+@pytest.mark.timeout(60)
+def test_state_dict_of_another_layout_is_refused():
+    assert all("saved for layout" in msg for msg in mpkit.launch(_layout_mismatch_rank, 2, timeout=50))
+
+
+def _accumulate_rank(ctx):
+    """Two micro-steps per rank: the first under no_sync(), the second synchronises both."""
+    model = make_net(seed=ctx.rank)
+    dp = DataParallel(model, bucket_mb=1e-4, find_unused_parameters=True)
+    opt = torch.optim.AdamW(param_groups(model), lr=1e-2)
+    events = []
+    for step in range(STEPS):
+        x, y = (shard(t, ctx.rank, 2) for t in batch(step))
+        halves = list(zip(x.tensor_split(2), y.tensor_split(2)))
+        with dp.no_sync():
+            (F.cross_entropy(dp(halves[0][0]), halves[0][1]) / 2).backward()
+        events.append(sum(e.kind == "all_reduce" for e in ctx.trace.events))
+        (F.cross_entropy(dp(halves[1][0]), halves[1][1]) / 2).backward()
+        dp.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad()
+    return state(model), events, len(dp.buckets)
+
+
+@pytest.mark.timeout(120)
+def test_no_sync_accumulates_locally_and_syncs_once():
+    out = mpkit.launch(_accumulate_rank, 2, timeout=100)
+    _, ref = REFERENCE
+    for params, events, buckets in out:
+        assert all((params[k] - ref[k]).abs().max().item() <= ATOL for k in ref)
+        # no all-reduce inside no_sync(): before each synchronising backward the count is only the
+        # earlier steps' buckets plus their used-parameter masks
+        assert buckets > 1 and events == [(buckets + 1) * step for step in range(STEPS)]
+
+
+# ---- tensor and pipeline parallel on a learner's model ----------------------------------------
+
+class Block(nn.Module):
+    """A transformer-style MLP block, the shape tensor parallelism splits."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential()
+        self.mlp.up = nn.Linear(width, 4 * width)
+        self.mlp.act = nn.GELU()
+        self.mlp.down = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+def deep_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), Block(), Block(), nn.Tanh(), Block(), nn.Linear(16, 5))
+
+
+def regression_batch(step, size=BATCH):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(size, 6, generator=g), torch.randint(0, 5, (size,), generator=g)
+
+
+def single_deep():
+    model = deep_net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    losses = []
+    for step in range(3):
+        x, y = regression_batch(step)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, state(model)
+
+
+def _tp_rank(ctx):
+    from mpkit.parallel import full_parameters, tensor_parallel
+
+    model = tensor_parallel(deep_net(), {"*.mlp.up": "column", "*.mlp.down": "row"})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    losses = []
+    for step in range(3):
+        x, y = regression_batch(step)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    kinds = sorted({(e.kind, e.name.split(" ")[0]) for e in ctx.trace.events})
+    return losses, full_parameters(model), sum(p.numel() for p in model.parameters()), kinds
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_tensor_parallel_on_a_user_model(world_size):
+    # every rank sees the whole batch; a row-parallel layer sums partial products in another
+    # order than one matmul: float32 noise of ~1e-7, so the same 1e-5 tolerance holds
+    ref_losses, ref_state = single_deep()
+    full = sum(p.numel() for p in deep_net().parameters())
+    for losses, params, local, kinds in mpkit.launch(_tp_rank, world_size, timeout=100):
+        assert max(abs(a - b) for a, b in zip(losses, ref_losses)) <= ATOL
+        assert all((params[k] - ref_state[k]).abs().max().item() <= ATOL for k in ref_state)
+        split = 3 * (2 * 16 * 64)  # three blocks' up and down weights are cut in world_size pieces
+        assert local == full - split + split // world_size - 3 * 64 + 3 * 64 // world_size
+        assert ("all_reduce", "g") in kinds and ("all_reduce", "f") in kinds  # traced inside mpkit.launch
+
+
+def _pipeline_rank(ctx, schedule, split_points):
+    from mpkit.parallel import pipeline
+
+    pipe = pipeline(deep_net(), split_points=split_points, schedule=schedule, micro_batches=4,
+                    loss_fn=F.cross_entropy)
+    opt = torch.optim.AdamW(pipe.parameters(), lr=1e-2, weight_decay=0.1)
+    losses = []
+    for step in range(3):
+        x, y = regression_batch(step)
+        losses.append(pipe.step(x, y))
+        opt.step()
+        opt.zero_grad()
+    params = {f"{i}.{n}": p.detach().clone() for s in pipe.stages.values()
+              for i, layer in zip(s.layer_ids, s) for n, p in layer.named_parameters()}
+    return losses, params, sorted(pipe.stages)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size,schedule,split_points", [(2, "1f1b", None), (2, "gpipe", [3]),
+                                                              (4, "1f1b", [1, 3, 5]), (2, "interleaved", None)])
+def test_pipeline_on_a_user_sequential(world_size, schedule, split_points):
+    # micro-batch losses are averaged (loss/m per micro-batch, gradients accumulated): the same
+    # math as the whole batch at once, summed in another order — float32 noise under 1e-5
+    ref_losses, ref_state = single_deep()
+    out = mpkit.launch(_pipeline_rank, world_size, args=(schedule, split_points), timeout=100)
+    last = [losses for losses, _, _ in out if losses[0] is not None]
+    assert len(last) == 1 and max(abs(a - b) for a, b in zip(last[0], ref_losses)) <= ATOL
+    params = {k: v for _, p, _ in out for k, v in p.items()}
+    assert set(params) == set(ref_state)
+    assert all((params[k] - ref_state[k]).abs().max().item() <= ATOL for k in ref_state)
+    if split_points:
+        assert out[0][2] == [0]
+
+
+# ---- mpkit.train on a learner's model ---------------------------------------------------------
+
+def deep_data(step, batch_size):
+    return regression_batch(step, batch_size)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy,options", [("dp", {}), ("ddp", {}), ("zero1", {}), ("fsdp", {}),
+                                              ("tp", {"plan": {"*.mlp.up": "column", "*.mlp.down": "row"}}),
+                                              ("pp", {"schedule": "1f1b"}), ("mp", {}), ("ps", {})])
+def test_train_accepts_a_model_factory(strategy, options):
+    world = 3 if strategy == "ps" else 2
+    run = mpkit.train(strategy, world, model=deep_net, data=deep_data, loss=F.cross_entropy, steps=3,
+                      batch_size=8, optimizer="adam", **options)
+    assert run.compare_to_reference().max <= ATOL
+    assert len(run.losses) == 3 and run.trace.events
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+def _bad_input_rank(ctx, case):
+    from mpkit.parallel import pipeline, tensor_parallel
+
+    frozen = nn.Linear(4, 4).requires_grad_(False)
+    cases = {
+        "no trainable": lambda: DataParallel(frozen),
+        "no trainable zero": lambda: ShardedOptimizer(frozen.parameters(), torch.optim.AdamW, lr=1e-3),
+        "bucket_mb": lambda: DataParallel(nn.Linear(4, 4), bucket_mb=-1),
+        "missing layer": lambda: tensor_parallel(deep_net(), {"mlp.upp": "column"}),
+        "not linear": lambda: tensor_parallel(deep_net(), {"3": "column"}),
+        "not divisible": lambda: tensor_parallel(nn.Sequential(nn.Linear(4, 3)), {"0": "column"}),
+        "too many stages": lambda: pipeline(nn.Sequential(nn.Linear(4, 4)), loss_fn=F.mse_loss),
+        "bad style": lambda: tensor_parallel(deep_net(), {"0": "diagonal"}),
+        "lbfgs": lambda: ShardedOptimizer(nn.Linear(4, 4).parameters(), torch.optim.LBFGS),
+    }
+    try:
+        cases[case]()
+    except (ValueError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "accepted"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case,message", [
+    ("no trainable", "no trainable parameters"),
+    ("no trainable zero", "no trainable parameters"),
+    ("bucket_mb", "bucket_mb=-1 must be a number of MiB >= 0"),
+    ("missing layer", "plan names 'mlp.upp', but the module has no such layer; its nn.Linear layers: 0, "),
+    ("not linear", "ColumnParallelLinear slices an nn.Linear; 3 is a Tanh"),
+    ("not divisible", "layer 0: tp size 2 does not divide out_features=3"),
+    ("too many stages", "has 1 layers, fewer than the 2 stages of world_size=2"),
+    ("bad style", "use 'column', 'row'"),
+    ("lbfgs", "LBFGS updates a tensor as a whole"),
+])
+def test_bad_input_is_a_clear_error(case, message):
+    for reply in mpkit.launch(_bad_input_rank, 2, args=(case,), timeout=50):
+        assert message in reply, reply
+
+
+def test_needs_a_process_group():
+    with pytest.raises(RuntimeError, match="needs a process group"):
+        DataParallel(nn.Linear(2, 2))
