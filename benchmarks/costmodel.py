@@ -24,7 +24,7 @@ import time
 import mpkit
 from mpkit.observe.memory import CATEGORIES
 from mpkit.sim import predict
-from mpkit.sim.calibrate import cpu_sim
+from mpkit.sim.calibration import calibrate
 
 MODELS = {
     "mlp-256": dict(model="mlp", hidden=256, layers=4, batch_size=64),
@@ -72,7 +72,7 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=3, help="timed runs per configuration, periods pooled")
     args = parser.parse_args(argv)
     started = time.time()
-    hw = cpu_sim()
+    hw = calibrate()
     print(f"cpu-sim: {hw.flops / 1e9:.1f} GFLOP/s, mem {hw.mem_bw / 1e9:.1f} GB/s, op overhead "
           + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in hw.op_overhead.items())
           + f"; p2p alpha {hw.p2p.alpha * 1e6:.1f} us {hw.p2p.bandwidth / 1e9:.2f} GB/s; collective alpha "

@@ -152,3 +152,21 @@ def test_dtensor_sharding_propagation_is_not_counted():
     """DTensor computes output shapes on fake tensors; only the local shards are real memory."""
     for ours, reference in mpkit.launch(_dtensor_matmul, 2, timeout=40):
         assert ours == reference > 0
+
+
+def _allocates_outside_track(ctx, mib):
+    held = torch.zeros(mib * 2**18)  # mib MiB of float32, outside any ctx.memory.track()
+    with ctx.memory.track():
+        torch.ones(16)
+    return held.numel() * 4
+
+
+@pytest.mark.timeout(60)
+def test_a_capacity_counts_everything_the_rank_allocates():
+    """With device_memory set the whole rank is tracked: a tensor made before (outside) the
+    strategy's ``ctx.memory.track`` still fills the simulated device."""
+    with pytest.raises(mpkit.DeviceOutOfMemory, match=r"rank \d: simulated device out of memory: tried to hold "
+                                                       r"4\.0 MiB but capacity is 2\.0 MiB"):
+        mpkit.launch(_allocates_outside_track, 2, args=(4,), device_memory="2MiB", timeout=50)
+    fits = mpkit.launch(_allocates_outside_track, 2, args=(1,), device_memory="2MiB", timeout=50)
+    assert fits == [2**20, 2**20] and all(m.peak_total >= 2**20 for m in fits.memory)

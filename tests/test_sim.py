@@ -351,7 +351,7 @@ def test_stage_overhead_lengthens_each_pipeline_instruction():
 
 
 def test_monotone_pools_dips_into_their_neighbours():
-    from mpkit.sim.calibrate import monotone
+    from mpkit.sim.calibration import monotone
 
     rows = [[1, 1.0], [2, 0.5], [3, 1.12], [4, 2.0], [5, 1.8], [6, 8.0]]
     assert monotone(rows) == [[1, 0.75], [2, 0.75], [3, 1.12], [4, pytest.approx(1.9)], [5, pytest.approx(1.9)], [6, 8.0]]
@@ -375,10 +375,12 @@ def test_step_overhead_leads_every_rank():
 
 @pytest.mark.timeout(90)
 def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
-    from mpkit.sim import calibrate
+    from mpkit.sim import calibration, machines
 
     path = tmp_path / "cpu-sim.json"
-    hw = calibrate.cpu_sim(refresh=True, cache_file=path)
+    with pytest.raises(machines.NotCalibrated, match=r"run mpkit.sim.calibrate\(\) once first"):
+        machines.cpu_sim(cache_file=path)  # predicting never measures by itself
+    hw = calibration.calibrate(refresh=True, cache_file=path)
     assert 1e8 < hw.flops < 1e13 and hw.mem_bw > 1e8
     assert all(0 < v < 1e-3 for v in hw.op_overhead.values())
     assert 0 < hw.p2p.alpha < 0.05 and hw.p2p.bandwidth > 1e7
@@ -392,9 +394,9 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
         for sweep in entry.values():
             times = [t for _, t in sweep["rows"]]
             assert len(times) >= 4 and all(0 < t < 1.0 for t in times) and times == sorted(times)
-    assert calibrate.cpu_sim(cache_file=path) is hw  # this process's copy
-    calibrate._memory.clear()
-    again = calibrate.cpu_sim(cache_file=path)  # from the file, not measured again
+    assert machines.cpu_sim(cache_file=path) is hw  # this process's copy
+    machines._memory.clear()
+    again = machines.cpu_sim(cache_file=path)  # from the file, not measured again
     assert again == hw and json.loads(path.read_text())
     pred = predict("dp", hardware=again, world_size=2)
     assert pred.step_time > 0 and pred.breakdown["comm"] > 0

@@ -21,11 +21,17 @@ _current = None  # the RankContext (anything with .comm, .trace and .memory) of 
 
 @contextmanager
 def recording(ctx):
-    """Make ``ctx`` this process's current rank context inside the block."""
+    """Make ``ctx`` this process's current rank context inside the block. With a device capacity
+    (``device_memory``) the whole block is memory-tracked, so every tensor the rank allocates
+    counts toward it, not only those inside the strategy's ``ctx.memory.track``."""
     global _current
     previous, _current = _current, ctx
     try:
-        yield ctx
+        if ctx.memory.capacity is not None:
+            with ctx.memory.track():
+                yield ctx
+        else:
+            yield ctx
     finally:
         _current = previous
 

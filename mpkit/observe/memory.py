@@ -1,30 +1,37 @@
 """Per-rank memory by category, measured by torch's own tracker (not estimated).
 
-``torch.distributed._tools.mem_tracker.MemTracker`` is a TorchDispatchMode that sees every tensor
-a rank allocates and labels it Parameter / Buffer / Gradient / Activation / Temp / Optstate /
-Other. We keep its bookkeeping and replace its per-module peak statistics (which deep-copy a
-snapshot per op) with a cheap per-op sample: that gives the curve over time, the peak by
-category, and the simulated device capacity check (a rank over capacity fails like a GPU).
+``ctx.memory.track(model, optimizer)`` records every tensor the rank allocates inside, by
+category, sampled after every op that changed anything: the curve over time, the peak by
+category, and the simulated device capacity check (a rank over capacity fails like a GPU). The
+tracker itself (``torch_memtracker``) sits on private torch API behind a version gate; where it
+cannot run, tracking is off with one warning and training goes on.
 """
 from __future__ import annotations
 
 import re
 import time
-import weakref
+import warnings
 from contextlib import contextmanager
 
 import torch
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType, _UpdateType, _WeakRefInfo
-from torch._guards import active_fake_mode
-from torch.distributed.tensor import DTensor
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
 from mpkit.errors import DeviceOutOfMemory
+from mpkit.observe import torch_memtracker
 
 # Our categories; MemTracker's Parameter+Buffer -> parameters, Gradient -> gradients,
 # Optstate -> optimizer, Activation -> activations, Temp (backward temporaries)+Other -> other.
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "other")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+_warned = False
+
+
+def _warn_off() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(f"memory tracking is off: {torch_memtracker.PROBLEM}. Runs still train; plots show no memory.",
+                      RuntimeWarning, stacklevel=3)
 
 
 def parse_bytes(value) -> int | None:
@@ -55,147 +62,6 @@ def mib(n_bytes: float) -> float:
     return n_bytes / 2**20
 
 
-class _ForwardHooks:
-    """What MemTracker needs of its ModTracker here: global module forward hooks and ``is_bw``.
-
-    ModTracker also hangs multi-grad hooks on every module's inputs and outputs, in every
-    forward, to know the module hierarchy during backward; we never ask for it, and it was about
-    a third of the tracker's cost per step. Backward hooks are accepted and not called.
-    """
-
-    def __init__(self):
-        self._hooks = (None, None)
-        self._handles = ()
-
-    @property
-    def is_bw(self) -> bool:
-        return torch._C._current_graph_task_id() != -1  # exactly ModTracker's test
-
-    def register_user_hooks(self, pre_fw_hook=None, post_fw_hook=None, pre_bw_hook=None, post_bw_hook=None):
-        self._hooks = (pre_fw_hook, post_fw_hook)
-
-    def clear_user_hooks(self):
-        self._hooks = (None, None)
-
-    def __enter__(self):
-        pre, post = self._hooks
-        self._handles = (register_module_forward_pre_hook(pre), register_module_forward_hook(post, always_call=True))
-        return self
-
-    def __exit__(self, *args):
-        for handle in self._handles:
-            handle.remove()
-        self._handles = ()
-
-
-class _SamplingTracker(MemTracker):
-    """MemTracker that samples after every op instead of keeping per-module snapshots.
-
-    The module hooks keep only what categorisation needs: parameters seen in a forward get
-    gradient hooks, and a forward re-run inside backward marks an activation-checkpoint region.
-    """
-
-    def __init__(self, owner: "MemoryTracker"):
-        super().__init__()
-        self._mod_tracker = _ForwardHooks()
-        self._owner = owner
-        self._seen_modules = weakref.WeakSet()
-        self._by_address = {}  # storage address -> MemTracker's (winfo, weakref) for live storages
-        self._changed = False  # the snapshot changed since the last sample
-        self._in_comm = 0  # inside ctx.comm: a collective's own buffers are "other", not activations
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # Keeps ``__torch_dispatch__`` unwrapped by ``torch._disable_dynamo``, whose frame
-        # switching cost more per op than our bookkeeping; nothing here runs torch.compile.
-        return False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # The parent's logic without its pytree walk over outputs (a tensor or a flat tuple here).
-        if DTensor in types:
-            return NotImplemented  # let DTensor desugar into local ops, which we then see
-        res = func(*args, **(kwargs or {}))
-        if self._in_comm:
-            reftype = _MemRefType.OTH
-        elif self._in_opt:
-            reftype = _MemRefType.OPT
-        elif torch._C._current_graph_task_id() != -1 and not self._in_ac:  # ModTracker's is_bw
-            reftype = _MemRefType.TEMP
-        else:
-            reftype = _MemRefType.ACT
-        for out in (res if isinstance(res, (tuple, list)) else (res,)):
-            if type(out) is torch.Tensor:
-                self._track_plain(reftype, out)
-            elif isinstance(out, torch.Tensor):
-                if active_fake_mode() is not self._fake_mode_on_entry:
-                    return res  # DTensor's sharding propagation on fake tensors: no real memory
-                super()._track(reftype, out)
-        if self._changed:  # a sample per change: the curve is a step function
-            self._changed = False
-            self._owner._on_op(self._curr_mem_snap)
-        return res
-
-    def _track_plain(self, reftype, t) -> None:
-        """MemTracker's ``_track`` for a plain tensor (one storage, never fake): no subclass walk,
-        no set, and storages looked up by address in a plain dict, not a weak-key dictionary
-        (a dying storage leaves both in ``_delete_callback``, before its address can be reused)."""
-        st = t.untyped_storage()
-        known = self._by_address.get(st._cdata)
-        if known is None:
-            known = self._WINFO.get(st)  # made outside ``_track_plain`` (parameters, gradients)
-            if known is None:
-                known = _WeakRefInfo.create_winfo(st, t.device, reftype, self._delete_callback)
-                self._WINFO[st] = known
-                if known[0].mem_consumed > 0:
-                    self._update_snap(_UpdateType.ADD, known[0])
-            known[0].address = st._cdata
-            self._by_address[st._cdata] = known
-        elif known[0].size != st.size():
-            winfo, old = known[0], known[0].mem_consumed
-            winfo.update_mem_consumed(st)
-            self._update_snap(_UpdateType.SIZE, winfo, old_mem_consumed=old)
-
-    def _delete_callback(self, winfo, w_st) -> None:
-        self._by_address.pop(getattr(winfo, "address", None), None)
-        super()._delete_callback(winfo, w_st)
-
-    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
-        """MemTracker's, minus a fresh zeroed dict built on every call as ``setdefault``'s default."""
-        snap = self._curr_mem_snap.get(winfo.device)
-        if snap is None:
-            snap = self._curr_mem_snap[winfo.device] = dict.fromkeys(self._ref_class, 0)
-            snap[_TOTAL_KEY] = 0
-        self._changed = True
-        if u_type == _UpdateType.REF:
-            snap[old_reftype] -= winfo.mem_consumed
-            snap[winfo.reftype] += winfo.mem_consumed
-            return
-        if u_type == _UpdateType.ADD:
-            change = winfo.mem_consumed
-        elif u_type == _UpdateType.DEL:
-            change = -winfo.mem_consumed
-        else:  # SIZE
-            change = winfo.mem_consumed - old_mem_consumed
-        snap[winfo.reftype] += change
-        snap[_TOTAL_KEY] += change
-        if u_type != _UpdateType.ADD and snap[_TOTAL_KEY] == 0:
-            del self._curr_mem_snap[winfo.device]
-
-    def _pre_fw_hook(self, module, inputs) -> None:
-        if module not in self._seen_modules:
-            self._seen_modules.add(module)
-            self._track_module_params_and_buffers(module, install_grad_hooks=True)
-        elif self._mod_tracker.is_bw and self._ac_mod is None:
-            self._ac_mod = weakref.ref(module)
-            self._in_ac = True
-
-    def _post_fw_hook(self, module, inputs, outputs) -> None:
-        if self._mod_tracker.is_bw and self._ac_mod is not None and self._ac_mod() is module:
-            self._ac_mod = None
-            self._in_ac = False
-
-
-
 class MemoryTracker:
     """``ctx.memory``: wrap the training loop in ``with ctx.memory.track(model, optimizer):``.
 
@@ -207,6 +73,12 @@ class MemoryTracker:
         self.rank = rank
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.capacity = capacity
+        if enabled and torch_memtracker.PROBLEM is not None:
+            if capacity is not None:
+                raise RuntimeError(f"device_memory needs the memory tracker, which is off: {torch_memtracker.PROBLEM}; "
+                                   f"install the pinned torch (see requirements) or drop device_memory")
+            _warn_off()
+            enabled = False
         self.enabled = enabled
         self.clock = clock
         self.samples: list[tuple[float, tuple[int, ...]]] = []
@@ -219,17 +91,25 @@ class MemoryTracker:
     # ---- recording ----
     @contextmanager
     def track(self, *objects):
-        """Track everything allocated inside, plus the given modules/optimizers/tensors made before."""
+        """Track everything allocated inside, plus the given modules/optimizers/tensors made before.
+        Inside an active ``track`` (a run with a device capacity tracks the whole rank) it only
+        files the given objects under their categories."""
         if not self.enabled:
             yield self
             return
-        tracker = _SamplingTracker(self)
-        self._tracker = tracker
-        with tracker:
-            tracker.track_external(*objects)
-            self._on_op(tracker._curr_mem_snap)
+        if self._tracker is not None:
+            self._tracker.track_external(*objects)
             yield self
-        self._tracker = None
+            return
+        tracker = torch_memtracker.SamplingTracker(self)
+        self._tracker = tracker
+        try:
+            with tracker:
+                tracker.track_external(*objects)
+                self._on_sample(tracker.values())
+                yield self
+        finally:
+            self._tracker = None
 
     @contextmanager
     def communicating(self):
@@ -239,19 +119,15 @@ class MemoryTracker:
         if tracker is None:
             yield
             return
-        tracker._in_comm += 1
+        tracker.comm_depth += 1
         try:
             yield
         finally:
-            tracker._in_comm -= 1
+            tracker.comm_depth -= 1
 
-    def _on_op(self, snapshot) -> None:
-        dev = snapshot.get(self.device)
-        if dev is None:
+    def _on_sample(self, values) -> None:
+        if values is None:
             return
-        get = dev.get
-        values = (get("Parameter", 0) + get("Buffer", 0), get("Gradient", 0), get("Optstate", 0),
-                  get("Activation", 0), get("Temp", 0) + get("Other", 0))
         self.samples.append((self.clock(), values))
         total = sum(values)
         if total > self.peak_total:

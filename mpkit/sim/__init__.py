@@ -5,7 +5,7 @@ per-rank memory and a predicted timeline that ``mpkit.plot`` draws like a measur
 
 The package holds two layers: the simulator and its prices (``engine``, ``formulas``,
 ``hardware``, ``profile``, ``pricing``), which the strategies build their programs with, and
-the front end (``predict``, ``calibrate``, ``whatif``), which reads the strategies. Names load
+the front end (``predict``, ``calibration``, ``whatif``), which reads the strategies. Names load
 on first use, so importing the simulator does not import the front end.
 """
 from importlib import import_module
@@ -16,11 +16,11 @@ _LAZY = {
     "Link": ("mpkit.sim.hardware", "Link"),
     "PRESETS": ("mpkit.sim.hardware", "PRESETS"),
     "GPU_PRESETS": ("mpkit.sim.hardware", "GPU_PRESETS"),
-    "get_hardware": ("mpkit.sim.hardware", "get_hardware"),
+    "get_hardware": ("mpkit.sim.machines", "get_hardware"),
     "predict": ("mpkit.sim.predict", "predict"),
     "Prediction": ("mpkit.sim.predict", "Prediction"),
     "PredictedMemory": ("mpkit.sim.memory", "PredictedMemory"),
-    "calibrate": ("mpkit.sim.calibrate", "calibrate"),
+    "calibrate": ("mpkit.sim.calibration", "calibrate"),
     "whatif": ("mpkit.sim.whatif", "whatif"),
 }
 

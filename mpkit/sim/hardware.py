@@ -4,7 +4,7 @@ A ``Hardware`` turns counted work into seconds: each op costs a fixed overhead p
 the achieved matmul rate plus its bytes at memory bandwidth; each message costs alpha + n·beta on
 the link between its ranks, or what a table measured on this machine says (``measured``:
 cpu-sim's ranks share cores, which alpha-beta cannot express). ``cpu-sim`` is measured here
-(``mpkit.sim.calibrate``); the GPU presets come from vendor datasheets, with the efficiency
+(``mpkit.sim.calibrate()``); the GPU presets come from vendor datasheets, with the efficiency
 factors stated next to them.
 """
 from __future__ import annotations
@@ -172,17 +172,3 @@ GPU_PRESETS = {
 }
 
 PRESETS = ("cpu-sim", *GPU_PRESETS)
-
-
-def get_hardware(hardware="cpu-sim") -> Hardware:
-    """A preset by name (``cpu-sim`` is calibrated on first use), or a ``Hardware`` as given."""
-    if isinstance(hardware, Hardware):
-        return hardware
-    if hardware == "cpu-sim":
-        from mpkit.sim.calibrate import cpu_sim
-
-        return cpu_sim()
-    if hardware in GPU_PRESETS:
-        return GPU_PRESETS[hardware]
-    raise ValueError(f"hardware={hardware!r} is unknown; use one of {', '.join(PRESETS)} or pass a "
-                     f"mpkit.sim.Hardware")

@@ -16,7 +16,8 @@ from __future__ import annotations
 from mpkit.models import describe
 from mpkit.observe.trace import Trace, union_seconds
 from mpkit.sim.engine import Compute, simulate
-from mpkit.sim.hardware import Hardware, get_hardware
+from mpkit.sim.hardware import Hardware
+from mpkit.sim.machines import get_hardware
 from mpkit.sim.memory import predict_memory
 from mpkit.sim.pricing import Pricer, price_by_gap
 from mpkit.strategies import get_strategy, make_config

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ipywidgets as w
 
-from mpkit.sim.hardware import PRESETS, get_hardware
+from mpkit.sim.hardware import PRESETS
+from mpkit.sim.machines import get_hardware
 from mpkit.sim.predict import predict
 
 

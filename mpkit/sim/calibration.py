@@ -1,4 +1,4 @@
-"""Measure the ``cpu-sim`` preset on this machine, in 10-15 s, the way ranks really run.
+"""``calibrate()``: measure the ``cpu-sim`` preset on this machine, in 10-15 s, the way ranks really run.
 
 Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each, like training):
 - compute: real training steps (``mpkit.train("single")``) of five calibration models, from
@@ -18,20 +18,20 @@ torch version and calibration method) so a notebook pays the measurement once.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import statistics
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from mpkit.sim import machines
+from mpkit.sim.machines import DEFAULT_CACHE
 from mpkit.sim.hardware import PHASES, Hardware, Link
 
-DEFAULT_CACHE = Path.home() / ".cache" / "mpkit" / "cpu-sim.json"
 # Calibration models: other sizes than the labs' and benchmarks/costmodel.py's, spanning
 # op-bound steps (mlp-64), FLOP-bound ones (mlp-512, gpt-128) and attention's many small ops (gpt).
 _CALIBRATION_MODELS = (
@@ -53,8 +53,6 @@ _HOP_MESSAGES = 4  # micro-batches per relay
 # a few ms on 4 ranks), one that computed for ~0.1 ms mostly does not. Both are measured and
 # ``Hardware.measured_time`` interpolates by the compute an operation follows.
 _GAPS = {"warm": (8, 4), "cold": (160, 80)}
-_CALIBRATION_VERSION = 5  # part of the cache key: a cache from an older method is measured again
-_memory: dict[str, Hardware] = {}
 
 
 def _steady(events, kind):
@@ -278,43 +276,12 @@ def _stage_overhead(hw: Hardware) -> dict:
     return {phase: max(statistics.median(values), 0.0) for phase, values in extra.items()}
 
 
-def _cache_key() -> str:
-    return f"{socket.gethostname()}|{os.cpu_count()}|{torch.__version__}|v{_CALIBRATION_VERSION}"
-
-
-def _load(path: Path) -> Hardware | None:
-    try:
-        data = json.loads(path.read_text())[_cache_key()]
-    except (OSError, ValueError, KeyError):
-        return None
-    data["p2p"], data["collective"] = Link(**data["p2p"]), Link(**data["collective"])
-    return Hardware(**data)
-
-
-def _save(path: Path, hw: Hardware) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        data[_cache_key()] = asdict(hw)
-        path.write_text(json.dumps(data, indent=1))
-    except OSError:
-        pass  # a read-only home (some Binder/CI images) only costs a re-measure next process
-
-
-def cpu_sim(refresh: bool = False, cache_file: Path | str | None = DEFAULT_CACHE) -> Hardware:
-    """The calibrated ``cpu-sim`` preset: from this process's memory, else ``cache_file`` (None:
-    no file), else measured now. ``refresh=True`` measures again and overwrites both."""
-    key = str(cache_file)
-    if not refresh and key in _memory:
-        return _memory[key]
-    path = Path(cache_file) if cache_file is not None else None
-    hw = None if refresh or path is None else _load(path)
+def calibrate(refresh: bool = False, cache_file: Path | str | None = DEFAULT_CACHE) -> Hardware:
+    """Measure this machine as the ``cpu-sim`` preset (about 15 s of forked training runs), keep it
+    for this process and in ``cache_file`` (None: no file). Without ``refresh`` an earlier
+    measurement of this machine (same host, cores, torch and method) is reused."""
+    hw = None if refresh else machines.known(cache_file)
     if hw is None:
         hw = measure()
-        if path is not None:
-            _save(path, hw)
-    _memory[key] = hw
+        machines.keep(hw, cache_file)
     return hw
