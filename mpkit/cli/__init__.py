@@ -6,13 +6,12 @@ this file only wires them together.
 """
 import argparse
 import sys
+from importlib import import_module
 
 SUBCOMMAND_MODULES = ("mpkit.cli.run", "mpkit.cli.tour", "mpkit.cli.quiz")
 
 
 def build_parser():
-    from importlib import import_module
-
     parser = argparse.ArgumentParser(prog="mpkit", description="mpkit lab: model vs data parallelism, run for real.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in SUBCOMMAND_MODULES:

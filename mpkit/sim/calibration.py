@@ -27,10 +27,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from mpkit.runtime.launch import launch
 from mpkit.sim import machines
 from mpkit.sim.machines import DEFAULT_CACHE
 from mpkit.sim.hardware import PHASES, Hardware, Link
+from mpkit.sim.predict import predict
+from mpkit.sim.profile import profile_piece
+from mpkit.train import train
 
 # Calibration models: other sizes than the labs' and benchmarks/costmodel.py's, spanning
 # op-bound steps (mlp-64), FLOP-bound ones (mlp-512, gpt-128) and attention's many small ops (gpt).
@@ -64,9 +69,6 @@ def _phase_samples(kwargs):
     """[(phase, median seconds, Cost)] of a real single-rank training loop (``mpkit.train``:
     one torch thread, trace spans on, as every strategy runs) on one calibration model, and the
     median seconds per step outside the phases."""
-    from mpkit.sim.profile import profile_piece
-    from mpkit.train import train
-
     run = train("single", world_size=1, steps=_CAL_STEPS, memory=False, **kwargs)
     cfg = run.config.model
     prof = profile_piece(cfg, 0, cfg.num_layers, run.config.batch_size)
@@ -95,8 +97,6 @@ def _fit_compute(samples):
 def _sweep(sizes, big, reps_small, reps_big, exchange):
     """[(bytes, median seconds)] per size: ``exchange(buf)`` after a barrier, two warm-ups dropped.
     Messages of ``big`` bytes or more get ``reps_big`` repetitions instead of ``reps_small``."""
-    import torch.distributed as dist
-
     out = []
     for size in sizes:
         buf = torch.zeros(max(size // 4, 1))
@@ -113,8 +113,6 @@ def _sweep(sizes, big, reps_small, reps_big, exchange):
 
 
 def _pingpong_rank(ctx):
-    import torch.distributed as dist
-
     peer = 1 - ctx.rank
 
     def pingpong(buf):  # isend/irecv + wait, as the pipeline executor talks
@@ -144,8 +142,6 @@ def _collective_rank(ctx, matmuls):
     call, timed the way training calls them: after ``gap`` seconds of compute, so ranks arrive
     unsynchronised and those that waited must be woken. ``bytes``: the full tensor (all_reduce's,
     reduce_scatter's input, all_gather's output)."""
-    import torch.distributed as dist
-
     world = ctx.world_size
     compute, gap = _busy(matmuls)
     calls = {
@@ -176,8 +172,6 @@ def _pipeline_rank(ctx, matmuls):
     the way the pp executor talks (irecv + wait, ``gap`` seconds of compute, isend waited at the
     end). In a world of more ranks than cores a hop costs far more than a ping-pong between two
     awake ranks (the receiver must be scheduled again), so the table is kept per world size."""
-    import torch.distributed as dist
-
     n, r, m = ctx.world_size, ctx.rank, _HOP_MESSAGES
     compute, slot = _busy(matmuls)
     rows = []
@@ -227,8 +221,6 @@ def _fit(rows) -> Link:
 
 def measure(max_world: int = 4) -> Hardware:
     """Run the measurement now (about 12 s on 2 cores) and return the calibrated ``cpu-sim`` Hardware."""
-    from mpkit.runtime.launch import launch
-
     opts = dict(timeout=60, trace=False, memory=False)
     samples = [_phase_samples(kwargs) for kwargs in _CALIBRATION_MODELS]
     flops, mem_bw, overhead = _fit_compute([s for phases, _ in samples for s in phases])
@@ -260,9 +252,6 @@ def _stage_overhead(hw: Hardware) -> dict:
     single-rank fit (taking the stage input, autograd.backward on a stage's outputs, its
     bookkeeping): measured minus predicted instruction time, median over both ranks of a
     2-stage GPipe run of two calibration models."""
-    from mpkit.sim.predict import predict
-    from mpkit.train import train
-
     extra = {"forward": [], "backward": []}
     for kwargs in _PIPELINE_MODELS:
         kwargs = dict(kwargs, schedule="gpipe", micro_batches=4)

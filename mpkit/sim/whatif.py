@@ -8,7 +8,9 @@ keeps the last good picture.
 from __future__ import annotations
 
 import ipywidgets as w
+from IPython.display import display
 
+from mpkit import plot
 from mpkit.sim.hardware import PRESETS
 from mpkit.sim.machines import get_hardware
 from mpkit.sim.predict import predict
@@ -71,10 +73,6 @@ class WhatIf:
         return p
 
     def _redraw(self):
-        from IPython.display import display
-
-        from mpkit import plot
-
         self.output.clear_output(wait=True)
         with self.output:
             # mpkit.plot returns plain Figures (not pyplot's), which plt.show() does not know about

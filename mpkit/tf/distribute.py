@@ -27,6 +27,9 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
+
+from mpkit.plot.staleness import staleness
 
 TF_PIN = "tensorflow-cpu==2.21.0"
 RESULT_MARK = "MPKIT_TFDIST_RESULT "
@@ -341,8 +344,6 @@ def ps_demo(workers: int = 2, ps: int = 2, steps: int = 30, timeout: float = 60.
 def plot_ps(result, lang="ko"):
     """Loss per applied update (coloured by worker) and the staleness of each update, from
     :func:`ps_train`'s result (``mpkit.plot.staleness`` with a TensorFlow title). Returns a Figure."""
-    from mpkit.plot.staleness import staleness
-
     title = {"ko": "ParameterServerStrategy (비동기): 적용된 업데이트마다의 손실",
              "en": "ParameterServerStrategy (async): loss of each applied update"}.get(lang)
     return staleness(result, lang=lang, title=title, log=True)
@@ -372,7 +373,6 @@ def _child_main(demo, kwargs_json):
         sys.stdout.write(RESULT_MARK + json.dumps(result) + "\n")
         sys.stdout.flush()
     except BaseException:  # noqa: BLE001 - report anything, then exit non-zero
-        import traceback
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
