@@ -44,7 +44,9 @@ class Compute:
 
 class Msg(NamedTuple):
     """One side of a message: ``side`` "send"|"recv", the peer rank, the message ``key`` (the same on
-    both sides), bytes, transfer seconds; ``data``: the key a send needs or a receive produces."""
+    both sides), bytes, transfer seconds; ``data``: the key a send needs or a receive produces;
+    ``kind``: the event it records (default: its side; "rpc" for a remote call), ``name``; ``record``:
+    False for a side the real run does not trace (the server side of an rpc request)."""
 
     side: str
     peer: int
@@ -54,6 +56,9 @@ class Msg(NamedTuple):
     stage: int | None = None
     micro_batch: int | None = None
     data: object = None
+    kind: str | None = None
+    name: str = ""
+    record: bool = True
 
 
 @dataclass(frozen=True)
@@ -174,8 +179,9 @@ def simulate(programs: list[list], step: int = 0) -> Trace:
             return False
         for (op, post), peer in zip(waited, peers):
             begin = max(post, peer)
-            events.append(Event(r, op.side, begin, begin + op.seconds, op.stage, op.micro_batch,
-                                int(op.nbytes) if op.side == "send" else 0, "", step))
+            if op.record:
+                events.append(Event(r, op.kind or op.side, begin, begin + op.seconds, op.stage, op.micro_batch,
+                                    int(op.nbytes) if op.side == "send" else 0, op.name, step))
             clock[r] = max(clock[r], begin + op.seconds)
             if op.side == "recv" and op.data is not None:
                 have[r].add(op.data)

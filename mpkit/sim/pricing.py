@@ -103,10 +103,11 @@ def optimizer(pricer, prof, extra_ops=None):
     return Compute("optimizer", pricer.seconds(cost, "optimizer"))
 
 
-def message(pricer, side, me, peer, key, nbytes, stage=None, mb=None) -> P2P:
-    """A blocking send or receive of ``nbytes`` between ``me`` and ``peer`` (a batch of one)."""
+def message(pricer, side, me, peer, key, nbytes, stage=None, mb=None, **event) -> P2P:
+    """A blocking send or receive of ``nbytes`` between ``me`` and ``peer`` (a batch of one);
+    ``event``: ``kind``, ``name``, ``record`` of ``engine.Msg``."""
     src, dst = (me, peer) if side == "send" else (peer, me)
-    return P2P((Msg(side, peer, key, pricer.wire(nbytes), pricer.p2p_time(src, dst, nbytes), stage, mb),))
+    return P2P((Msg(side, peer, key, pricer.wire(nbytes), pricer.p2p_time(src, dst, nbytes), stage, mb, **event),))
 
 
 def price_by_gap(plan, programs):

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from mpkit.observe.comm import nbytes
-from mpkit.sim.engine import Compute
+from mpkit.sim.engine import Compute, Wait
 from mpkit.sim.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
 from mpkit.strategies.dp import validate_batch
@@ -111,22 +111,29 @@ def unsharded_bytes(shapes, world: int) -> int:
 
 
 def program(pricer):
-    """One unit per layer: all-gather before each layer's forward and again before its backward,
-    reduce-scatter after its backward, Adam on the local shards."""
+    """One unit per layer: all-gather before each layer's forward; in backward, FSDP2 gathers the
+    next unit (in backward order) while this one computes — its default backward prefetch — and
+    reduce-scatters each unit's gradients after its backward; Adam on the local shards."""
     prof = pricer.piece(batch=pricer.batch // pricer.world)
     n, program = pricer.world, []
     gathered = {i: unsharded_bytes(prof.layer_shapes[i], n) for i in prof.layers}
 
-    def collective(kind, i, key):
-        return pricer.collective(kind, pricer.all_ranks, gathered[i], (key, i), name=f"layers.{i}")
+    def collective(kind, i, key, async_op=False):
+        return pricer.collective(kind, pricer.all_ranks, gathered[i], (key, i), async_op, name=f"layers.{i}")
 
     for i in prof.layers:
         if gathered[i]:
             program.append(collective("all_gather", i, "ag"))
         program.append(Compute("forward", pricer.seconds(prof.cost("forward", [i]), "forward"), name=f"layer {i}"))
-    for i in reversed(prof.layers):
-        if gathered[i]:
+    order = [i for i in reversed(prof.layers)]
+    for k, i in enumerate(order):
+        if k == 0 and gathered[i]:
             program.append(collective("all_gather", i, "ag-b"))
+        elif gathered[i]:
+            program.append(Wait(("ag-b", i)))  # prefetched while the previous unit computed
+        following = order[k + 1] if k + 1 < len(order) else None
+        if following is not None and gathered[following]:
+            program.append(collective("all_gather", following, "ag-b", async_op=True))
         program.append(Compute("backward", pricer.seconds(prof.cost("backward", [i]), "backward"), name=f"layer {i}"))
         if gathered[i]:
             program.append(collective("reduce_scatter", i, "rs"))

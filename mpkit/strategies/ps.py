@@ -210,27 +210,31 @@ def run_rank(ctx, cfg):
 
 
 def program(pricer):
-    """Synchronous parameter server (rank 0): each worker pulls the parameters, runs
-    forward/backward on its shard and pushes its gradients; the server takes the pushes one after
-    another over its own link, averages them, steps, and replies. rpc (TensorPipe) is priced with
-    the gloo p2p link: same sockets, a little more per-message software."""
+    """One synchronous step (rank 0 serves): each worker pulls the parameters (one rpc, traced on
+    both sides as the run traces it), runs forward/backward on its shard and pushes its gradients
+    (one rpc, answered once the server stepped); the server takes the pushes one after another
+    over its own link, averages them and steps. rpc (TensorPipe) is priced with the gloo p2p
+    link: same sockets, a little more per-message software."""
     if pricer.options["mode"] != "sync":
         raise ValueError("ps mode='async' has no step to predict (each push is its own update); use mode='sync'")
     workers = pricer.world - 1
     prof = pricer.piece(batch=pricer.batch // workers)
     size = prof.total_param_bytes
     tensors = sum(len(sh) for sh in prof.layer_shapes.values())
-    server = [message(pricer, "send", 0, w, ("pull", w), size) for w in range(1, pricer.world)]
-    server += [message(pricer, "recv", 0, w, ("push", w), size) for w in range(1, pricer.world)]
+
+    def rpc(side, me, peer, key, nbytes, name="", record=True):
+        return message(pricer, side, me, peer, key, nbytes, kind="rpc", name=name, record=record)
+
+    server = [rpc("send", 0, w, ("pull", w), size, f"pull reply to rank {w}") for w in range(1, pricer.world)]
+    server += [rpc("recv", 0, w, ("push", w), size, record=False) for w in range(1, pricer.world)]
     average = Cost(ops=tensors * (workers + 1), bytes=3 * size * workers)  # copy, add_ per push, div_
     server += [Compute("compute", pricer.seconds(average, "optimizer"), name="average gradients"),
                optimizer(pricer, prof)]
-    server += [message(pricer, "send", 0, w, ("reply", w), 8) for w in range(1, pricer.world)]
+    server += [rpc("send", 0, w, ("reply", w), 8, record=False) for w in range(1, pricer.world)]
     programs = [server]
     for w in range(1, pricer.world):
-        programs.append([message(pricer, "recv", w, 0, ("pull", w), size), *fwd_bwd(pricer, prof),
-                         message(pricer, "send", w, 0, ("push", w), size),
-                         message(pricer, "recv", w, 0, ("reply", w), 8)])
+        programs.append([rpc("recv", w, 0, ("pull", w), size, "pull"), *fwd_bwd(pricer, prof),
+                         rpc("send", w, 0, ("push", w), size, "push"), rpc("recv", w, 0, ("reply", w), 8, record=False)])
     return programs
 
 
