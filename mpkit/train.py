@@ -59,6 +59,12 @@ class Run:
         self._reference = None
 
     @property
+    def mesh(self):
+        """Where the ranks sit on the dp x pp x tp grid (``mpkit.parallel.Layout``: ``coords(rank)``,
+        ``groups(dim)``); None for the parameter server, which has no grid."""
+        return get_strategy(self.strategy).mesh(self.config)
+
+    @property
     def extra(self):
         return [o.extra for o in self.outputs]
 

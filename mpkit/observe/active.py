@@ -36,6 +36,18 @@ def recording(ctx):
         _current = previous
 
 
+@contextmanager
+def quiet():
+    """Inside, mpkit.parallel's communication records nothing (its own bookkeeping, such as the
+    pipeline's shape handshake, is not part of the run a student looks at)."""
+    global _current
+    previous, _current = _current, None
+    try:
+        yield
+    finally:
+        _current = previous
+
+
 def current():
     """The current rank context, or None outside ``mpkit.launch``/torchrun runs."""
     return _current

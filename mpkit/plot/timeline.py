@@ -4,6 +4,9 @@ Idle is every stretch of the plotted window in which a rank did no compute — e
 ``Trace.bubble_share`` counts — so the hatched area and the number in the title agree.
 Communication sits on a thinner lane under the compute lane: overlap (DDP buckets during
 backward) shows as comm spans under compute spans, exposed comm as comm under a bubble.
+On a 3-D run (data x pipeline x tensor parallel) rows carry their mesh coordinates, lines
+separate the data-parallel replicas (solid) and pipeline stages (dotted), and communication is
+coloured by the dimension it ran in: TP, PP or DP.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from matplotlib.patches import Patch, Rectangle
 from mpkit.plot.inputs import as_trace, select_step
 from mpkit.i18n import t as text
 from mpkit.plot.style import title as run_title
-from mpkit.plot.style import IDEAL_EDGE, IDLE_COLOUR, IDLE_HATCH, KIND_COLOURS, drawing, new_figure
+from mpkit.plot.style import GROUP_COLOURS, IDEAL_EDGE, IDLE_COLOUR, IDLE_HATCH, KIND_COLOURS, drawing, new_figure
 
 # Lanes inside the row of rank r (y grows downwards): compute [r-0.40, r+0.10], comm [r+0.14, r+0.40].
 COMPUTE_LANE = (-0.40, 0.50)
@@ -62,13 +65,19 @@ def _lane(event):
     return COMPUTE_LANE if event.category == "compute" else COMM_LANE
 
 
-def _draw_events(ax, events, inches_per_ms):
+def _colour(event, by_group):
+    if by_group and event.category == "comm" and event.group in GROUP_COLOURS:
+        return GROUP_COLOURS[event.group]
+    return KIND_COLOURS[event.kind]
+
+
+def _draw_events(ax, events, inches_per_ms, by_group=False):
     for e in events:
         if e.category == "idle":
             continue  # recorded idle lies inside a compute gap, which is shaded already
         offset, height = _lane(e)
         x, width = e.start * 1e3, e.duration * 1e3
-        colour = KIND_COLOURS[e.kind]
+        colour = _colour(e, by_group)
         # A white edge separates neighbouring spans, but would swallow a span narrower than itself.
         edge = "white" if width * inches_per_ms > 0.04 else colour
         ax.add_patch(Rectangle((x, e.rank + offset), width, height, facecolor=colour,
@@ -111,8 +120,11 @@ def _draw_step_starts(ax, trace, lang):
                     xytext=(2, 2), textcoords="offset points", fontsize=7, color="#555555")
 
 
-def _legend(ax, kinds, lang, with_ideal):
-    handles = [Patch(facecolor=KIND_COLOURS[k], label=text(k, lang)) for k in KIND_COLOURS if k in kinds]
+def _legend(ax, kinds, lang, with_ideal, groups=()):
+    handles = [Patch(facecolor=KIND_COLOURS[k], label=text(k, lang)) for k in KIND_COLOURS
+               if k in kinds and not (groups and k in ("all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                                          "send", "recv"))]
+    handles += [Patch(facecolor=GROUP_COLOURS[g], label=text(f"group_{g}", lang)) for g in GROUP_COLOURS if g in groups]
     handles.append(Patch(facecolor=IDLE_COLOUR, edgecolor="#9E9E9E", hatch=IDLE_HATCH, label=text("idle", lang)))
     if with_ideal:
         handles.append(Patch(fill=False, edgecolor=IDEAL_EDGE, linestyle="--", label=text("ideal", lang)))
@@ -123,6 +135,28 @@ def _title(run_or_trace, trace, step, lang, title):
     if title is None:
         title = run_title("timeline", run_or_trace, lang, step)
     return title + "\n" + text("shares", lang, bubble=trace.bubble_share(), comm=trace.comm_share())
+
+
+def _mesh(run_or_trace):
+    """The run's dp x pp x tp layout when it is a 3-D one (several dimensions), else None."""
+    mesh = getattr(run_or_trace, "mesh", None)
+    return mesh if mesh is not None and sum(size > 1 for size in mesh.shape) > 1 else None
+
+
+def _draw_mesh(ax, mesh, ranks):
+    """A solid line between data-parallel replicas, a dotted one between pipeline stages."""
+    for above, below in zip(ranks, ranks[1:]):
+        a, b = mesh.coords(above), mesh.coords(below)
+        if a["dp"] != b["dp"]:
+            ax.axhline((above + below) / 2, color="#555555", linewidth=1.0, zorder=0.4)
+        elif a["pp"] != b["pp"]:
+            ax.axhline((above + below) / 2, color="#999999", linestyle=":", linewidth=0.9, zorder=0.4)
+
+
+def _rank_label(rank, mesh, lang):
+    if mesh is None:
+        return text("rank", lang, rank=rank)
+    return text("rank_coords", lang, rank=rank, **mesh.coords(rank))
 
 
 def timeline(run_or_trace, lang="en", step=None, ax=None, ideal=None, title=None):
@@ -139,25 +173,31 @@ def timeline(run_or_trace, lang="en", step=None, ax=None, ideal=None, title=None
         ideal_events = [] if ideal is None else _aligned_ideal(ideal, step, start)
         ranks = sorted({*trace.ranks, *(e.rank for e, _, _ in ideal_events)})
         x_end = max([end, *(s_end for _, _, s_end in ideal_events)])
+        mesh = _mesh(run_or_trace)
         if ax is None:
             fig, ax = new_figure(*figsize(len(ranks)))
+            if mesh is not None:
+                fig.subplots_adjust(left=0.2)  # room for the mesh coordinates of each row
         fig = ax.figure
         ax.set_xlim(start * 1e3, x_end * 1e3)
         ax.set_ylim(max(ranks) + 0.5, min(ranks) - 0.5)
         axes_inches = ax.get_position().width * fig.get_figwidth()
         inches_per_ms = axes_inches / max((x_end - start) * 1e3, 1e-9)
 
+        groups = {e.group for e in trace.events if e.category == "comm" and e.group} if mesh else set()
         _draw_gaps(ax, trace, ranks, start, end)
-        _draw_events(ax, trace.events, inches_per_ms)
+        _draw_events(ax, trace.events, inches_per_ms, by_group=bool(groups))
         _draw_ideal(ax, ideal_events)
         _draw_step_starts(ax, trace, lang)
+        if mesh is not None:
+            _draw_mesh(ax, mesh, ranks)
 
-        ax.set_yticks(ranks, [text("rank", lang, rank=r) for r in ranks])
+        ax.set_yticks(ranks, [_rank_label(r, mesh, lang) for r in ranks])
         ax.set_xlabel(text("time_ms", lang))
         ax.set_title(_title(run_or_trace, trace, step, lang, title), fontsize=11, loc="left")
         ax.grid(axis="x", color="#EEEEEE", linewidth=0.6)
         ax.set_axisbelow(True)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
-        _legend(ax, {e.kind for e in trace.events}, lang, bool(ideal_events))
+        _legend(ax, {e.kind for e in trace.events}, lang, bool(ideal_events), groups)
     return fig

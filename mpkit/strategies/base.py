@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from mpkit.config import TrainConfig
+from mpkit.parallel.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,14 @@ class Strategy:
     validate: Callable[[TrainConfig], None]
     run_rank: Callable
     program: Callable | None = None  # pricer -> per-rank instruction lists of one step (None: not predicted)
+    dim: str | None = "dp"  # the mesh dimension all ranks form ("dp", "tp", "pp"); None: no grid (ps)
+    layout: Callable[[TrainConfig], Layout] | None = None  # several dimensions at once (3d)
+
+    def mesh(self, cfg: TrainConfig) -> Layout | None:
+        """The run's ranks on the dp x pp x tp grid."""
+        if self.layout is not None:
+            return self.layout(cfg)
+        return None if self.dim is None else Layout(**{self.dim: cfg.world_size})
 
 
 @dataclass

@@ -28,4 +28,4 @@ def program(pricer):
     return pipeline_program(pricer, "gpipe", 1, 1)
 
 
-STRATEGY = Strategy("mp", OPTIONS, validate, run_rank, program)
+STRATEGY = Strategy("mp", OPTIONS, validate, run_rank, program, dim='pp')

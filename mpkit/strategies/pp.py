@@ -101,4 +101,4 @@ def program(pricer):
     return pipeline_program(pricer, o["schedule"], o["micro_batches"], v)
 
 
-STRATEGY = Strategy("pp", OPTIONS, validate, run_rank, program)
+STRATEGY = Strategy("pp", OPTIONS, validate, run_rank, program, dim='pp')

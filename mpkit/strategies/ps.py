@@ -238,4 +238,4 @@ def program(pricer):
     return programs
 
 
-STRATEGY = Strategy("ps", OPTIONS, validate, run_rank, program)
+STRATEGY = Strategy("ps", OPTIONS, validate, run_rank, program, dim=None)

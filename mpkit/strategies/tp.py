@@ -40,7 +40,11 @@ def validate(cfg):
         return
     if plan is not None:
         raise ValueError("the built-in models come with their Megatron plan; plan= is for model=<your factory>")
-    m, t = cfg.model, cfg.world_size
+    validate_tp_size(cfg.model, cfg.world_size, "world_size")
+
+
+def validate_tp_size(m, t: int, name: str) -> None:
+    """ValueError unless a tensor-parallel size ``t`` splits the built-in model ``m`` evenly."""
     if m.kind == "gpt":
         # heads % t implies the other two for this model (hidden = heads·head_dim), but each is a
         # separate requirement of the split, so each gets its own message.
@@ -51,10 +55,10 @@ def validate(cfg):
         checks = [("hidden", m.hidden, "each column/row pair splits the hidden features")]
     else:
         checks = []
-    for name, value, why in checks:
+    for size, value, why in checks:
         if value % t:
-            raise ValueError(f"tp size world_size={t} does not divide {name}={value} ({why}); "
-                             f"use world_size in {_divisors(value)}")
+            raise ValueError(f"tp size {name}={t} does not divide {size}={value} ({why}); "
+                             f"use {name} in {_divisors(value)}")
 
 
 def builtin_plan(cfg, tp: int) -> dict:
@@ -128,4 +132,4 @@ def program(pricer):
     return [list(program) for _ in range(pricer.world)]
 
 
-STRATEGY = Strategy("tp", OPTIONS, validate, run_rank, program)
+STRATEGY = Strategy("tp", OPTIONS, validate, run_rank, program, dim='tp')

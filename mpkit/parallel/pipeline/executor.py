@@ -89,7 +89,8 @@ class PipelineExecutor:
                 shape, dtype = tuple(dims[:ndim]), _DTYPES[code]
             shapes[s] = (shape, dtype)
             if s < self.last:
-                out_shape, out_dtype = _out_meta(self.stages[s], shape, dtype)
+                with active.quiet():  # a tensor-parallel stage all-reduces in its forward
+                    out_shape, out_dtype = _out_meta(self.stages[s], shape, dtype)
                 if len(out_shape) > _MAX_DIMS or out_dtype not in _DTYPES:
                     raise TypeError(f"stage {s} returns a {out_dtype} tensor of shape {out_shape}; a pipeline "
                                     f"boundary carries floating or integer tensors of up to {_MAX_DIMS} dimensions")

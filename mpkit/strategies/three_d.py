@@ -1,0 +1,131 @@
+"""3-D parallelism (Megatron-LM's DP x TP x PP): data, tensor and pipeline parallelism together on
+one ``DeviceMesh`` with named dimensions ("dp", "pp", "tp"), as every large model is trained.
+
+Ranks sit on the grid of ``mpkit.parallel.Layout``: tensor parallel innermost (adjacent ranks
+share a node's fastest links, and TP talks inside every layer), pipeline next, data parallel
+outermost. Every rank builds the model from the seed; the layers are cut into ``pp`` stages
+(balanced by parameter count, as ``pp`` cuts them), each stage's big Linears are split over its
+TP group (Megatron's plan, as ``tp`` splits them), the micro-batches of this rank's DP shard flow
+through the stages with the chosen schedule, and after the pipeline flush the gradients are
+averaged over the DP group (``DataParallel``) — or, with ``zero=True``, reduce-scattered and the
+optimizer state sharded over it (``ShardedOptimizer``: ZeRO-1 over the DP dimension).
+
+Options: ``dp``, ``tp``, ``pp`` (their product is the world size), ``schedule``, ``micro_batches``,
+``virtual_stages`` (interleaved only), ``zero``.
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from mpkit.parallel.data_parallel import DataParallel
+from mpkit.parallel.layout import DIMS, Layout
+from mpkit.parallel.pipeline import check_schedule_args, pipeline
+from mpkit.parallel.pipeline.split import Stage, partition
+from mpkit.parallel.sharded_optimizer import ShardedOptimizer
+from mpkit.parallel.tensor_parallel import full_parameters
+from mpkit.strategies import stages as builtin
+from mpkit.strategies import tp as tensor_strategy
+from mpkit.strategies.base import (
+    RankOutput, Strategy, make_optimizer, optimizer_spec, require_builtin, require_divisible,
+)
+from mpkit.strategies.loop import full_batch, group_mean, optimizer_step, run_steps
+
+OPTIONS = {"dp": 1, "tp": 1, "pp": 1, "schedule": "1f1b", "micro_batches": 2, "virtual_stages": 2, "zero": False}
+
+
+def layout(cfg) -> Layout:
+    return Layout(dp=cfg.option("dp"), pp=cfg.option("pp"), tp=cfg.option("tp"))
+
+
+def validate(cfg):
+    require_builtin(cfg, "its tensor-parallel plan is the built-in models' Megatron plan; on your own model "
+                         "compose mpkit.parallel's classes on a DeviceMesh")
+    grid = layout(cfg)
+    grid.check_world(cfg.world_size)
+    if not isinstance(cfg.option("zero"), bool):
+        raise ValueError(f"zero={cfg.option('zero')!r} must be True (ZeRO-1 over the dp dimension) or False")
+    if cfg.option("zero") and grid.dp == 1:
+        raise ValueError("zero=True shards the optimizer state over the dp dimension, and dp=1 has one replica; "
+                         "use dp >= 2 or zero=False")
+    tensor_strategy.validate_tp_size(cfg.model, grid.tp, "tp")
+    require_divisible(cfg.batch_size, grid.dp, "batch_size", "dp", "every data-parallel replica trains on an "
+                      "equal slice of the global batch")
+    m = cfg.option("micro_batches")
+    check_schedule_args(cfg.option("schedule"), grid.pp, m, cfg.option("virtual_stages"))
+    require_divisible(cfg.batch_size // grid.dp, m, "batch_size/dp", "micro_batches",
+                      "each replica's batch is cut into micro-batches")
+    v = virtual_stages(cfg)
+    builtin.check_stage_count(cfg.model, grid.pp * v, "pp" if v == 1 else f"pp*virtual_stages={grid.pp}*{v}")
+
+
+def virtual_stages(cfg) -> int:
+    return cfg.option("virtual_stages") if cfg.option("schedule") == "interleaved" else 1
+
+
+def mesh_groups(ctx, grid: Layout) -> dict:
+    """{dim: this rank's process group} of the ``DeviceMesh`` of ``grid`` with named dimensions.
+    Its groups carry "mesh_dp" etc. as their description, which the trace reads to tell the
+    dimensions apart; a dimension spanning the whole world would reuse the default group (no
+    name), so it gets a group of its own with the same description."""
+    mesh = init_device_mesh(ctx.device.type, grid.shape, mesh_dim_names=DIMS)
+    groups = {}
+    for dim in DIMS:
+        group = mesh.get_group(dim)
+        if dist.get_world_size(group) == ctx.world_size > 1:
+            group = dist.new_group(list(range(ctx.world_size)), group_desc=f"mesh_{dim}")
+        groups[dim] = group
+    return groups
+
+
+def run_rank(ctx, cfg):
+    grid, v, m = layout(cfg), virtual_stages(cfg), cfg.option("micro_batches")
+    me = grid.coords(ctx.rank)
+    groups = mesh_groups(ctx, grid)
+    model = cfg.model.build(cfg.seed)
+    split = partition(builtin.layer_sizes(model), grid.pp * v)  # on the full model, as pp splits it
+    if grid.tp > 1:
+        tensor_strategy.shard(model, me["tp"], grid.tp, groups["tp"])
+    stages = [Stage([model.layers[i] for i in g], g) for g in split]
+    pipe = pipeline(stages, schedule=cfg.option("schedule"), micro_batches=m, group=groups["pp"],
+                    loss_fn=cfg.model.loss, virtual_stages=v).to(ctx.device)
+    if cfg.option("zero"):
+        cls, kwargs = optimizer_spec(cfg)
+        opt = ShardedOptimizer(pipe.parameters(), cls, group=groups["dp"], average_gradients=True, **kwargs)
+        sync, track = opt.reduce_scatter_gradients, (pipe, opt.inner)
+    else:
+        opt = make_optimizer(pipe.parameters(), cfg)
+        sync, track = None, (pipe, opt)
+        if grid.dp > 1:  # after the pipeline flush, as Megatron does
+            dp = DataParallel(pipe, overlap=False, group=groups["dp"])
+            sync, track = dp.finish_gradient_synchronization, (pipe, opt, *dp.buffers_for_tracking)
+
+    def step(x, y):
+        shard = [t.tensor_split(grid.dp)[me["dp"]] for t in (x, y)]
+        loss = pipe.step(*shard)
+        if sync is not None:
+            sync()
+        if cfg.option("zero"):
+            with ctx.trace.span("optimizer"):
+                opt.update_shard()
+                opt.zero_grad()
+            opt.all_gather_parameters()
+        else:
+            optimizer_step(ctx, opt)
+        return loss
+
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=track)
+    if pipe.holds_last_stage:
+        losses = group_mean(ctx, losses, groups["dp"])  # the replicas' shard losses -> the global batch's
+    params = {}
+    for s, stage in pipe.stages.items():  # gathered over the TP group: every rank of it takes part
+        full = full_parameters(stage)
+        params.update({f"layers.{stage.layer_ids[int(k.split('.', 1)[0])]}.{k.split('.', 1)[1]}": t
+                       for k, t in full.items()})
+    report = me["dp"] == 0 and me["tp"] == 0
+    return RankOutput(losses=losses if pipe.holds_last_stage and report else None, params=params if report else {},
+                      extra={"coords": me, "stages": sorted(pipe.stages), "parameters": sum(p.numel() for p in pipe.parameters()),
+                             "layers": {s: list(stage.layer_ids) for s, stage in pipe.stages.items()}})
+
+
+STRATEGY = Strategy("3d", OPTIONS, validate, run_rank, layout=layout)
