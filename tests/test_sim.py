@@ -86,7 +86,7 @@ def test_formulas_reject_bad_sizes(call):
 # ---- pipeline timelines ----------------------------------------------------------------------
 
 def _equal_stage_trace(name, p, m, v=1, f=1.0, b=2.0):
-    programs = engine_programs(schedule(name, p, m, v), lambda s: f / v, lambda s: b / v,
+    programs = engine_programs(schedule(name, p, m, v), lambda s, mb: f / v, lambda s, mb: b / v,
                                  lambda kind, stage, src, dst: (0, 0.0), lambda rank: 0.0)
     return simulate(programs).filter(category="compute")
 

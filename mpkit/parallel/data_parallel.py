@@ -43,6 +43,7 @@ from torch import nn
 from mpkit.observe import active
 
 MiB = 2**20  # DDP's bucket_cap_mb counts MiB (bucket_cap_mb * 1024 * 1024 bytes); so does bucket_mb
+DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
 
 
 def check_bucket_mb(bucket_mb) -> float:
@@ -136,7 +137,7 @@ class DataParallel(nn.Module):
     backward in the timeline); in any other process group it just runs.
     """
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, overlap: bool = True, group=None,
+    def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True, group=None,
                  find_unused_parameters: bool = False):
         super().__init__()
         if not isinstance(module, nn.Module):

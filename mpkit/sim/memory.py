@@ -12,6 +12,7 @@ import math
 
 from mpkit.observe.memory import CATEGORIES
 from mpkit.sim import formulas
+from mpkit.parallel.layout import Layout
 from mpkit.parallel.pipeline.split import partition
 from mpkit.parallel.sharded_optimizer import shard_numel
 from mpkit.sim.pricing import Pricer
@@ -124,37 +125,49 @@ def predict_memory(strategy: str, plan: Pricer) -> list[PredictedMemory]:
         worker["activations"] += _scale(plan, _batch_bytes(plan, plan.batch // (n - 1))
                                         - _batch_bytes(plan, plan.batch // n))  # replicated() assumed N shards
         return [PredictedMemory(0, server, cap), *(PredictedMemory(r, worker, cap) for r in range(1, n))]
-    if strategy in ("mp", "pp"):
-        return _pipeline_memory(strategy, plan, cap)
+    if strategy == "mp":
+        return _pipeline_memory(plan, cap, "gpipe", 1, 1, Layout(pp=n))
+    if strategy == "pp":
+        name = plan.options["schedule"]
+        v = plan.options["virtual_stages"] if name == "interleaved" else 1
+        return _pipeline_memory(plan, cap, name, plan.options["micro_batches"], v, Layout(pp=n))
+    if strategy == "3d":
+        o = plan.options
+        v = o["virtual_stages"] if o["schedule"] == "interleaved" else 1
+        return _pipeline_memory(plan, cap, o["schedule"], o["micro_batches"], v,
+                                Layout(dp=o["dp"], pp=o["pp"], tp=o["tp"]), o["zero"])
     raise ValueError(f"no memory model for strategy={strategy!r}")
 
 
-def _pipeline_memory(strategy, plan, cap):
-    n = plan.world
-    if strategy == "mp":
-        name, m, v = "gpipe", 1, 1
-    else:
-        name, m = plan.options["schedule"], plan.options["micro_batches"]
-        v = plan.options["virtual_stages"] if name == "interleaved" else 1
-    groups = partition([b // 4 for b in plan.piece(batch=1).param_bytes.values()], n * v)
-    mb = plan.batch // m
+def _pipeline_memory(plan, cap, name, m, v, grid, zero=False):
+    """Stages of a pipeline on ``grid.pp`` ranks (each stage's Linears split over ``grid.tp``, its
+    micro-batches cut from a 1/``grid.dp`` shard of the batch; ZeRO-1 over dp when ``zero``)."""
+    p = grid.pp
+    groups = partition([b // 4 for b in plan.piece(batch=1).param_bytes.values()], p * v)
+    mb = plan.batch // grid.dp // m
+    shard = tp_shard if grid.tp > 1 else None
     out = []
-    for r in range(n):
-        stages = list(range(r, n * v, n))
-        profs = [plan.piece(groups[s].start, groups[s].stop, batch=mb) for s in stages]
-        numel = sum(p.total_param_bytes for p in profs) // 4
-        ntensors = sum(len(sh) for p in profs for sh in p.layer_shapes.values())
-        values = _states(plan, numel, 0, ntensors, 1)
-        if m > 1:
+    for rank in range(grid.world_size):
+        r = grid.coords(rank)["pp"]
+        stages = list(range(r, p * v, p))
+        profs = [plan.piece(groups[s].start, groups[s].stop, batch=mb, tp=grid.tp, shard=shard) for s in stages]
+        numel = sum(prof.total_param_bytes for prof in profs) // 4
+        ntensors = sum(len(sh) for prof in profs for sh in prof.layer_shapes.values())
+        if zero:
+            flat = shard_numel(numel, grid.dp) * grid.dp
+            values = _states(plan, flat, 1, 1, grid.dp)
+            values["gradients"] += _scale(plan, 4 * flat / grid.dp) if plan.hw.precision == "fp32" else 0
+        else:
+            values = _states(plan, numel, 0, ntensors, 1)
+        if m > 1 or grid.dp > 1:
             values["gradients"] += _largest_tensor(plan, profs)
         # every rank makes the whole batch; a profile also counted its own micro-batch's copy
         own = [_target_bytes(plan, mb) + (_input_bytes(plan, mb) if groups[s].start == 0 else 0) for s in stages]
-        retained = [p.retained - o for p, o in zip(profs, own)]
-        peak_one = max(p.memory["activations"] - o for p, o in zip(profs, own))
-        in_flight = formulas.inflight_activations(name, n, m, r, v)
-        chunk_avg = sum(retained) / len(retained)
-        held = (in_flight - 1) * chunk_avg
+        retained = [prof.retained - o for prof, o in zip(profs, own)]
+        peak_one = max(prof.memory["activations"] - o for prof, o in zip(profs, own))
+        in_flight = formulas.inflight_activations(name, p, m, r, v)
+        held = (in_flight - 1) * sum(retained) / len(retained)
         values["activations"] = _scale(plan, _batch_bytes(plan, plan.batch) + held + peak_one)
-        values["other"] = _scale(plan, max(p.memory["other"] for p in profs))
-        out.append(PredictedMemory(r, values, cap))
+        values["other"] = _scale(plan, max(prof.memory["other"] for prof in profs))
+        out.append(PredictedMemory(rank, values, cap))
     return out

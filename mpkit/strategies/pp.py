@@ -90,7 +90,7 @@ def pipeline_program(pricer, name, m, v):
 
     def compute(phase):
         extra = pricer.hw.stage_overhead[phase] * pricer.slowdown  # the executor's own work per micro-batch
-        return lambda s: pricer.seconds(profs[s].cost(phase), phase) + extra
+        return lambda s, mb: pricer.seconds(profs[s].cost(phase), phase) + extra
 
     return engine_programs(schedule(name, p, m, v), compute("forward"), compute("backward"), message, optimizer)
 

@@ -15,15 +15,21 @@ Options: ``dp``, ``tp``, ``pp`` (their product is the world size), ``schedule``,
 """
 from __future__ import annotations
 
+import math
+
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from mpkit.parallel.data_parallel import DataParallel
+from mpkit.parallel.data_parallel import DEFAULT_BUCKET_MB, MiB, DataParallel, plan_buckets
 from mpkit.parallel.layout import DIMS, Layout
-from mpkit.parallel.pipeline import check_schedule_args, pipeline
+from mpkit.parallel.pipeline import check_schedule_args, pipeline, schedule
+from mpkit.parallel.pipeline.schedules import engine_program
 from mpkit.parallel.pipeline.split import Stage, partition
-from mpkit.parallel.sharded_optimizer import ShardedOptimizer
+from mpkit.parallel.sharded_optimizer import ShardedOptimizer, shard_numel
 from mpkit.parallel.tensor_parallel import full_parameters
+from mpkit.sim.engine import Compute, Wait
+from mpkit.sim.profile import Cost, optimizer_cost
 from mpkit.strategies import stages as builtin
 from mpkit.strategies import tp as tensor_strategy
 from mpkit.strategies.base import (
@@ -128,4 +134,68 @@ def run_rank(ctx, cfg):
                              "layers": {s: list(stage.layer_ids) for s, stage in pipe.stages.items()}})
 
 
-STRATEGY = Strategy("3d", OPTIONS, validate, run_rank, layout=layout)
+def program(pricer):
+    """Each rank's step on the grid: its pipeline rank's schedule, every micro-batch's forward and
+    backward priced on its stage's tensor-parallel slice with the TP all-reduces in between (as
+    ``tp`` profiles them), messages to the ranks of its PP group, and after the flush the gradient
+    average over its DP group — buckets (``DataParallel``) or ZeRO-1's reduce-scatter and
+    all-gather (``ShardedOptimizer``) — then the optimizer on its parameters."""
+    o, grid = pricer.options, Layout(dp=pricer.options["dp"], pp=pricer.options["pp"], tp=pricer.options["tp"])
+    v = o["virtual_stages"] if o["schedule"] == "interleaved" else 1
+    m, count = o["micro_batches"], grid.pp * v
+    split = partition([b // 4 for b in pricer.piece(batch=1).param_bytes.values()], count)
+    shard = tensor_strategy.shard if grid.tp > 1 else None
+    profs = {s: pricer.piece(g.start, g.stop, batch=pricer.batch // grid.dp // m, tp=grid.tp, shard=shard)
+             for s, g in enumerate(split)}
+    lists = schedule(o["schedule"], grid.pp, m, v)
+    extra = pricer.hw.stage_overhead
+
+    def message(kind, stage, src, dst):
+        prof = profs[stage]
+        nbytes = prof.input_bytes if kind == "act" else prof.output_bytes[split[stage].stop - 1]
+        return pricer.wire(nbytes), pricer.p2p_time(src, dst, nbytes)
+
+    programs = []
+    for rank in range(grid.world_size):
+        tp_group, dp_group = tuple(grid.group_of(rank, "tp")), tuple(grid.group_of(rank, "dp"))
+
+        def phase(kind, tp_group=tp_group):
+            def instructions(s, mb):
+                out = [Compute(kind, pricer.hw.stage_overhead[kind] * pricer.slowdown)] if extra[kind] else []
+                for i in (split[s] if kind == "forward" else reversed(split[s])):
+                    for k, item in enumerate(getattr(profs[s], kind)[i]):
+                        if hasattr(item, "flops"):
+                            out.append(Compute(kind, pricer.seconds(item, kind)))
+                        else:
+                            out.append(pricer.collective(item.kind, tp_group, item.bytes, (kind, s, mb, i, k, tp_group),
+                                                         name=item.name))
+                return out
+            return instructions
+
+        def step_after_flush(_rank, dp_group=dp_group, rank=rank):
+            mine = [s for s in range(grid.coords(rank)["pp"], count, grid.pp)]
+            cost = sum((profs[s].optimizer for s in mine), Cost())
+            shapes = [shape for s in mine for i in split[s] for shape in profs[s].layer_shapes[i]]
+            if grid.dp == 1:
+                return [Compute("optimizer", pricer.seconds(cost, "optimizer"))]
+            if o["zero"]:
+                per_rank = shard_numel(sum(math.prod(sh) for sh in shapes), grid.dp)
+                flat = per_rank * grid.dp * 4
+                return [pricer.collective("reduce_scatter", dp_group, flat, ("grads", dp_group), name="grads"),
+                        Compute("optimizer", pricer.seconds(optimizer_cost(((per_rank,),)), "optimizer")),
+                        pricer.collective("all_gather", dp_group, flat, ("params", dp_group), name="params")]
+            with torch.device("meta"):
+                params = [torch.empty(sh) for sh in shapes]
+            buckets = plan_buckets(params, int(DEFAULT_BUCKET_MB * MiB))  # DataParallel's default, as the run uses
+            out = [pricer.collective("all_reduce", dp_group, sum(t.numel() * 4 for t in b), ("bucket", k, dp_group),
+                                     True, f"bucket {k}") for k, b in enumerate(buckets)]
+            out += [Wait(("bucket", k, dp_group)) for k in range(len(buckets))]
+            return out + [Compute("optimizer", pricer.seconds(cost, "optimizer"))]
+
+        peers = grid.group_of(rank, "pp")
+        programs.append(engine_program(lists[grid.coords(rank)["pp"]], grid.coords(rank)["pp"], phase("forward"),
+                                       phase("backward"), message, step_after_flush, peers, count - 1))
+    return programs
+
+
+STRATEGY = Strategy("3d", OPTIONS, validate, run_rank, program, layout=layout)

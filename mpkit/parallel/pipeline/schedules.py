@@ -20,7 +20,7 @@ are matched in the order they were posted, so the receiver must post them in the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from mpkit.sim.engine import Compute, Msg, P2P, ProgramError, WaitSends
@@ -192,42 +192,64 @@ def _data(ins) -> tuple:
     return ("in" if isinstance(ins, RecvAct) else "grad", ins.mb, ins.stage)
 
 
+def _phase(kind, value, stage, mb, needs, produces, source) -> list:
+    """A computation as instructions: ``value`` seconds, or a list of instructions (compute pieces
+    and the collectives between them, as tensor parallelism issues them) whose first compute
+    needs the inputs and whose last produces the outputs."""
+    if not isinstance(value, list):
+        return [Compute(kind, value, stage, mb, needs=needs, produces=produces, source=source)]
+    pieces = [replace(ins, kind=kind, stage=stage, micro_batch=mb) if isinstance(ins, Compute) else ins for ins in value]
+    computes = [i for i, ins in enumerate(pieces) if isinstance(ins, Compute)]
+    pieces[computes[0]] = replace(pieces[computes[0]], needs=needs, source=source)
+    pieces[computes[-1]] = replace(pieces[computes[-1]], produces=produces)
+    return pieces
+
+
+def engine_program(program, rank, forward, backward, message_cost, optimizer=None, peers=None, last=None):
+    """One rank's schedule list as the simulator's instructions.
+
+    ``forward(stage, mb)``/``backward(stage, mb)`` -> seconds, or a list of instructions (see
+    ``_phase``); ``message_cost(kind 'act'|'grad', stage it feeds, src, dst)`` -> (bytes, seconds);
+    ``optimizer(rank)`` -> seconds or a list of instructions (None: no optimizer step);
+    ``peers[r]``: the global rank of pipeline rank r (default: r); ``last``: the last stage.
+    Each communication batch stays one batch, as the executor runs it: receives waited at once,
+    sends at the next batch or before the optimizer step."""
+    peers = peers or list(range(max(rank + 1, 1 + max((getattr(i, "to", getattr(i, "frm", 0)) for i in program
+                                                        if isinstance(i, COMM)), default=0))))
+    if last is None:
+        last = max(ins.stage for ins in program if isinstance(ins, Forward))
+    me, out = peers[rank], []
+    for item in batches(program):
+        if isinstance(item, list):
+            ops = []
+            for ins in item:
+                send = isinstance(ins, (SendAct, SendGrad))
+                peer = peers[ins.to if send else ins.frm]
+                key = message(ins)
+                nbytes, seconds = message_cost(key[0], key[2], *((me, peer) if send else (peer, me)))
+                ops.append(Msg("send" if send else "recv", peer, key, nbytes, seconds, ins.stage, ins.mb, _data(ins)))
+            out.append(P2P(tuple(ops), defer_sends=True, source=item))
+        elif isinstance(item, Forward):
+            s, mb = item.stage, item.mb
+            out += _phase("forward", forward(s, mb), s, mb, (("in", mb, s),) if s > 0 else (), (("out", mb, s),), item)
+        elif isinstance(item, Backward):
+            s, mb = item.stage, item.mb
+            needs = (("out", mb, s),) + ((("grad", mb, s),) if s < last else ())
+            out += _phase("backward", backward(s, mb), s, mb, needs, (("dx", mb, s),), item)
+        elif isinstance(item, OptimizerStep):
+            out.append(WaitSends())
+            if optimizer is not None:
+                step = optimizer(rank)
+                out += step if isinstance(step, list) else [Compute("optimizer", step)]
+    return out
+
+
 def engine_programs(lists, forward, backward, message_cost, optimizer=None):
-    """The schedule lists as the simulator's programs. ``forward(stage)``/``backward(stage)`` ->
-    seconds; ``message_cost(kind 'act'|'grad', stage it feeds, src, dst)`` -> (bytes, seconds);
-    ``optimizer(rank)`` -> seconds (None: no optimizer span). Each communication batch stays one
-    batch, as the executor runs it: receives waited at once, sends at the next batch or before
-    the optimizer step."""
+    """Every rank's list (ranks 0..p-1 of one pipeline) as the simulator's programs."""
     last = max((ins.stage for prog in lists for ins in prog if isinstance(ins, Forward)), default=0)
-    programs = []
-    for rank, program in enumerate(lists):
-        out = []
-        for item in batches(program):
-            if isinstance(item, list):
-                ops = []
-                for ins in item:
-                    send = isinstance(ins, (SendAct, SendGrad))
-                    peer = ins.to if send else ins.frm
-                    key = message(ins)
-                    nbytes, seconds = message_cost(key[0], key[2], *((rank, peer) if send else (peer, rank)))
-                    ops.append(Msg("send" if send else "recv", peer, key, nbytes, seconds, ins.stage, ins.mb,
-                                   _data(ins)))
-                out.append(P2P(tuple(ops), defer_sends=True, source=item))
-            elif isinstance(item, Forward):
-                s, mb = item.stage, item.mb
-                out.append(Compute("forward", forward(s), s, mb, needs=(("in", mb, s),) if s > 0 else (),
-                                   produces=(("out", mb, s),), source=item))
-            elif isinstance(item, Backward):
-                s, mb = item.stage, item.mb
-                needs = (("out", mb, s),) + ((("grad", mb, s),) if s < last else ())
-                out.append(Compute("backward", backward(s), s, mb, needs=needs, produces=(("dx", mb, s),),
-                                   source=item))
-            elif isinstance(item, OptimizerStep):
-                out.append(WaitSends())
-                if optimizer is not None:
-                    out.append(Compute("optimizer", optimizer(rank)))
-        programs.append(out)
-    return programs
+    peers = list(range(len(lists)))
+    return [engine_program(program, rank, forward, backward, message_cost, optimizer, peers, last)
+            for rank, program in enumerate(lists)]
 
 
 @dataclass
@@ -248,7 +270,7 @@ def simulate(programs, forward=1, backward=2, comm=0) -> Simulation:
     ``comm`` per message. Raises ``ScheduleError`` on a deadlock, on a receive matched by a
     different message than it expects (posting order differs), or on an instruction whose input
     is missing (e.g. a Backward before its Forward, or one that runs twice)."""
-    trace = run_programs(engine_programs(programs, lambda s: Fraction(forward), lambda s: Fraction(backward),
+    trace = run_programs(engine_programs(programs, lambda s, mb: Fraction(forward), lambda s, mb: Fraction(backward),
                                          lambda *key: (0, Fraction(comm))))
     p = len(programs)
     spans, peak, busy, in_flight = [], [0] * p, [Fraction(0)] * p, [0] * p
