@@ -8,8 +8,9 @@ step time is turned into the paper's own metric (TFLOP/s per GPU by the paper's 
 iteration seconds, or tokens/s) and compared as a throughput ratio; MAPE is printed. One efficiency assumption set for
 every row (``mpkit.sim.hardware``), no per-row factors.
 
-Then ``plan`` runs again with nothing pinned: does it choose the published layout family
-(TP inside a node, PP across nodes, or data parallel only)?
+Then ``plan`` runs again with only the software pinned (ZeRO stage, recomputation, sequence
+parallelism, flash attention, overlap) and the layout free (dp, tp, pp, micro-batches, schedule):
+does it choose the published layout family (TP inside a node, PP across nodes, ...)?
 
     python benchmarks/published.py              # the table, about a minute
     python benchmarks/published.py --calibrate  # MATMUL_SUSTAINED from the two held-out runs
@@ -36,13 +37,14 @@ MEGATRON_2022 = dict(flash=False, overlap_dp=False, zero=0)  # + sequence_parall
 DEEPSPEED_MTNLG = dict(sequence_parallel=False, flash=False, overlap_dp=False, recompute="full", zero=1,
                        schedule="1f1b")
 LLAMA3 = dict(sequence_parallel=True, flash=True, overlap_dp=True)
-MOSAIC = dict(sequence_parallel=False, flash=True, overlap_dp=True, zero=3, tp=1, pp=1)
+MOSAIC = dict(sequence_parallel=False, flash=True, overlap_dp=True, zero=3, tp=1, pp=1)  # FSDP: no TP/PP support
 
 # MPT shapes: mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (ALiBi, no biases,
 # GeLU MLP of 4x, vocab 50368, flash/triton attention)
 _MPT = dict(vocab=50368, bias=False, dropout=False, learned_positions=False)
 MPT = {"7b": Transformer(32, 4096, 32, **_MPT, name="MPT-7B"), "13b": Transformer(40, 5120, 40, **_MPT, name="MPT-13B"),
-       "30b": Transformer(48, 7168, 56, **_MPT, name="MPT-30B"), "70b": Transformer(80, 8192, 64, **_MPT, name="MPT-70B")}
+       "30b": Transformer(48, 7168, 56, **_MPT, name="MPT-30B"),
+       "70b": Transformer(80, 8192, 64, **_MPT, name="MPT-70B")}
 
 
 def _gpt(layers, hidden, heads):
@@ -88,7 +90,8 @@ RUNS = [
                                 sequence_parallel=mode == "selective", recompute=mode))
       for name, key, pp, n, B, mb, v, full, sel in [
           ("22B", None, 1, 8, 4, 4, 1, 1.42, 1.10), ("175B", "gpt3-175b", 8, 64, 64, 1, 3, 18.13, 13.75),
-          ("530B", "mt-nlg-530b", 35, 280, 280, 1, 3, 49.05, 37.83), ("1T", "megatron-1t", 64, 512, 512, 1, 1, 94.42, 71.49)]
+          ("530B", "mt-nlg-530b", 35, 280, 280, 1, 3, 49.05, 37.83),
+          ("1T", "megatron-1t", 64, 512, 512, 1, 1, 94.42, 71.49)]
       for mode, secs in (("full", full), ("selective", sel))],
     # Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B", §2.4:
     # batch 1920 on 280 / 350 / 420 DGX A100 nodes, 60.1 / 50.2 / 44.4 s per iteration
@@ -107,8 +110,8 @@ RUNS = [
     # MosaicML, mosaicml/llm-foundry scripts/train/benchmarking/README.md ("MPT Training
     # Benchmarks"): FSDP FULL_SHARD (ZeRO-3) data parallel only, flash attention; tokens/s as
     # published. A100 80GB / 40GB nodes: 1600 Gbps RoCE per node (= 200 Gb/s per GPU).
-    *[Run("MosaicML llm-foundry", f"{key.upper()} {seq} x {n} {gpu}", replace(MPT[key], seq_len=seq), hw, n, batch, tokens, "tokens",
-          dict(MOSAIC, micro_batch=mb, recompute="full" if ckpt else "none"))
+    *[Run("MosaicML llm-foundry", f"{key.upper()} {seq} x {n} {gpu}", replace(MPT[key], seq_len=seq), hw, n, batch,
+          tokens, "tokens", dict(MOSAIC, micro_batch=mb, recompute="full" if ckpt else "none"))
       for key, seq, n, gpu, hw, mb, batch, tokens, ckpt in [
           ("70b", 2048, 64, "A100-80GB", "Nx8xA100-ib", 8, 2048, 26274, True),
           ("30b", 2048, 8, "A100-80GB", "8xA100-nvlink", 3, 504, 7330, True),
@@ -145,15 +148,13 @@ def throughput_error(run: Run, predicted: float) -> float:
     return predicted / run.published - 1
 
 
+LAYOUT = ("dp", "tp", "pp", "micro_batch", "schedule", "virtual")  # what the family question frees
+
+
 def family(e) -> str:
-    """Where a layout puts TP and PP: the planner's links, read from the same Layout."""
-    lay = e.setup.layout
-    if lay.tp == 1 and lay.pp == 1:
-        return "DP only" + (f" (ZeRO-{e.setup.zero})" if e.setup.zero else "")
-    tp = "TP in node" if e.links["tp"] != "inter" else "TP across nodes"
-    if lay.pp == 1:
-        return tp + ", no PP"
-    return tp + (", PP across nodes" if e.links["pp"] == "inter" else ", PP in node")
+    """Where a layout puts TP and PP (the planner's links, read from the same Layout)."""
+    place = {"none": "no {}", "intra": "{} in node", "inter": "{} across nodes"}
+    return f"{place[e.links['tp']].format('TP')}, {place[e.links['pp']].format('PP')}"
 
 
 CALIBRATION = {"A100": "7B 2048 x 8 A100-80GB", "H100": "7B 2048 x 8 H100"}  # held out: they fix MATMUL_SUSTAINED
@@ -202,8 +203,8 @@ def main():
     errors, best_case, same = [], [], []
     for run in RUNS:
         best = predict(run)
-        software = {k: v for k, v in run.setup.items() if k in ("sequence_parallel", "flash", "overlap_dp")}
-        free = predict(run, **software) if software else None
+        software = {k: v for k, v in run.setup.items() if k not in LAYOUT}
+        free = predict(run, **software)
         unit = {"tflops": "TFLOP/s/GPU", "tflops_6n": "TFLOP/s/GPU", "seconds": "s/iteration", "tokens": "tokens/s"}
         if best is None:
             print(f"| {run.source} | {run.label} | {run.gpus} | pinned layout does not fit | {unit[run.metric]} | "
@@ -219,7 +220,8 @@ def main():
         lay = best.setup.layout
         pub_family, plan_family = family(best), (family(free) if free else "nothing fits")
         same.append(pub_family == plan_family)
-        choice = "-" if free is None else f"{free.setup.layout.dp}x{free.setup.layout.pp}x{free.setup.layout.tp}"
+        choice = "-" if free is None else (f"{free.setup.layout.dp}x{free.setup.layout.pp}x{free.setup.layout.tp}"
+                                           f"{f', ZeRO-{free.setup.zero}' if free.setup.zero else ''}")
         print(f"| {run.source} | {run.label} | {run.gpus} | {lay.dp} x {lay.pp} x {lay.tp}, "
               f"{best.micro_batches}x{best.setup.micro_batch}, {best.setup.recompute} | {unit[run.metric]} | "
               f"{run.published:,.4g} | {predicted:,.4g} | {err:+.1%}{' (calibration)' if held_out else ''} | "

@@ -69,10 +69,10 @@ class Transformer:
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "seq_len", "vocab"):
-            _whole(key, getattr(self, key))
+            whole_number(key, getattr(self, key))
         for key in ("ffn", "kv_heads"):
             if getattr(self, key) is not None:
-                _whole(key, getattr(self, key))
+                whole_number(key, getattr(self, key))
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}; pick hidden as a "
                              f"multiple of heads")
@@ -123,7 +123,8 @@ class Transformer:
                 f"{self.heads} heads{gqa}, seq {self.seq_len}, vocab {self.vocab})")
 
 
-def _whole(name, value):
+def whole_number(name, value) -> None:
+    """A ValueError naming ``name`` unless ``value`` is a whole number >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be a whole number >= 1")
 
@@ -243,11 +244,11 @@ class Setup:
     flash: bool = True
     overlap_dp: bool = True
 
-    def describe(self, micro_batches: int) -> str:
+    def describe(self, micro_batches: int, lang: str = "en") -> str:
         sched = "" if self.layout.pp == 1 else (
             f", {self.schedule}" + (f" v={self.virtual}" if self.schedule == "interleaved" else ""))
-        return (f"dp={self.layout.dp} pp={self.layout.pp} tp={self.layout.tp}, {micro_batches} x {self.micro_batch} "
-                f"sequences{sched}, ZeRO-{self.zero}, recompute {self.recompute}")
+        return t("plan_setup", lang, dp=self.layout.dp, pp=self.layout.pp, tp=self.layout.tp, m=micro_batches,
+                 b=self.micro_batch, schedule=sched, zero=self.zero, recompute=self.recompute)
 
 
 @dataclass
@@ -318,6 +319,7 @@ def aligned(layout: Layout, per_node: int) -> bool:
     return all(size % per_node == 0 or per_node % size == 0 for size in (layout.tp, layout.tp * layout.pp))
 
 
+@lru_cache(maxsize=65536)
 def _span(layout: Layout, dim: str, per_node: int) -> tuple[int, int]:
     """(ranks per node, nodes) of rank 0's group along ``dim``, read off ``Layout``'s rank mapping
     (for an ``aligned`` layout every group sits in the nodes like rank 0's)."""
@@ -359,7 +361,8 @@ def _reduce_scatter(hw, S, span):
 def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     """Price one optimizer step of ``model`` on ``hw`` laid out as ``setup`` (see the module
     docstring for what counts and what overlaps). Inputs are assumed consistent (``plan`` checks
-    them): pp divides the layers, dp·micro_batch divides the global batch."""
+    them): dp·micro_batch divides the global batch, pp is at most the layers (an uneven split is
+    priced by its fullest stage)."""
     model = transformer(model)
     lay = setup.layout
     dp, pp, tp = lay.dp, lay.pp, lay.tp
@@ -467,4 +470,4 @@ def _link_name(span) -> str:
 
 
 __all__ = ["Transformer", "MODELS", "transformer", "Setup", "Estimate", "estimate", "activation_bytes",
-           "memory_bound_bytes", "SCHEDULES", "USABLE_MEMORY"]
+           "memory_bound_bytes", "aligned", "whole_number", "SCHEDULES", "USABLE_MEMORY"]

@@ -214,9 +214,9 @@ _GPUS = {
 def _gpu(name, gpu: _Gpu, nodes=1, intra=None, **changes):
     intra = intra or gpu.nvlink
     inter = gpu.nic if nodes != 1 else None
-    hw = Hardware(name=name, flops=gpu.flops, mfu=gpu.mfu, attention=gpu.attention, mem_bw=gpu.mem_bw, op_overhead=_GPU_OP, p2p=intra,
-                  collective=intra, inter_node=inter, devices_per_node=8, nodes=nodes, memory_bytes=gpu.memory,
-                  precision="bf16", source=gpu.source)
+    hw = Hardware(name=name, flops=gpu.flops, mfu=gpu.mfu, attention=gpu.attention, mem_bw=gpu.mem_bw,
+                  op_overhead=_GPU_OP, p2p=intra, collective=intra, inter_node=inter, devices_per_node=8,
+                  nodes=nodes, memory_bytes=gpu.memory, precision="bf16", source=gpu.source)
     return replace(hw, **changes)
 
 

@@ -1,12 +1,12 @@
 """``mpkit.sim.plan``: which dp x pp x tp layout to train a large transformer with, and why.
 
 Enumerates every layout of ``gpus`` GPUs (dp·pp·tp = gpus, tp dividing the attention and
-key/value heads, pp at most the layers), every micro-batch size, pipeline schedule, ZeRO stage
-and activation recomputation; drops what does not fit in GPU memory (with the reason); ranks the
-rest by the step time ``mpkit.sim.analytic.estimate`` prices. Which link a TP, PP or DP group uses
-comes from ``mpkit.parallel.layout.Layout``, the same rank grid the real 3-D run uses, so a TP
-group wider than a node is priced on InfiniBand, never assumed away: that TP stays inside a node
-is a result the explanation shows with numbers.
+key/value heads and a node's GPUs, pp at most the layers), every micro-batch size, pipeline
+schedule, ZeRO stage and activation recomputation; drops what does not fit in GPU memory (with
+the reason); ranks the rest by the step time ``mpkit.sim.analytic.estimate`` prices. Which link
+a TP, PP or DP group uses comes from ``mpkit.parallel.layout.Layout``, the same rank grid the real
+3-D run uses. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
+on InfiniBand: the explanation compares the winner with the best such layout.
 
 Any knob can be pinned (``tp=8, pp=8, recompute="full"``); the others are searched. Inputs are
 checked first and the search is arithmetic only (no per-rank loops), so even ``gpus=10**6``
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from mpkit.i18n import check_lang, t
 from mpkit.parallel.layout import Layout
 from mpkit.sim import formulas
-from mpkit.sim.analytic import Estimate, Setup, Transformer, aligned, estimate, transformer
+from mpkit.sim.analytic import SCHEDULES, Estimate, Setup, Transformer, aligned, estimate, transformer, whole_number
 from mpkit.sim.hardware import Hardware, get_hardware
 
 RECOMPUTE = formulas.RECOMPUTE
@@ -34,11 +34,6 @@ MAX_CANDIDATES = 2_000_000  # a search this large would take minutes: refuse ins
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
-
-
-def _whole(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a whole number >= 1")
 
 
 def _choice(name, value, allowed):
@@ -62,6 +57,7 @@ class LayoutTable:
     seconds: float = 0.0
     lang: str = "en"
     top: int = 10
+    software: dict = field(default_factory=dict)
 
     @property
     def best(self) -> Estimate | None:
@@ -90,8 +86,8 @@ class LayoutTable:
         lines = []
         if self.dropped:
             tightest = min(self.dropped, key=lambda e: e.memory_total)
-            lines.append(t("plan_dropped", lang, n=len(self.dropped), layout=tightest.setup.describe(tightest.micro_batches),
-                           why=tightest.over_memory(lang)))
+            closest = tightest.setup.describe(tightest.micro_batches, lang)
+            lines.append(t("plan_dropped", lang, n=len(self.dropped), layout=closest, why=tightest.over_memory(lang)))
         for (key, value), n in sorted(self.skipped.items()):
             lines.append(t("plan_skipped", lang, n=n, reason=t(key, lang, value=value)))
         if not self.rows:
@@ -135,7 +131,7 @@ class LayoutTable:
             return "\n".join([self._header(lang), self._footer(lang)])
         lay, s = best.setup.layout, best.setup
         per_node = self.hardware.devices_per_node
-        out = [t("plan_winner", lang, layout=s.describe(best.micro_batches), step=best.step_time,
+        out = [t("plan_winner", lang, layout=s.describe(best.micro_batches, lang), step=best.step_time,
                  tokens=best.tokens_per_second, mfu=best.mfu, memory=best.memory_total / 1e9)]
         out.append(self._explain_tp(best, lang, per_node))
         out.append(self._explain_pp(best, lang))
@@ -150,6 +146,15 @@ class LayoutTable:
     def _link_text(self, where, lang):
         return t("plan_link_" + where, lang)
 
+    def across_nodes(self) -> Estimate | None:
+        """The best layout whose TP groups span two or more nodes (None where none can exist)."""
+        per_node = self.hardware.devices_per_node
+        wide = next((tp for tp in range(2 * per_node, self.gpus + 1, per_node) if self.gpus % tp == 0
+                     and self.model.heads % tp == 0 and self.model.kv % tp == 0), None)
+        if wide is None:
+            return None
+        return plan(self.model, self.hardware, self.gpus, self.global_batch, tp=wide, **self.software).best
+
     def _explain_tp(self, best, lang, per_node):
         lay = best.setup.layout
         share = best.time["tp"] / best.step_time
@@ -158,9 +163,10 @@ class LayoutTable:
         else:
             text = t("plan_tp", lang, tp=lay.tp, link=self._link_text(best.links["tp"], lang), share=share,
                      calls=4 + (2 if best.setup.recompute == "full" else 0), mb=best.comm_bytes["tp"] / 1e6)
-        wide = self._best_where(lambda e: e.setup.layout.tp > per_node)
-        if wide is not None and best.setup.layout.tp <= per_node:
-            text += " " + t("plan_tp_wide", lang, tp=wide.setup.layout.tp, step=wide.step_time,
+        wide = self.across_nodes() if lay.tp <= per_node else None
+        if wide is not None:
+            key = "plan_tp_wide" if wide.step_time >= best.step_time else "plan_tp_wide_faster"
+            text += " " + t(key, lang, tp=wide.setup.layout.tp, step=wide.step_time,
                             ratio=wide.step_time / best.step_time, share=wide.time["tp"] / wide.step_time)
         return text
 
@@ -177,8 +183,8 @@ class LayoutTable:
                      bubble=best.bubble_share, share=best.time["pp"] / best.step_time)
         flat = self._best_where(lambda e: e.setup.layout.pp == 1)
         if flat is not None and lay.pp > 1:
-            text += " " + t("plan_pp_flat", lang, layout=flat.setup.describe(flat.micro_batches), step=flat.step_time,
-                            ratio=flat.step_time / best.step_time)
+            text += " " + t("plan_pp_flat", lang, layout=flat.setup.describe(flat.micro_batches, lang),
+                            step=flat.step_time, ratio=flat.step_time / best.step_time)
         elif flat is None and lay.pp > 1:
             text += " " + t("plan_pp_needed", lang)
         return text
@@ -211,9 +217,9 @@ class LayoutTable:
 
 
 def _check(model, hw, gpus, global_batch, pinned, max_micro_batch):
-    _whole("gpus", gpus)
-    _whole("global_batch", global_batch)
-    _whole("max_micro_batch", max_micro_batch)
+    whole_number("gpus", gpus)
+    whole_number("global_batch", global_batch)
+    whole_number("max_micro_batch", max_micro_batch)
     hw.check_world(gpus, name="gpus")
     per_node = hw.devices_per_node
     if gpus > per_node and gpus % per_node:
@@ -221,16 +227,16 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch):
                          f"nodes ({per_node}, {2 * per_node}, {3 * per_node}, ...)")
     for name in ("dp", "tp", "pp", "micro_batch", "virtual"):
         if pinned[name] is not None:
-            _whole(name, pinned[name])
+            whole_number(name, pinned[name])
     _choice("zero", pinned["zero"], formulas.ZERO_STAGES)
     _choice("recompute", pinned["recompute"], RECOMPUTE)
-    _choice("schedule", pinned["schedule"], ("1f1b", "interleaved", "gpipe"))
-    dims = [pinned[d] for d in ("dp", "tp", "pp") if pinned[d] is not None]
-    if math.prod(dims) > gpus or gpus % math.prod(dims):
-        raise ValueError(f"dp*tp*pp must equal gpus={gpus}; the pinned sizes ({', '.join(f'{d}={pinned[d]}' for d in ('dp', 'tp', 'pp') if pinned[d] is not None)}) "
-                         f"do not divide it")
-    if len(dims) == 3 and math.prod(dims) != gpus:
-        raise ValueError(f"dp*tp*pp = {math.prod(dims)} but gpus={gpus}; choose sizes whose product is gpus")
+    _choice("schedule", pinned["schedule"], SCHEDULES)
+    dims = {d: pinned[d] for d in ("dp", "tp", "pp") if pinned[d] is not None}
+    if gpus % math.prod(dims.values()):
+        given = ", ".join(f"{d}={v}" for d, v in dims.items())
+        raise ValueError(f"dp*tp*pp must equal gpus={gpus}; the pinned sizes ({given}) do not divide it")
+    if len(dims) == 3 and math.prod(dims.values()) != gpus:
+        raise ValueError(f"dp*tp*pp = {math.prod(dims.values())} but gpus={gpus}; choose sizes whose product is gpus")
     if pinned["tp"] is not None and (model.heads % pinned["tp"] or model.kv % pinned["tp"]):
         raise ValueError(f"tp={pinned['tp']} does not divide heads={model.heads} (key/value heads {model.kv}); "
                          f"tensor parallel splits whole heads")
@@ -239,9 +245,11 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch):
     if pinned["dp"] is not None and global_batch % pinned["dp"]:
         raise ValueError(f"global_batch={global_batch} is not divisible by dp={pinned['dp']}: every data-parallel "
                          f"replica takes an equal share; choose global_batch as a multiple of dp")
-    if pinned["micro_batch"] is not None and pinned["dp"] is not None and (global_batch // pinned["dp"]) % pinned["micro_batch"]:
-        raise ValueError(f"micro_batch={pinned['micro_batch']} does not divide the {global_batch // pinned['dp']} "
-                         f"sequences per replica (global_batch={global_batch} / dp={pinned['dp']})")
+    if pinned["micro_batch"] is not None and pinned["dp"] is not None:
+        share = global_batch // pinned["dp"]
+        if share % pinned["micro_batch"]:
+            raise ValueError(f"micro_batch={pinned['micro_batch']} does not divide the {share} sequences per replica "
+                             f"(global_batch={global_batch} / dp={pinned['dp']})")
     if pinned["virtual"] is not None and pinned["schedule"] not in (None, "interleaved"):
         raise ValueError(f"virtual={pinned['virtual']} model chunks only apply to schedule='interleaved'")
 
@@ -257,8 +265,9 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     ("8xH100-nvlink"; multi-node "4x8xH100-ib", "Nx8xA100-ib") or a Hardware; ``gpus`` defaults
     to all of it. Pin any of dp, tp, pp, micro_batch, zero (0-3), recompute ("none",
     "selective", "full"), schedule ("1f1b", "interleaved", "gpipe"), virtual (chunks per rank);
-    the rest is searched. ``sequence_parallel``, ``flash`` (fused causal attention) and
-    ``overlap_dp`` (gradient reduction hidden behind backward) describe the training software."""
+    the rest is searched (tp only within a node's GPUs unless pinned). ``sequence_parallel``,
+    ``flash`` (fused causal attention) and ``overlap_dp`` (gradient reduction hidden behind
+    backward) describe the training software."""
     start = time.perf_counter()
     model = transformer(model)
     hw = get_hardware(hardware)
@@ -272,8 +281,9 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     pinned = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, zero=zero, recompute=recompute,
                   schedule=schedule, virtual=virtual)
     _check(model, hw, gpus, global_batch, pinned, max_micro_batch)
-    table = LayoutTable(model, hw, gpus, global_batch, lang=lang, top=top)
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp)
+    table = LayoutTable(model, hw, gpus, global_batch, lang=lang, top=top,
+                        software=dict(software, zero=zero, recompute=recompute, max_micro_batch=max_micro_batch))
     per_node = hw.devices_per_node
     for setup in list(_candidates(model, gpus, global_batch, pinned, max_micro_batch, software, table.skipped,
                                   per_node)):
@@ -290,7 +300,8 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
     selective recomputation would drop: the same layout twice)."""
     modes = [pinned["recompute"]] if pinned["recompute"] else [
         r for r in RECOMPUTE if not (software["flash"] and r == "selective")]
-    tps = [pinned["tp"]] if pinned["tp"] else [d for d in _divisors(gpus) if model.heads % d == 0 and model.kv % d == 0]
+    tps = [pinned["tp"]] if pinned["tp"] else [d for d in _divisors(gpus) if model.heads % d == 0
+                                               and model.kv % d == 0 and per_node % d == 0]
     count = 0
     for tp in tps:
         pps = [pinned["pp"]] if pinned["pp"] else [d for d in _divisors(gpus // tp) if d <= model.layers]
