@@ -5,14 +5,16 @@ parallelism, flash attention, recomputation, overlapped gradient reduction) are 
 published; what a paper does not state (micro-batch size, interleaving, recomputation where
 unstated) is left to ``mpkit.sim.plan``, which picks the fastest setting that fits. The predicted
 step time is turned into the paper's own metric (TFLOP/s per GPU by the paper's FLOP formula,
-iteration seconds, or tokens/s) and compared as a throughput ratio; MAPE is printed. One efficiency assumption set for
-every row (``mpkit.sim.hardware``), no per-row factors.
+iteration seconds, or tokens/s) and compared as a throughput ratio; MAPE is printed. One
+assumption set for every row (``mpkit.sim.hardware``: datasheets, NCCL and FlashAttention-2
+figures, and one sustained matmul efficiency per GPU fitted to a run held out of the MAPE), no
+per-row factors; the same table at the best-case matmul efficiency (MAMF) is printed beside it.
 
 Then ``plan`` runs again with only the software pinned (ZeRO stage, recomputation, sequence
 parallelism, flash attention, overlap) and the layout free (dp, tp, pp, micro-batches, schedule):
 does it choose the published layout family (TP inside a node, PP across nodes, ...)?
 
-    python benchmarks/published.py              # the table, about a minute
+    python benchmarks/published.py              # the table, a few seconds
     python benchmarks/published.py --calibrate  # MATMUL_SUSTAINED from the two held-out runs
 """
 from __future__ import annotations
