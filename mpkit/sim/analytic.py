@@ -24,6 +24,12 @@ layouts in a fraction of a second. Per rank and micro-batch of its pipeline stag
   weights behind forward and again behind backward (FSDP's prefetch);
 - the Adam step: memory-bound, 28 bytes read and written per parameter a rank updates.
 
+Memory of the fullest rank: model states by ZeRO stage (``formulas.zero_memory``, 16 bytes per
+parameter unsharded), ZeRO-3's gathered layers, and activations per layer (Korthikanti et al.
+2022, with and without sequence parallelism and recomputation) times the micro-batches the
+schedule keeps in flight (``formulas.inflight_activations``), plus the fp32 logits; a layout fits
+within ``USABLE_MEMORY`` of the device.
+
 Which link a group talks over comes from ``mpkit.parallel.layout.Layout``: the rank grid the
 real 3-D run uses (TP innermost), cut into nodes of ``hw.devices_per_node``.
 """
