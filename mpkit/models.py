@@ -230,7 +230,9 @@ def make_batch(cfg: ModelConfig, batch_size: int, step: int, seed: int = 0):
 
 
 def parameter_count(cfg: ModelConfig) -> int:
-    return sum(p.numel() for p in build_model(cfg).parameters())
+    """Counted on the meta device: a what-if size never allocates its weights."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(cfg).parameters())
 
 
 def describe(cfg: ModelConfig) -> str:

@@ -19,7 +19,7 @@ LAYERS = [
     ("train", ["mpkit.train"]),
     ("cost model", ["mpkit.sim"]),
     ("plots", ["mpkit.plot"]),
-    ("widgets", ["mpkit.sim.whatif"]),
+    ("widgets", ["mpkit.sim.whatif", "mpkit.sim.planwidget"]),
     ("teaching", ["mpkit.quiz", "mpkit.tf"]),
     ("command line", ["mpkit.cli", "mpkit.__main__"]),
     ("package", ["mpkit"]),

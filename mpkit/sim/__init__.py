@@ -1,12 +1,14 @@
 """``mpkit.sim``: the cost model. Closed-form formulas, hardware presets (``cpu-sim`` measured
-here by ``calibrate()``, GPU machines from datasheets), and ``predict`` — step time, breakdown,
-per-rank memory and a predicted timeline that ``mpkit.plot`` draws like a measured one.
-``whatif`` is the widget.
+here by ``calibrate()``, GPU machines from datasheets), ``predict`` — step time, breakdown,
+per-rank memory and a predicted timeline that ``mpkit.plot`` draws like a measured one — and
+``plan``, which ranks the dp x pp x tp layouts of a large transformer on a GPU cluster.
+``whatif`` and ``planner`` are the widgets.
 
 The package holds two layers: the simulator and its prices (``engine``, ``formulas``,
 ``hardware``, ``profile``, ``pricing``), which the strategies build their programs with, and
-the front end (``predict``, ``calibration``, ``whatif``), which reads the strategies. Names load
-on first use, so importing the simulator does not import the front end.
+the front end (``predict``, ``calibration``, ``analytic``, ``plan``, ``whatif``,
+``planwidget``), which reads the strategies. Names load on first use, so importing the
+simulator does not import the front end.
 """
 from importlib import import_module
 
@@ -16,12 +18,18 @@ _LAZY = {
     "Link": ("mpkit.sim.hardware", "Link"),
     "PRESETS": ("mpkit.sim.hardware", "PRESETS"),
     "GPU_PRESETS": ("mpkit.sim.hardware", "GPU_PRESETS"),
+    "MULTI_NODE": ("mpkit.sim.hardware", "MULTI_NODE"),
     "get_hardware": ("mpkit.sim.machines", "get_hardware"),
     "predict": ("mpkit.sim.predict", "predict"),
     "Prediction": ("mpkit.sim.predict", "Prediction"),
     "PredictedMemory": ("mpkit.sim.memory", "PredictedMemory"),
     "calibrate": ("mpkit.sim.calibration", "calibrate"),
+    "plan": ("mpkit.sim.plan", "plan"),
+    "LayoutTable": ("mpkit.sim.plan", "LayoutTable"),
+    "Transformer": ("mpkit.sim.analytic", "Transformer"),
+    "MODELS": ("mpkit.sim.analytic", "MODELS"),
     "whatif": ("mpkit.sim.whatif", "whatif"),
+    "planner": ("mpkit.sim.planwidget", "planner"),
 }
 
 __all__ = list(_LAZY)

@@ -124,15 +124,40 @@ def zero_memory(psi: float, N: int, stage: int, param_bytes: float = 2, grad_byt
     }
 
 
-def activation_memory_per_layer(s: int, b: int, h: int, a: int, t: int = 1) -> float:
+RECOMPUTE = ("none", "selective", "full")
+
+
+def activation_memory_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
+                                recompute: str = "none") -> float:
     """Activation bytes one transformer layer keeps for backward (Korthikanti et al. 2022,
-    "Reducing Activation Recomputation", eq. 1 and 2; 16-bit activations, no recomputation):
+    "Reducing Activation Recomputation", Table 2; 16-bit activations, 1-byte dropout masks):
     s·b·h·(34 + 5·a·s/h) without tensor parallel, s·b·h·(10 + 24/t + 5·a·s/(h·t)) with tp size t
-    (the LayerNorm and dropout inputs, 10·s·b·h, stay replicated)."""
+    (the LayerNorm and dropout inputs, 10·s·b·h, stay replicated), s·b·h/t·(34 + 5·a·s/h) with
+    sequence parallelism (those are split along the sequence too). ``recompute="selective"``
+    drops the attention-score terms (5·a·s/h: recomputed in backward), ``"full"`` keeps only each
+    layer's input, 2·s·b·h (split t ways under sequence parallelism)."""
     _whole(s=s, b=b, h=h, a=a, t=t)
-    if t == 1:
-        return s * b * h * (34 + 5 * a * s / h)
-    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r} is unknown; use one of {', '.join(RECOMPUTE)}")
+    split = t if sequence_parallel else 1
+    if recompute == "full":
+        return 2 * s * b * h / split
+    scores = 0 if recompute == "selective" else 5 * a * s / (h * t)
+    if sequence_parallel or t == 1:
+        return s * b * h * (34 / t + scores)
+    return s * b * h * (10 + 24 / t + scores)
+
+
+def megatron_flops(B: int, s: int, l: int, h: int, V: int, recompute: bool = True) -> float:
+    """FLOPs of one training iteration of a GPT model as Megatron-LM counts them (Narayanan et al.
+    2021, eq. 3): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with full activation recomputation (a
+    second forward of every layer, not of the logit layer), 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))
+    without. Only matrix multiplications count; papers divide it by time and GPUs for "TFLOP/s
+    per GPU", so it turns a published throughput back into a step time."""
+    _whole(B=B, s=s, l=l, h=h, V=V)
+    if recompute:
+        return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
 
 
 # ---- alpha-beta time ---------------------------------------------------------------------------
@@ -182,3 +207,29 @@ def tree_allreduce_time(S: float, N: int, alpha: float, beta: float) -> float:
 def allreduce_time(S: float, N: int, alpha: float, beta: float) -> float:
     """The faster of ring and tree, as NCCL and gloo pick by message size."""
     return min(ring_allreduce_time(S, N, alpha, beta), tree_allreduce_time(S, N, alpha, beta))
+
+
+def hierarchical_allreduce_time(S: float, k: int, n: int, intra: tuple[float, float],
+                                inter: tuple[float, float]) -> float:
+    """All-reduce of S bytes over a group of k ranks on each of n nodes, with ``intra`` and
+    ``inter`` the (alpha, beta) of the links inside and between nodes: reduce-scatter inside each
+    node (S/k each), all-reduce the slices across nodes (each of the k ranks over its own NIC, in
+    parallel), all-gather inside the node (Horovod's hierarchical all-reduce, Sergeev & Del Balso
+    2018; NCCL reaches the same cost with one ring per NIC). k = 1 is a plain all-reduce across
+    nodes, n = 1 one inside a node."""
+    _positive(S=S)
+    _whole(k=k, n=n)
+    inside = 2 * ring_reduce_scatter_time(S, k, *intra) if k > 1 else 0.0
+    across = allreduce_time(S / k, n, *inter) if n > 1 else 0.0
+    return inside + across
+
+
+def hierarchical_reduce_scatter_time(S: float, k: int, n: int, intra: tuple[float, float],
+                                     inter: tuple[float, float]) -> float:
+    """Reduce-scatter of S bytes (or all-gather to S bytes) over k ranks on each of n nodes: inside
+    the node first (S/k each), then across nodes (S/(k·n) each): half a hierarchical all-reduce."""
+    _positive(S=S)
+    _whole(k=k, n=n)
+    inside = ring_reduce_scatter_time(S, k, *intra) if k > 1 else 0.0
+    across = ring_reduce_scatter_time(S / k, n, *inter) if n > 1 else 0.0
+    return inside + across

@@ -9,6 +9,7 @@ factors stated next to them.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 PHASES = ("forward", "backward", "optimizer")
@@ -34,10 +35,13 @@ class Link:
 class Hardware:
     """One kind of device, how many there are per node, and how they are connected.
 
-    ``flops``: peak FLOP/s per device at ``precision``; ``mfu``: the share of it big matmuls reach.
+    ``flops``: peak FLOP/s per device at ``precision``; ``mfu``: the share of it big matmuls reach;
+    ``attention``: the share fused (flash) attention kernels reach (None: as matmuls).
     ``op_overhead``: fixed seconds per aten op by phase (kernel launch on a GPU, Python + dispatch
     on a CPU). ``p2p``/``collective``: links inside a node (p2p for send/recv, collective for the
     per-step alpha/beta of ring algorithms); ``inter_node`` for groups that span nodes.
+    ``nodes``: how many nodes of ``devices_per_node`` the machine has (None: as many as a job
+    asks for); ``inter_node`` is then the per-GPU share of a node's network bandwidth.
     ``cores``: CPU cores the ranks share (None: every rank has its own device).
     ``step_overhead``: seconds each rank spends per step outside its phases (making the batch,
     ``loss.item()``, the loop itself); measured on cpu-sim, 0 for the GPU presets.
@@ -51,11 +55,13 @@ class Hardware:
     flops: float
     mfu: float
     mem_bw: float
+    attention: float | None = None
     op_overhead: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     p2p: Link = Link(0.0, 0.0)
     collective: Link = Link(0.0, 0.0)
     inter_node: Link | None = None
     devices_per_node: int = 8
+    nodes: int | None = None
     cores: int | None = None
     memory_bytes: float | None = None
     precision: str = "fp32"
@@ -64,6 +70,19 @@ class Hardware:
     measured: dict = field(default_factory=dict)
     step_overhead: float = 0.0
     stage_overhead: dict = field(default_factory=lambda: {"forward": 0.0, "backward": 0.0})
+
+    def check_world(self, world_size: int, name: str = "world_size") -> None:
+        """A ValueError unless ``world_size`` ranks fit on this machine: never price links a
+        machine does not have (64 ranks on one 8-GPU node would all talk over NVLink)."""
+        if self.nodes is None or world_size <= self.nodes * self.devices_per_node:
+            return
+        need = -(-world_size // self.devices_per_node)
+        kind = _PRESET_NAME.match(self.name)
+        gpu = kind.group(1) if kind and kind.group(1) in _GPUS else "H100"
+        raise ValueError(
+            f"{name}={world_size} needs {need} nodes of {self.devices_per_node} GPUs, but hardware={self.name!r} "
+            f"has {self.nodes * self.devices_per_node}; use a multi-node preset such as '{need}x8x{gpu}-ib' "
+            f"(multi-node presets: {', '.join(MULTI_NODE)}; N = number of nodes)")
 
     def measured_time(self, kind: str, nbytes: float, group_size: int, gap: float = 0.0) -> float | None:
         """Seconds of a collective (or a ``"p2p"`` hop in a world of ``group_size`` ranks) from
@@ -130,45 +149,103 @@ def _interpolate(table, nbytes: float) -> float:
     return times[k - 1] + (nbytes - sizes[k - 1]) * max(slope, 0.0)
 
 
-# GPU efficiency assumptions, shared by the presets so they stay comparable:
-# - MFU 0.5: large dense matmuls in bf16 typically reach 40-60 % of peak (Megatron-LM, Narayanan
-#   et al. 2021, report 44-52 % on A100 for GPT-3-sized models).
+# GPU efficiency assumptions, one set shared by every preset so they stay comparable (the
+# planner's accuracy against published runs, BENCHMARKS.md, rests on exactly these):
+# - mfu: the share of peak that matmuls sustain in training. The best large bf16 matmul reaches
+#   more ("Maximum Achievable Matmul FLOPS", stas00/ml-engineering compute/accelerator/README.md:
+#   A100 SXM 267.9 of 312 TFLOPS = 85.9 %, H100 SXM 792.1 of 989 = 80.1 %: MATMUL_BEST), but
+#   training's matmuls are not that shape and run for hours under the power cap: priced at
+#   MATMUL_BEST, published runs come out 25 % too fast on average. MATMUL_SUSTAINED is fitted
+#   once per GPU to one published run held out of the comparison, MosaicML's 7B model on one
+#   node of 8 GPUs (no inter-node traffic, no pipeline; `python benchmarks/published.py
+#   --calibrate`). Everything else a step does (memory-bound ops, communication, bubbles) is
+#   priced separately, so this is not an end-to-end MFU.
+# - attention: the share of peak fused causal attention reaches (FlashAttention-2): on A100 "50-73 %
+#   of the theoretical maximum" (Dao 2023, arXiv 2307.08691; we take the middle), on H100 287-304
+#   TFLOPS forward with 128-wide heads, ~30 % (torch SDPA in pytorch/benchmark PR #2296).
 # - 80 % of link peak as achieved bus bandwidth (nccl-tests all_reduce busbw on DGX A100/H100).
 # - alpha 5 µs NVLink / 10 µs PCIe / 15 µs InfiniBand: NCCL small-message latencies (nccl-tests).
 # - op overhead 5 µs: eager PyTorch kernel launch + dispatch per op on a modern host CPU.
-_MFU, _LINK_EFF, _GPU_OP = 0.5, 0.8, dict.fromkeys(PHASES, 5e-6)
+# - memory bytes at the datasheet HBM bandwidth (an upper bound: copies reach ~90 % of it).
+MATMUL_BEST = {"A100": 267.9 / 312, "H100": 792.1 / 989}
+MATMUL_SUSTAINED = {"A100": 0.647, "H100": 0.489}
+_FLASH = {"A100": (0.50 + 0.73) / 2, "H100": 296 / 989}
+_LINK_EFF, _GPU_OP = 0.8, dict.fromkeys(PHASES, 5e-6)
 
 
 def _link(alpha, gb_per_s_one_way):
     return Link(alpha, 1.0 / (gb_per_s_one_way * 1e9 * _LINK_EFF))
 
 
-def _gpu(name, flops, mem_bw, intra, memory, source, inter=None):
-    return Hardware(name=name, flops=flops, mfu=_MFU, mem_bw=mem_bw, op_overhead=_GPU_OP, p2p=intra,
-                    collective=intra, inter_node=inter, devices_per_node=8, memory_bytes=memory,
-                    precision="bf16", source=source)
-
-
 _NVLINK3 = _link(5e-6, 300)   # NVLink 3: 600 GB/s bidirectional per A100 = 300 GB/s each way
 _NVLINK4 = _link(5e-6, 450)   # NVLink 4: 900 GB/s bidirectional per H100 = 450 GB/s each way
 _PCIE5 = _link(10e-6, 64)     # PCIe Gen5 x16: ~64 GB/s per direction
-_IB_NDR = _link(15e-6, 50)    # InfiniBand NDR: 400 Gb/s = 50 GB/s per GPU (one NIC per GPU)
+_IB_HDR = _link(15e-6, 25)    # InfiniBand HDR: 200 Gb/s = 25 GB/s per GPU (DGX A100: one NIC per GPU)
+_IB_NDR = _link(15e-6, 50)    # InfiniBand NDR: 400 Gb/s = 50 GB/s per GPU (DGX H100: one NIC per GPU)
 
-GPU_PRESETS = {
-    "8xA100-nvlink": _gpu(
-        "8xA100-nvlink", 312e12, 2.039e12, _NVLINK3, 80e9,
-        "NVIDIA A100 datasheet: SXM4 80GB, 312 TFLOPS bf16 dense, 2,039 GB/s HBM2e, NVLink 3 600 GB/s"),
-    "8xH100-nvlink": _gpu(
-        "8xH100-nvlink", 989e12, 3.35e12, _NVLINK4, 80e9,
-        "NVIDIA H100 datasheet: SXM5 80GB, 989 TFLOPS bf16 dense, 3.35 TB/s HBM3, NVLink 4 900 GB/s"),
-    "8xH100-pcie": _gpu(
-        "8xH100-pcie", 756e12, 2.0e12, _PCIE5, 80e9,
-        "NVIDIA H100 datasheet: PCIe 80GB, 756 TFLOPS bf16 dense, 2.0 TB/s HBM2e; PCIe Gen5 x16 "
-        "64 GB/s per direction between cards (no NVLink bridge)"),
-    "2x8xH100-ib": _gpu(
-        "2x8xH100-ib", 989e12, 3.35e12, _NVLINK4, 80e9,
-        "two DGX H100 nodes: NVLink 4 inside a node, InfiniBand NDR 400 Gb/s per GPU between nodes "
-        "(ConnectX-7); a group spanning both nodes runs at the IB rate", inter=_IB_NDR),
+
+@dataclass(frozen=True)
+class _Gpu:
+    """One GPU model as its datasheet gives it, and the node it comes in."""
+
+    flops: float
+    mem_bw: float
+    memory: float
+    mfu: float
+    attention: float
+    nvlink: Link
+    nic: Link
+    source: str
+
+
+_GPUS = {
+    "A100": _Gpu(312e12, 2.039e12, 80e9, MATMUL_SUSTAINED["A100"], _FLASH["A100"], _NVLINK3, _IB_HDR,
+                 "NVIDIA A100 datasheet: SXM4 80GB, 312 TFLOPS bf16 dense, 2,039 GB/s HBM2e, NVLink 3 600 GB/s; "
+                 "DGX A100: 8 GPUs, one 200 Gb/s HDR InfiniBand NIC per GPU"),
+    "A100-40GB": _Gpu(312e12, 1.555e12, 40e9, MATMUL_SUSTAINED["A100"], _FLASH["A100"], _NVLINK3, _IB_HDR,
+                      "NVIDIA A100 datasheet: SXM4 40GB, 312 TFLOPS bf16 dense, 1,555 GB/s HBM2, NVLink 3 "
+                      "600 GB/s; one 200 Gb/s HDR InfiniBand NIC per GPU"),
+    "H100": _Gpu(989e12, 3.35e12, 80e9, MATMUL_SUSTAINED["H100"], _FLASH["H100"], _NVLINK4, _IB_NDR,
+                 "NVIDIA H100 datasheet: SXM5 80GB, 989 TFLOPS bf16 dense, 3.35 TB/s HBM3, NVLink 4 900 GB/s; "
+                 "DGX H100: 8 GPUs, one 400 Gb/s NDR InfiniBand NIC (ConnectX-7) per GPU"),
 }
 
+
+def _gpu(name, gpu: _Gpu, nodes=1, intra=None, **changes):
+    intra = intra or gpu.nvlink
+    inter = gpu.nic if nodes != 1 else None
+    hw = Hardware(name=name, flops=gpu.flops, mfu=gpu.mfu, attention=gpu.attention, mem_bw=gpu.mem_bw,
+                  op_overhead=_GPU_OP, p2p=intra, collective=intra, inter_node=inter, devices_per_node=8,
+                  nodes=nodes, memory_bytes=gpu.memory, precision="bf16", source=gpu.source)
+    return replace(hw, **changes)
+
+
+GPU_PRESETS = {
+    "8xA100-nvlink": _gpu("8xA100-nvlink", _GPUS["A100"]),
+    "8xA100-40GB-nvlink": _gpu("8xA100-40GB-nvlink", _GPUS["A100-40GB"]),
+    "8xH100-nvlink": _gpu("8xH100-nvlink", _GPUS["H100"]),
+    "8xH100-pcie": _gpu("8xH100-pcie", _GPUS["H100"], intra=_PCIE5, flops=756e12, mem_bw=2.0e12, source=(
+        "NVIDIA H100 datasheet: PCIe 80GB, 756 TFLOPS bf16 dense, 2.0 TB/s HBM2e; PCIe Gen5 x16 64 GB/s per "
+        "direction between cards (no NVLink bridge); matmul efficiency taken from the SXM5 card")),
+    "2x8xH100-ib": _gpu("2x8xH100-ib", _GPUS["H100"], nodes=2),
+}
+
+# N nodes of 8 GPUs, NVLink inside a node, InfiniBand between: "4x8xH100-ib"; a literal "N"
+# ("Nx8xH100-ib") means as many nodes as the job asks for.
+MULTI_NODE = tuple(f"Nx8x{gpu}-ib" for gpu in _GPUS)
+_PRESET_NAME = re.compile(r"^(?:(?:\d+|N)x)?8x(.+)-(?:nvlink|pcie|ib)$")
+_MULTI_NODE = re.compile(r"^(\d+|N)x8x(" + "|".join(map(re.escape, _GPUS)) + r")-ib$")
+
 PRESETS = ("cpu-sim", *GPU_PRESETS)
+
+
+def gpu_preset(name: str) -> Hardware | None:
+    """A GPU preset by name, multi-node ones included (``"4x8xH100-ib"``: 4 nodes of 8 H100s, any
+    N, or ``"Nx8xH100-ib"`` for as many as the job asks for); None for any other name."""
+    if name in GPU_PRESETS:
+        return GPU_PRESETS[name]
+    match = _MULTI_NODE.match(name) if isinstance(name, str) else None
+    if match and match.group(1) != "0":
+        nodes = None if match.group(1) == "N" else int(match.group(1))
+        return _gpu(name, _GPUS[match.group(2)], nodes=nodes)
+    return None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from mpkit.sim.hardware import GPU_PRESETS, PRESETS, Hardware, Link
+from mpkit.sim.hardware import MULTI_NODE, PRESETS, Hardware, Link, gpu_preset
 
 DEFAULT_CACHE = Path.home() / ".cache" / "mpkit" / "cpu-sim.json"
 CALIBRATION_VERSION = 5  # part of the cache key: a cache from an older method is measured again
@@ -79,12 +79,14 @@ def cpu_sim(cache_file: Path | str | None = DEFAULT_CACHE) -> Hardware:
 
 
 def get_hardware(hardware="cpu-sim") -> Hardware:
-    """A preset by name (``cpu-sim`` once ``mpkit.sim.calibrate()`` measured it), or a ``Hardware``."""
+    """A preset by name — ``cpu-sim`` once ``mpkit.sim.calibrate()`` measured this machine, the GPU
+    presets, multi-node ones like ``"4x8xH100-ib"`` — or a ``Hardware`` as given."""
     if isinstance(hardware, Hardware):
         return hardware
     if hardware == "cpu-sim":
         return cpu_sim()
-    if hardware in GPU_PRESETS:
-        return GPU_PRESETS[hardware]
-    raise ValueError(f"hardware={hardware!r} is unknown; use one of {', '.join(PRESETS)} or pass a "
-                     f"mpkit.sim.Hardware")
+    preset = gpu_preset(hardware)
+    if preset is None:
+        raise ValueError(f"hardware={hardware!r} is unknown; use one of {', '.join(PRESETS)}, a multi-node preset "
+                         f"({', '.join(MULTI_NODE)}, with N a number of nodes) or pass a mpkit.sim.Hardware")
+    return preset

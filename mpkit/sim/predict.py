@@ -22,6 +22,12 @@ from mpkit.sim.memory import predict_memory
 from mpkit.sim.pricing import Pricer, price_by_gap
 from mpkit.strategies import get_strategy, make_config
 
+# predict plays every rank's events and profiles every pipeline stage: beyond these it would run
+# for minutes (a 128-stage pipeline takes ~10 s here, 10**6 ranks never finish); plan() prices
+# cluster-scale layouts in closed form instead.
+MAX_RANKS = 1024
+MAX_STAGES = 64
+
 
 class Prediction:
     """What ``predict`` returns; shaped like a ``Run`` where plots read it (``trace``, ``memory``
@@ -50,15 +56,49 @@ class Prediction:
     def memory_by_category(self, kind="max") -> list[dict[str, int]]:
         return [dict(m) for m in self.memory]
 
+    @property
+    def peak_memory(self) -> int:
+        """Bytes of the fullest rank at its peak."""
+        return max(m.peak_total for m in self.memory)
+
+    @property
+    def fits(self) -> bool:
+        """Whether every rank's peak fits the device (always, where the hardware has no capacity)."""
+        return self.hardware.memory_bytes is None or self.peak_memory <= self.hardware.memory_bytes
+
+    @property
+    def memory_warning(self) -> str:
+        """Why this step could not run ('' when it fits): the step time assumes memory it lacks."""
+        if self.fits:
+            return ""
+        worst = max(self.memory, key=lambda m: m.peak_total)
+        return (f"does not fit: rank {worst.rank} needs {self.peak_memory / 1e9:,.1f} GB, the device has "
+                f"{self.hardware.memory_bytes / 1e9:,.0f} GB ({self.hardware.name}); a real run would fail with "
+                f"out-of-memory — shard more (zero1, fsdp, tp, pp) or use more ranks")
+
     def summary(self) -> str:
-        b, peak = self.breakdown, max(m.peak_total for m in self.memory) / 2**20
-        return (f"predicted {self.strategy} on {self.world_size} x {self.hardware.name} — {describe(self.config.model)}\n"
+        b, peak = self.breakdown, self.peak_memory / 2**20
+        text = (f"predicted {self.strategy} on {self.world_size} x {self.hardware.name} — {describe(self.config.model)}\n"
                 f"  step {self.step_time * 1e3:.3f} ms: compute {b['compute'] * 1e3:.3f}, comm {b['comm'] * 1e3:.3f}, "
                 f"bubble {b['bubble'] * 1e3:.3f} ms; peak memory per rank {peak:.2f} MiB")
+        return text + (f"\n  WARNING: {self.memory_warning}" if self.memory_warning else "")
 
     def __repr__(self):
         return (f"<Prediction {self.strategy} world_size={self.world_size} on {self.hardware.name}: "
-                f"{self.step_time * 1e3:.3f} ms/step>")
+                f"{self.step_time * 1e3:.3f} ms/step{'' if self.fits else ', does not fit in memory'}>")
+
+
+def _check_size(strategy, world_size):
+    """Fail fast on worlds predict cannot play in reasonable time (before any work)."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        return  # make_config says what to pass
+    if world_size > MAX_RANKS:
+        raise ValueError(f"world_size={world_size} is more ranks than predict simulates one by one (at most "
+                         f"{MAX_RANKS}); for cluster-scale layouts use mpkit.sim.plan(model=..., "
+                         f"hardware='Nx8xH100-ib', gpus={world_size}, global_batch=...)")
+    if strategy in ("pp", "mp") and world_size > MAX_STAGES:
+        raise ValueError(f"world_size={world_size} pipeline stages: predict profiles every stage (about 0.1 s "
+                         f"each), at most {MAX_STAGES}; for deeper pipelines use mpkit.sim.plan")
 
 
 def _config(strategy, world_size, model, batch_size, options):
@@ -101,10 +141,15 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
     """Predict one optimizer step of ``strategy`` on ``hardware`` (a preset name or a Hardware).
 
     Options and model sizes are those of ``mpkit.train`` (e.g. ``schedule="1f1b", micro_batches=8,
-    hidden=256``); ``world_size`` defaults to 1 for ``single`` and 4 otherwise.
+    hidden=256``); ``world_size`` defaults to 1 for ``single`` and 4 otherwise. A world larger than
+    the hardware's nodes (64 ranks on one 8-GPU node) is a ValueError naming the multi-node
+    presets; one larger than predict can play (``MAX_RANKS``, ``MAX_STAGES``) fails at once.
+    A step that needs more memory than the device has says so (``fits``, ``memory_warning``).
     """
+    _check_size(strategy, world_size)
     cfg = _config(strategy, world_size, model, batch_size, options)
     hw = get_hardware(hardware)
+    hw.check_world(cfg.world_size)
     build = get_strategy(strategy).program
     if build is None:
         raise ValueError(f"strategy={strategy!r} has no cost model")

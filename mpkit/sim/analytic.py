@@ -1,0 +1,479 @@
+"""One training step of a large transformer on a GPU cluster, in closed form.
+
+``predict`` profiles the lab's real models op by op, which no 175-billion-parameter model allows;
+this module prices a step from the shapes alone, the way Megatron-LM's papers reason about it
+(Narayanan et al. 2021; Korthikanti et al. 2022), so ``mpkit.sim.plan`` can compare thousands of
+layouts in a fraction of a second. Per rank and micro-batch of its pipeline stage:
+
+- matmuls: 2 FLOPs per weight per token forward, twice that backward, at ``hw.flops × hw.mfu``;
+  the attention scores, 4·s·h per token, the same way, or under a causal flash-attention kernel
+  half of them (2.5 times that backward: it recomputes the scores) at ``hw.flops × hw.attention``;
+- memory-bound ops (LayerNorm, GeLU, dropout, residual adds, unfused softmax) by the bytes they
+  read and write, at ``hw.mem_bw``;
+- tensor parallel: 2 all-reduces (or reduce-scatter + all-gather under sequence parallelism) of
+  the layer's activations forward, 2 backward, 2 more when full recomputation reruns the
+  forward, on the link the TP group spans; never hidden (Megatron-LM issues them between
+  dependent matmuls);
+- pipeline: (m-1)·t_slowest + Σ t_stage for 1F1B, the fill/drain shrunk v-fold by the
+  interleaved schedule; one activation per micro-batch and chunk hop each way, on the link
+  between the two stages, not hidden;
+- data parallel: the gradient all-reduce (ZeRO-1: reduce-scatter + all-gather) after the last
+  micro-batch, hidden behind that micro-batch's backward when ``overlap_dp`` (DDP buckets,
+  Megatron-core's overlap_grad_reduce) and exposed otherwise (Megatron-LM 2021); ZeRO-2
+  reduce-scatters gradients every micro-batch behind its backward, ZeRO-3 also all-gathers the
+  weights behind forward and again behind backward (FSDP's prefetch);
+- the Adam step: memory-bound, 28 bytes read and written per parameter a rank updates.
+
+Memory of the fullest rank: model states by ZeRO stage (``formulas.zero_memory``, 16 bytes per
+parameter unsharded), ZeRO-3's gathered layers, and activations per layer (Korthikanti et al.
+2022, with and without sequence parallelism and recomputation) times the micro-batches the
+schedule keeps in flight (``formulas.inflight_activations``), plus the fp32 logits; a layout fits
+within ``USABLE_MEMORY`` of the device.
+
+Which link a group talks over comes from ``mpkit.parallel.layout.Layout``: the rank grid the
+real 3-D run uses (TP innermost), cut into nodes of ``hw.devices_per_node``.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+
+from mpkit.i18n import t
+from mpkit.parallel.layout import Layout
+from mpkit.sim import formulas
+from mpkit.sim.hardware import Hardware
+
+BYTES = 2  # bf16 activations, gradients and the weights the matmuls read
+ADAM_BYTES = 28  # per parameter: read fp32 master, m, v (12) + bf16 grad (2); write master, m, v + bf16 weight (14)
+USABLE_MEMORY = 0.9  # CUDA context, NCCL buffers and allocator fragmentation take the rest of a GPU
+SCHEDULES = ("1f1b", "interleaved", "gpipe")
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A decoder-only transformer by its shape. ``ffn``: MLP width (4·hidden if None);
+    ``kv_heads``: key/value heads (fewer than ``heads`` = grouped-query attention);
+    ``gated``: SwiGLU-style MLP (three matrices); ``bias``/``dropout``: GPT-style linear biases
+    and dropout masks; ``tied``: output layer shares the embedding; ``learned_positions``: a
+    position-embedding table (GPT) rather than rotary/ALiBi."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int = 2048
+    vocab: int = 51200
+    ffn: int | None = None
+    kv_heads: int | None = None
+    gated: bool = False
+    bias: bool = True
+    dropout: bool = True
+    tied: bool = True
+    learned_positions: bool = True
+    name: str = ""
+
+    def __post_init__(self):
+        for key in ("layers", "hidden", "heads", "seq_len", "vocab"):
+            whole_number(key, getattr(self, key))
+        for key in ("ffn", "kv_heads"):
+            if getattr(self, key) is not None:
+                whole_number(key, getattr(self, key))
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}; pick hidden as a "
+                             f"multiple of heads")
+        if self.heads % self.kv:
+            raise ValueError(f"kv_heads={self.kv} does not divide heads={self.heads}")
+
+    @cached_property
+    def ffn_hidden(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @cached_property
+    def kv(self) -> int:
+        return self.kv_heads or self.heads
+
+    @cached_property
+    def kv_hidden(self) -> int:
+        return self.hidden // self.heads * self.kv
+
+    @cached_property
+    def layer_weights(self) -> int:
+        """Weights one block multiplies with: q, k, v, output projection and the MLP."""
+        h, f = self.hidden, self.ffn_hidden
+        return h * (h + 2 * self.kv_hidden) + h * h + (3 if self.gated else 2) * h * f
+
+    @cached_property
+    def layer_parameters(self) -> int:
+        h, f = self.hidden, self.ffn_hidden
+        biases = (h + 2 * self.kv_hidden + h + f * (2 if self.gated else 1) + h) if self.bias else 0
+        return self.layer_weights + biases + 4 * h  # two LayerNorms (weight and bias)
+
+    @cached_property
+    def embedding_parameters(self) -> int:
+        return self.vocab * self.hidden + (self.seq_len * self.hidden if self.learned_positions else 0)
+
+    @cached_property
+    def head_parameters(self) -> int:
+        """The output layer's own weights (0 when tied to the embedding) and the final LayerNorm."""
+        return (0 if self.tied else self.vocab * self.hidden) + 2 * self.hidden
+
+    @cached_property
+    def parameters(self) -> int:
+        return self.layers * self.layer_parameters + self.embedding_parameters + self.head_parameters
+
+    def describe(self) -> str:
+        label = f"{self.name}: " if self.name else ""
+        gqa = f", {self.kv} kv heads" if self.kv != self.heads else ""
+        return (f"{label}{self.parameters / 1e9:,.1f}B parameters ({self.layers} layers, hidden {self.hidden}, "
+                f"{self.heads} heads{gqa}, seq {self.seq_len}, vocab {self.vocab})")
+
+
+def whole_number(name, value) -> None:
+    """A ValueError naming ``name`` unless ``value`` is a whole number >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a whole number >= 1")
+
+
+MODELS = {
+    # Brown et al. 2020, Table 2.1 (GPT-3 175B); vocabulary padded to 51,200 as Megatron-LM runs it
+    "gpt3-175b": Transformer(96, 12288, 96, 2048, 51200, name="GPT-3 175B"),
+    # Korthikanti et al. 2022, Table 3 and Smith et al. 2022 (MT-NLG)
+    "megatron-22b": Transformer(48, 6144, 64, 2048, 51200, name="Megatron 22B"),
+    "mt-nlg-530b": Transformer(105, 20480, 128, 2048, 51200, name="MT-NLG 530B"),
+    "megatron-1t": Transformer(128, 25600, 160, 2048, 51200, name="Megatron 1T"),
+    # Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3: SwiGLU, GQA with 8 kv heads, RoPE
+    "llama3-8b": Transformer(32, 4096, 32, 8192, 128256, ffn=14336, kv_heads=8, gated=True, bias=False,
+                             dropout=False, tied=False, learned_positions=False, name="Llama 3 8B"),
+    "llama3-70b": Transformer(80, 8192, 64, 8192, 128256, ffn=28672, kv_heads=8, gated=True, bias=False,
+                              dropout=False, tied=False, learned_positions=False, name="Llama 3 70B"),
+    "llama3-405b": Transformer(126, 16384, 128, 8192, 128256, ffn=53248, kv_heads=8, gated=True, bias=False,
+                               dropout=False, tied=False, learned_positions=False, name="Llama 3 405B"),
+}
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT]?)\s*$")
+_SCALE = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def transformer(model) -> Transformer:
+    """A ``Transformer`` from a preset name (``MODELS``), a size (``175e9``, ``"175B"``, ``"7b"``),
+    a dict of its fields, or a ``Transformer``.
+
+    A size gets GPT-3's shape rule (Brown et al. 2020, Table 2.1: 175B is 96 layers of 12,288 =
+    128·96 with 128-wide heads): hidden = 128·layers, heads = layers, layers rounded to a multiple
+    of 4 so that 12·layers·hidden² comes closest to the size (7B -> 32 x 4096, 13B -> 40 x 5120)."""
+    if isinstance(model, Transformer):
+        return model
+    if isinstance(model, dict):
+        return Transformer(**model)
+    if isinstance(model, str) and model.lower() in MODELS:
+        return MODELS[model.lower()]
+    size = None
+    if isinstance(model, str):
+        match = _SIZE.match(model)
+        if match:
+            size = float(match.group(1)) * _SCALE[match.group(2).lower()]
+    elif isinstance(model, (int, float)) and not isinstance(model, bool):
+        size = float(model)
+    if size is None or not math.isfinite(size) or size < 1e6 or size > 1e15:
+        raise ValueError(f"model={model!r}: pass a preset ({', '.join(MODELS)}), a parameter count between 1e6 "
+                         f"and 1e15 (175e9 or '175B'), a dict of Transformer fields or a mpkit.sim.Transformer")
+    layers = max(4, 4 * round((size / (12 * 128 ** 2)) ** (1 / 3) / 4))
+    return Transformer(layers, 128 * layers, layers, name=f"{_size_label(size)} (GPT-3 shape)")
+
+
+def _size_label(size: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if size >= scale:
+            return f"{size / scale:g}{unit}"
+    return f"{size:g}"
+
+
+# ---- per token, per layer ----------------------------------------------------------------------
+
+def activation_bytes(model: Transformer, t: int, sequence_parallel: bool, recompute: str, flash: bool) -> float:
+    """Activation bytes one layer keeps per token for backward on one rank of a TP group of t:
+    Korthikanti et al. 2022 (Table 2) term by term, for any MLP width, GQA, SwiGLU and with or
+    without dropout; equal to ``formulas.activation_memory_per_layer`` / (s·b) for a GPT block.
+    Replicated unless sequence parallel: both LayerNorm inputs (4h), dropout masks (2h), the
+    attention and MLP inputs (4h); split t ways: q, k, v, the projection input, the MLP's
+    intermediate tensors; the attention scores (softmax output, its dropout mask and output:
+    5·a·s bytes) unless flash attention or selective recomputation never stores them."""
+    h, f, a, s = model.hidden, model.ffn_hidden, model.heads, model.seq_len
+    if recompute == "full":
+        return 2 * h / (t if sequence_parallel else 1)
+    masks = 2 * h if model.dropout else 0
+    replicated = 4 * h + masks + 4 * h
+    split = 2 * h + 4 * model.kv_hidden + 2 * h + (4 * f if model.gated else 2 * f) + 2 * f
+    scores = 0 if (flash or recompute == "selective") else a * s * (5 if model.dropout else 2)
+    return (replicated / (t if sequence_parallel else 1)) + (split + scores) / t
+
+
+def memory_bound_bytes(model: Transformer, t: int, sequence_parallel: bool, flash: bool) -> tuple[float, float]:
+    """Bytes the non-matmul ops of one layer read and write per token forward, on one rank:
+    (replicated-unless-sequence-parallel part, attention part). Two LayerNorms (read + write h:
+    8h), two bias-dropout-residual adds (read x and the residual, write the sum and a 1-byte
+    mask: 7h each), the MLP activation (bias-GeLU reads and writes f: 4f; SwiGLU reads 2f, writes
+    f: 6f), and without flash attention the fused scale-mask-softmax and its dropout over the
+    a·s scores of every token (read + write, 2 bytes each, plus the mask: 9·a·s). Backward moves
+    about twice as many (each op reads its saved input and the incoming gradient and writes the
+    outgoing one)."""
+    h, f = model.hidden, model.ffn_hidden
+    adds = 2 * ((7 if model.dropout else 6) * h)
+    act = (6 if model.gated else 4) * f
+    local = (8 * h + adds) / (t if sequence_parallel else 1) + act / t
+    attention = 0.0 if flash else model.heads * model.seq_len * (9 if model.dropout else 4) / t
+    return local, attention
+
+
+# ---- one layout ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything about a layout besides the model and the machine.
+
+    ``layout``: dp x pp x tp; ``micro_batch``: sequences per micro-batch; ``zero``: ZeRO stage
+    over the data-parallel group; ``recompute``: "none", "selective" (attention scores only,
+    Korthikanti et al. 2022) or "full" (every layer's forward again); ``schedule``/``virtual``:
+    pipeline schedule and model chunks per rank (interleaved only); ``sequence_parallel``:
+    Megatron's sequence parallelism inside the TP group; ``flash``: fused causal attention that
+    never stores the scores; ``overlap_dp``: data-parallel gradient traffic hidden behind the
+    last backward."""
+
+    layout: Layout
+    micro_batch: int = 1
+    zero: int = 0
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    virtual: int = 1
+    sequence_parallel: bool = True
+    flash: bool = True
+    overlap_dp: bool = True
+
+    def describe(self, micro_batches: int, lang: str = "en") -> str:
+        sched = "" if self.layout.pp == 1 else (
+            f", {self.schedule}" + (f" v={self.virtual}" if self.schedule == "interleaved" else ""))
+        return t("plan_setup", lang, dp=self.layout.dp, pp=self.layout.pp, tp=self.layout.tp, m=micro_batches,
+                 b=self.micro_batch, schedule=sched, zero=self.zero, recompute=self.recompute)
+
+
+@dataclass
+class Estimate:
+    """One step of one layout: seconds by part, bytes per GPU by category, and why it cannot run.
+
+    ``time``: compute (matmuls + memory-bound ops, recomputation included), tp (exposed TP
+    collectives), pp (exposed pipeline hops), bubble (pipeline fill and drain), dp (exposed
+    data-parallel / ZeRO traffic), optimizer. ``memory``: parameters, gradients, optimizer,
+    activations, on the fullest rank. ``links``: which link each group talks over."""
+
+    model: Transformer
+    hardware: Hardware
+    setup: Setup
+    global_batch: int
+    micro_batches: int
+    time: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    links: dict = field(default_factory=dict)
+    comm_bytes: dict = field(default_factory=dict)
+
+    @property
+    def step_time(self) -> float:
+        return sum(self.time.values())
+
+    @property
+    def memory_total(self) -> float:
+        return sum(self.memory.values())
+
+    @property
+    def capacity(self) -> float:
+        return (self.hardware.memory_bytes or math.inf) * USABLE_MEMORY
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_total <= self.capacity
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.global_batch * self.model.seq_len / self.step_time
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs (6 per parameter per token + attention scores, no recomputation) per
+        second per GPU over peak: the utilisation papers quote."""
+        flops = 6 * self.model.parameters + 12 * self.model.layers * self.model.seq_len * self.model.hidden
+        return flops * self.tokens_per_second / (self.setup.layout.world_size * self.hardware.flops)
+
+    @property
+    def bubble_share(self) -> float:
+        return self.time.get("bubble", 0.0) / self.step_time
+
+    def over_memory(self, lang: str = "en") -> str:
+        """Why it does not fit ('' when it does), with the bytes by category."""
+        if self.fits:
+            return ""
+        names = {"optimizer": "optimizer_state"}
+        parts = ", ".join(f"{t(names.get(k, k), lang)} {v / 1e9:,.1f} GB" for k, v in self.memory.items())
+        return t("plan_over_memory", lang, need=self.memory_total / 1e9, cap=self.capacity / 1e9, parts=parts)
+
+
+def aligned(layout: Layout, per_node: int) -> bool:
+    """Whether every TP group and every pipeline (pp x tp block) lies in the nodes the same way
+    as rank 0's: each block divides a node or is whole nodes. Otherwise some groups straddle two
+    nodes while rank 0's does not (tp=6 on 8-GPU nodes: ranks 6..11)."""
+    if layout.world_size <= per_node:
+        return True
+    return all(size % per_node == 0 or per_node % size == 0 for size in (layout.tp, layout.tp * layout.pp))
+
+
+@lru_cache(maxsize=65536)
+def _span(layout: Layout, dim: str, per_node: int) -> tuple[int, int]:
+    """(ranks per node, nodes) of rank 0's group along ``dim``, read off ``Layout``'s rank mapping
+    (for an ``aligned`` layout every group sits in the nodes like rank 0's)."""
+    size = getattr(layout, dim)
+    if size == 1:
+        return 1, 1
+    stride = layout.rank(**{dim: 1}) - layout.rank()
+    if stride >= per_node:
+        return 1, size
+    per = min(size, -(-per_node // stride))
+    return per, (size - 1) * stride // per_node + 1
+
+
+def _links(hw: Hardware):
+    intra = (hw.collective.alpha, hw.collective.beta)
+    inter = (hw.inter_node.alpha, hw.inter_node.beta) if hw.inter_node is not None else intra
+    return intra, inter
+
+
+@lru_cache(maxsize=65536)
+def _collective(kind: str, S: float, span: tuple[int, int], intra: tuple, inter: tuple) -> float:
+    """Seconds of an all-reduce or a reduce-scatter (= all-gather) of S bytes over ``span``
+    (cached: the search asks for the same few sizes thousands of times)."""
+    if S <= 0 or span == (1, 1):
+        return 0.0
+    if kind == "all_reduce":
+        return formulas.hierarchical_allreduce_time(S, *span, intra, inter)
+    return formulas.hierarchical_reduce_scatter_time(S, *span, intra, inter)
+
+
+def _allreduce(hw, S, span):
+    return _collective("all_reduce", S, span, *_links(hw))
+
+
+def _reduce_scatter(hw, S, span):
+    return _collective("reduce_scatter", S, span, *_links(hw))
+
+
+def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
+    """Price one optimizer step of ``model`` on ``hw`` laid out as ``setup`` (see the module
+    docstring for what counts and what overlaps). Inputs are assumed consistent (``plan`` checks
+    them): dp·micro_batch divides the global batch, pp is at most the layers (an uneven split is
+    priced by its fullest stage)."""
+    model = transformer(model)
+    lay = setup.layout
+    dp, pp, tp = lay.dp, lay.pp, lay.tp
+    b, s, h, V = setup.micro_batch, model.seq_len, model.hidden, model.vocab
+    m = global_batch // (dp * b)
+    tokens = b * s
+    per_node = hw.devices_per_node
+    sp = setup.sequence_parallel and tp > 1
+    rate, mem_bw = hw.flops * hw.mfu, hw.mem_bw
+    fused = hw.flops * (hw.attention or hw.mfu) if setup.flash else rate  # the attention kernels' rate
+    spans = {dim: _span(lay, dim, per_node) for dim in ("tp", "pp", "dp")}
+
+    # compute of one layer for one micro-batch, forward and backward (recomputation included)
+    gemm = 2 * tokens * model.layer_weights / tp
+    scores = 4 * tokens * s * h / tp * (0.5 if setup.flash else 1.0)
+    local, attn_bytes = memory_bound_bytes(model, tp, sp, setup.flash)
+    mem_fwd = tokens * (local + attn_bytes) / mem_bw
+    fwd = gemm / rate + scores / fused + mem_fwd
+    bwd = 2 * gemm / rate + (2.5 if setup.flash else 2.0) * scores / fused + 2 * mem_fwd
+    if setup.recompute == "full":
+        bwd += fwd
+    elif setup.recompute == "selective" and not setup.flash:
+        bwd += scores / rate + tokens * attn_bytes / mem_bw
+
+    # tensor parallel: 2 collectives of the layer's activations each way (+2 when recomputing)
+    tp_bytes = tokens * h * BYTES
+    tp_calls = 4 + (2 if setup.recompute == "full" else 0)
+    tp_layer = tp_calls * _allreduce(hw, tp_bytes, spans["tp"]) if tp > 1 else 0.0
+
+    # the logit layer and its fp32 cross-entropy on the last stage
+    logits = 3 * 2 * tokens * V * h / tp / rate + 5 * 4 * tokens * V / tp / mem_bw
+    v = setup.virtual if setup.schedule == "interleaved" else 1
+    layers = -(-model.layers // (pp * v)) * v  # on the fullest stage (uneven when pp·v does not divide the layers)
+    work = layers * (fwd + bwd)  # one micro-batch on one stage
+    tp_stage = layers * tp_layer
+
+    # pipeline hops: one activation per micro-batch and chunk each way (split over the TP group:
+    # Megatron's scatter/gather, or sequence parallel), on the link between neighbouring stages
+    hop_bytes = tokens * h * BYTES / tp
+    hops = 0.0
+    if pp > 1:
+        link = hw.inter_node if spans["pp"][1] > 1 and hw.inter_node is not None else hw.p2p
+        hops = 2 * v * link.time(hop_bytes)
+    # stages are equal but the last also runs the logits: (m-1)·slowest + every stage once,
+    # the fill and drain shrunk v-fold by interleaving
+    slowest = work + tp_stage + hops + logits
+    every_stage = pp * (work + tp_stage + hops) + logits
+    pipeline = m * slowest + (every_stage - slowest) / v
+
+    # data parallel and ZeRO: this rank's share of the fullest stage (the first holds the
+    # embedding; the last the output layer, or a copy of the tied embedding when pp > 1)
+    psi_layers = layers * model.layer_parameters
+    psi_first = psi_layers + model.embedding_parameters + (model.head_parameters if pp == 1 else 0)
+    psi_last = psi_layers + model.head_parameters + (model.vocab * h if model.tied else 0)
+    psi = (psi_first if pp == 1 else max(psi_first, psi_last)) / tp
+    grads = psi * BYTES
+    dp_time = 0.0
+    if dp > 1:
+        span = spans["dp"]
+        if setup.zero <= 1:  # once per step, after the last micro-batch's backward
+            reduce = _allreduce(hw, grads, span) if setup.zero == 0 else 2 * _reduce_scatter(hw, grads, span)
+            last_backward = layers * bwd
+            dp_time = max(0.0, reduce - last_backward) if setup.overlap_dp else reduce
+        else:  # every micro-batch: reduce-scatter the gradients during backward; ZeRO-3 also
+            # all-gathers the weights for forward and again for backward, a layer ahead (FSDP prefetch)
+            unit = _reduce_scatter(hw, grads, span)
+            if setup.zero == 3:
+                exposed = max(0.0, unit - layers * fwd) + max(0.0, 2 * unit - layers * bwd - logits)
+            else:
+                exposed = max(0.0, unit - layers * bwd)
+            dp_time = m * exposed + (unit if setup.zero == 2 else 0.0)  # ZeRO-2: all-gather the new weights once
+    optimizer = psi / (dp if setup.zero >= 1 else 1) * ADAM_BYTES / mem_bw
+
+    compute = m * (work + logits)
+    tp_exposed, pp_exposed = m * tp_stage, m * hops
+    time = {"compute": compute, "tp": tp_exposed, "pp": pp_exposed,
+            "bubble": max(pipeline - compute - tp_exposed - pp_exposed, 0.0), "dp": dp_time, "optimizer": optimizer}
+
+    # memory of the fullest rank: model states, then the activations it holds at once
+    states = formulas.zero_memory(max(psi, 1.0), dp, setup.zero)
+    per_layer = tokens * activation_bytes(model, tp, sp, setup.recompute, setup.flash)
+    transient = 0.0
+    if setup.recompute == "full":  # the layer being recomputed holds its full activations for a moment
+        transient = tokens * activation_bytes(model, tp, sp, "none", setup.flash)
+    chunk = layers / v
+    logit_bytes = 2 * 4 * tokens * V / tp  # fp32 logits and their gradient
+    if pp == 1:
+        activations = layers * per_layer + transient + logit_bytes
+    else:
+        first = formulas.inflight_activations(setup.schedule, pp, m, 0, v) * chunk * per_layer
+        last = formulas.inflight_activations(setup.schedule, pp, m, pp - 1, v) * chunk * per_layer + logit_bytes
+        activations = max(first, last) + transient
+    if setup.zero == 3 and dp > 1:  # FSDP holds two layers' gathered weights and one layer's full gradient
+        states["parameters"] += 2 * model.layer_parameters / tp * BYTES
+        states["gradients"] += model.layer_parameters / tp * BYTES
+    memory = {**states, "activations": activations}
+
+    links = {"tp": _link_name(spans["tp"]), "pp": _link_name(spans["pp"]), "dp": _link_name(spans["dp"])}
+    comm = {"tp": tp_bytes, "pp": hop_bytes, "dp": grads}
+    return Estimate(model, hw, setup, global_batch, m, time, memory, links, comm)
+
+
+def _link_name(span) -> str:
+    return "none" if span == (1, 1) else ("intra" if span[1] == 1 else "inter")
+
+
+__all__ = ["Transformer", "MODELS", "transformer", "Setup", "Estimate", "estimate", "activation_bytes",
+           "memory_bound_bytes", "aligned", "whole_number", "SCHEDULES", "USABLE_MEMORY"]

@@ -1,0 +1,356 @@
+"""``mpkit.sim.plan``: which dp x pp x tp layout to train a large transformer with, and why.
+
+Enumerates every layout of ``gpus`` GPUs (dp·pp·tp = gpus, tp dividing the attention and
+key/value heads and a node's GPUs, pp at most the layers), every micro-batch size, pipeline
+schedule, ZeRO stage and activation recomputation; drops what does not fit in GPU memory (with
+the reason); ranks the rest by the step time ``mpkit.sim.analytic.estimate`` prices. Which link
+a TP, PP or DP group uses comes from ``mpkit.parallel.layout.Layout``, the same rank grid the real
+3-D run uses. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
+on InfiniBand: the explanation compares the winner with the best such layout.
+
+Any knob can be pinned (``tp=8, pp=8, recompute="full"``); the others are searched. Inputs are
+checked first and the search is arithmetic only (no per-rank loops), so even ``gpus=10**6``
+answers in well under a second.
+"""
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from mpkit.i18n import check_lang, t
+from mpkit.parallel.layout import Layout
+from mpkit.sim import formulas
+from mpkit.sim.analytic import SCHEDULES, Estimate, Setup, Transformer, aligned, estimate, transformer, whole_number
+from mpkit.sim.hardware import Hardware
+from mpkit.sim.machines import get_hardware
+
+RECOMPUTE = formulas.RECOMPUTE
+VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
+MAX_CANDIDATES = 2_000_000  # a search this large would take minutes: refuse instead
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _choice(name, value, allowed):
+    if value is not None and value not in allowed:
+        raise ValueError(f"{name}={value!r} is unknown; use one of {', '.join(map(repr, allowed))}")
+
+
+@dataclass
+class LayoutTable:
+    """What ``plan`` returns: ``rows`` (layouts that fit, fastest first; ``best`` is the first),
+    ``dropped`` (layouts that do not fit, each with ``over_memory()`` saying why), ``skipped``
+    (reason -> count of combinations that are not layouts at all), ``explain(lang)``."""
+
+    model: Transformer
+    hardware: Hardware
+    gpus: int
+    global_batch: int
+    rows: list[Estimate] = field(default_factory=list)
+    dropped: list[Estimate] = field(default_factory=list)
+    skipped: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+    lang: str = "en"
+    top: int = 10
+    software: dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> Estimate | None:
+        return self.rows[0] if self.rows else None
+
+    # ---- display ------------------------------------------------------------------------------
+    def _header(self, lang) -> str:
+        return t("plan_header", lang, model=self.model.describe(), hw=self.hardware.name, gpus=self.gpus,
+                 batch=self.global_batch, tokens=self.global_batch * self.model.seq_len,
+                 fit=len(self.rows), dropped=len(self.dropped), seconds=self.seconds)
+
+    def _columns(self, lang):
+        return [t("plan_col_rank", lang), "dp x pp x tp", t("plan_col_micro", lang), t("plan_col_schedule", lang),
+                "ZeRO", t("plan_col_recompute", lang), t("plan_col_step", lang), t("plan_col_tokens", lang), "MFU",
+                t("plan_col_bubble", lang), t("plan_col_comm", lang), t("plan_col_memory", lang)]
+
+    def _cells(self, i, e: Estimate):
+        lay, s = e.setup.layout, e.setup
+        sched = "-" if lay.pp == 1 else (s.schedule + (f" v={s.virtual}" if s.schedule == "interleaved" else ""))
+        comm = (e.time["tp"] + e.time["pp"] + e.time["dp"]) / e.step_time
+        return [str(i), f"{lay.dp} x {lay.pp} x {lay.tp}", f"{e.micro_batches} x {s.micro_batch}", sched,
+                str(s.zero), s.recompute, f"{e.step_time:.3g}", f"{e.tokens_per_second:,.0f}", f"{e.mfu:.0%}",
+                f"{e.bubble_share:.0%}", f"{comm:.0%}", f"{e.memory_total / 1e9:.1f}"]
+
+    def _footer(self, lang) -> str:
+        lines = []
+        if self.dropped:
+            tightest = min(self.dropped, key=lambda e: e.memory_total)
+            closest = tightest.setup.describe(tightest.micro_batches, lang)
+            lines.append(t("plan_dropped", lang, n=len(self.dropped), layout=closest, why=tightest.over_memory(lang)))
+        for (key, value), n in sorted(self.skipped.items()):
+            lines.append(t("plan_skipped", lang, n=n, reason=t(key, lang, value=value)))
+        if not self.rows:
+            lines.append(t("plan_nothing_fits", lang))
+        return "\n".join(lines)
+
+    def to_text(self, lang=None, top=None) -> str:
+        lang = check_lang(lang or self.lang)
+        rows = [self._cells(i, e) for i, e in enumerate(self.rows[:top or self.top], 1)]
+        cols = self._columns(lang)
+        widths = [max(len(c), *(len(r[k]) for r in rows)) if rows else len(c) for k, c in enumerate(cols)]
+        fmt = lambda cells: " | ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+        lines = [self._header(lang), fmt(cols), "-+-".join("-" * w for w in widths), *map(fmt, rows)]
+        footer = self._footer(lang)
+        return "\n".join(lines + ([footer] if footer else []))
+
+    def __str__(self):
+        return self.to_text()
+
+    def _repr_html_(self):
+        lang = check_lang(self.lang)
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self._columns(lang))
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(i, e)) + "</tr>"
+                       for i, e in enumerate(self.rows[:self.top], 1))
+        footer = html.escape(self._footer(lang)).replace("\n", "<br>")
+        return (f"<p>{html.escape(self._header(lang))}</p><table><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table><p>{footer}</p>")
+
+    def __repr__(self):
+        best = self.best
+        what = best.setup.describe(best.micro_batches) if best else "nothing fits"
+        return f"<LayoutTable {self.model.name or 'model'} on {self.gpus} x {self.hardware.name}: {what}>"
+
+    # ---- explanation ----------------------------------------------------------------------------
+    def explain(self, lang=None) -> str:
+        """Why the winner wins: where TP, PP and DP run, the bubble it pays, what ZeRO and
+        recomputation bought, each compared with the best layout that decides otherwise."""
+        lang = check_lang(lang or self.lang)
+        best = self.best
+        if best is None:
+            return "\n".join([self._header(lang), self._footer(lang)])
+        lay, s = best.setup.layout, best.setup
+        per_node = self.hardware.devices_per_node
+        out = [t("plan_winner", lang, layout=s.describe(best.micro_batches, lang), step=best.step_time,
+                 tokens=best.tokens_per_second, mfu=best.mfu, memory=best.memory_total / 1e9)]
+        out.append(self._explain_tp(best, lang, per_node))
+        out.append(self._explain_pp(best, lang))
+        out.append(self._explain_dp(best, lang))
+        out.append(self._explain_memory(best, lang))
+        out.append(self._footer(lang))
+        return "\n\n".join(p for p in out if p)
+
+    def _best_where(self, keep) -> Estimate | None:
+        return next((e for e in self.rows if keep(e)), None)
+
+    def _link_text(self, where, lang):
+        return t("plan_link_" + where, lang)
+
+    def across_nodes(self) -> Estimate | None:
+        """The best layout whose TP groups span two or more nodes (None where none can exist)."""
+        per_node = self.hardware.devices_per_node
+        wide = next((tp for tp in range(2 * per_node, self.gpus + 1, per_node) if self.gpus % tp == 0
+                     and self.model.heads % tp == 0 and self.model.kv % tp == 0), None)
+        if wide is None:
+            return None
+        return plan(self.model, self.hardware, self.gpus, self.global_batch, tp=wide, **self.software).best
+
+    def _explain_tp(self, best, lang, per_node):
+        lay = best.setup.layout
+        share = best.time["tp"] / best.step_time
+        if lay.tp == 1:
+            text = t("plan_tp_none", lang)
+        else:
+            text = t("plan_tp", lang, tp=lay.tp, link=self._link_text(best.links["tp"], lang), share=share,
+                     calls=4 + (2 if best.setup.recompute == "full" else 0), mb=best.comm_bytes["tp"] / 1e6)
+        wide = self.across_nodes() if lay.tp <= per_node else None
+        if wide is not None:
+            key = "plan_tp_wide" if wide.step_time >= best.step_time else "plan_tp_wide_faster"
+            text += " " + t(key, lang, tp=wide.setup.layout.tp, step=wide.step_time,
+                            ratio=wide.step_time / best.step_time, share=wide.time["tp"] / wide.step_time)
+        return text
+
+    def _explain_pp(self, best, lang):
+        lay, s = best.setup.layout, best.setup
+        if lay.pp == 1:
+            text = t("plan_pp_none", lang)
+        else:
+            v = s.virtual if s.schedule == "interleaved" else 1
+            formula = formulas.bubble_fraction(lay.pp, best.micro_batches, v, "interleaved" if v > 1 else "1f1b",
+                                               relative_to="step")
+            text = t("plan_pp", lang, pp=lay.pp, link=self._link_text(best.links["pp"], lang),
+                     kb=best.comm_bytes["pp"] / 1e3, m=best.micro_batches, v=v, formula=formula,
+                     bubble=best.bubble_share, share=best.time["pp"] / best.step_time)
+        flat = self._best_where(lambda e: e.setup.layout.pp == 1)
+        if flat is not None and lay.pp > 1:
+            text += " " + t("plan_pp_flat", lang, layout=flat.setup.describe(flat.micro_batches, lang),
+                            step=flat.step_time, ratio=flat.step_time / best.step_time)
+        elif flat is None and lay.pp > 1:
+            text += " " + t("plan_pp_needed", lang)
+        return text
+
+    def _explain_dp(self, best, lang):
+        lay, s = best.setup.layout, best.setup
+        if lay.dp == 1:
+            return t("plan_dp_none", lang)
+        how = t("plan_dp_zero" if s.zero >= 2 else ("plan_dp_overlap" if s.overlap_dp else "plan_dp_exposed"), lang)
+        return t("plan_dp", lang, dp=lay.dp, link=self._link_text(best.links["dp"], lang),
+                 gb=best.comm_bytes["dp"] / 1e9, how=how, share=best.time["dp"] / best.step_time)
+
+    def _explain_memory(self, best, lang):
+        s = best.setup
+        parts = []
+        if s.zero > 0:
+            plain = estimate(self.model, self.hardware, replace(s, zero=0), self.global_batch)
+            states = lambda e: e.memory["parameters"] + e.memory["gradients"] + e.memory["optimizer"]  # noqa: E731
+            parts.append(t("plan_zero", lang, zero=s.zero, before=states(plain) / 1e9, after=states(best) / 1e9,
+                           fits=t("plan_fits" if plain.fits else "plan_not_fit", lang, gb=plain.memory_total / 1e9)))
+        if s.recompute != "none":
+            plain = estimate(self.model, self.hardware, replace(s, recompute="none"), self.global_batch)
+            parts.append(t("plan_recompute", lang, mode=s.recompute, before=plain.memory["activations"] / 1e9,
+                           after=best.memory["activations"] / 1e9,
+                           cost=best.time["compute"] / plain.time["compute"] - 1,
+                           fits=t("plan_fits" if plain.fits else "plan_not_fit", lang, gb=plain.memory_total / 1e9)))
+        if not parts:
+            parts.append(t("plan_plain_fits", lang, gb=best.memory_total / 1e9, cap=best.capacity / 1e9))
+        return " ".join(parts)
+
+
+def _check(model, hw, gpus, global_batch, pinned, max_micro_batch):
+    whole_number("gpus", gpus)
+    whole_number("global_batch", global_batch)
+    whole_number("max_micro_batch", max_micro_batch)
+    hw.check_world(gpus, name="gpus")
+    per_node = hw.devices_per_node
+    if gpus > per_node and gpus % per_node:
+        raise ValueError(f"gpus={gpus} is not a multiple of the {per_node} GPUs per node of {hw.name!r}; use whole "
+                         f"nodes ({per_node}, {2 * per_node}, {3 * per_node}, ...)")
+    for name in ("dp", "tp", "pp", "micro_batch", "virtual"):
+        if pinned[name] is not None:
+            whole_number(name, pinned[name])
+    _choice("zero", pinned["zero"], formulas.ZERO_STAGES)
+    _choice("recompute", pinned["recompute"], RECOMPUTE)
+    _choice("schedule", pinned["schedule"], SCHEDULES)
+    dims = {d: pinned[d] for d in ("dp", "tp", "pp") if pinned[d] is not None}
+    if gpus % math.prod(dims.values()):
+        given = ", ".join(f"{d}={v}" for d, v in dims.items())
+        raise ValueError(f"dp*tp*pp must equal gpus={gpus}; the pinned sizes ({given}) do not divide it")
+    if len(dims) == 3 and math.prod(dims.values()) != gpus:
+        raise ValueError(f"dp*tp*pp = {math.prod(dims.values())} but gpus={gpus}; choose sizes whose product is gpus")
+    if pinned["tp"] is not None and (model.heads % pinned["tp"] or model.kv % pinned["tp"]):
+        raise ValueError(f"tp={pinned['tp']} does not divide heads={model.heads} (key/value heads {model.kv}); "
+                         f"tensor parallel splits whole heads")
+    if pinned["pp"] is not None and pinned["pp"] > model.layers:
+        raise ValueError(f"pp={pinned['pp']} is more than the {model.layers} layers; each stage needs a layer")
+    if pinned["dp"] is not None and global_batch % pinned["dp"]:
+        raise ValueError(f"global_batch={global_batch} is not divisible by dp={pinned['dp']}: every data-parallel "
+                         f"replica takes an equal share; choose global_batch as a multiple of dp")
+    if pinned["micro_batch"] is not None and pinned["dp"] is not None:
+        share = global_batch // pinned["dp"]
+        if share % pinned["micro_batch"]:
+            raise ValueError(f"micro_batch={pinned['micro_batch']} does not divide the {share} sequences per replica "
+                             f"(global_batch={global_batch} / dp={pinned['dp']})")
+    if pinned["virtual"] is not None and pinned["schedule"] not in (None, "interleaved"):
+        raise ValueError(f"virtual={pinned['virtual']} model chunks only apply to schedule='interleaved'")
+
+
+def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=None, tp=None, pp=None,
+         micro_batch=None, zero=None, recompute=None, schedule=None, virtual=None, sequence_parallel=True,
+         flash=True, overlap_dp=True, max_micro_batch=16, lang="en", top=10) -> LayoutTable:
+    """The layouts of ``gpus`` GPUs of ``hardware`` that train ``model`` with ``global_batch``
+    sequences per step, fastest first, with the ones that do not fit and why.
+
+    ``model``: a preset ("gpt3-175b", "llama3-405b", ...), a size (175e9, "7B": GPT-3 shape),
+    a dict of ``mpkit.sim.Transformer`` fields or a Transformer. ``hardware``: a preset
+    ("8xH100-nvlink"; multi-node "4x8xH100-ib", "Nx8xA100-ib") or a Hardware; ``gpus`` defaults
+    to all of it. Pin any of dp, tp, pp, micro_batch, zero (0-3), recompute ("none",
+    "selective", "full"), schedule ("1f1b", "interleaved", "gpipe"), virtual (chunks per rank);
+    the rest is searched (tp only within a node's GPUs unless pinned). ``sequence_parallel``,
+    ``flash`` (fused causal attention) and ``overlap_dp`` (gradient reduction hidden behind
+    backward) describe the training software."""
+    start = time.perf_counter()
+    model = transformer(model)
+    hw = get_hardware(hardware)
+    check_lang(lang)
+    if gpus is None:
+        if hw.nodes is None:
+            raise ValueError(f"gpus is required for hardware={hw.name!r} (any number of nodes): pass gpus=N")
+        gpus = hw.nodes * hw.devices_per_node
+    if global_batch is None:
+        raise ValueError("global_batch is required: the sequences per optimizer step (GPT-3 used 1536)")
+    pinned = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, zero=zero, recompute=recompute,
+                  schedule=schedule, virtual=virtual)
+    _check(model, hw, gpus, global_batch, pinned, max_micro_batch)
+    software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp)
+    table = LayoutTable(model, hw, gpus, global_batch, lang=lang, top=top,
+                        software=dict(software, zero=zero, recompute=recompute, max_micro_batch=max_micro_batch))
+    per_node = hw.devices_per_node
+    for setup in list(_candidates(model, gpus, global_batch, pinned, max_micro_batch, software, table.skipped,
+                                  per_node)):
+        e = estimate(model, hw, setup, global_batch)
+        (table.rows if e.fits else table.dropped).append(e)
+    table.rows.sort(key=lambda e: (e.step_time, e.memory_total))
+    table.seconds = time.perf_counter() - start
+    return table
+
+
+def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch, software, skipped, per_node):
+    """Every Setup the search prices; combinations that are no layout go to ``skipped``.
+    Selective recomputation is left out under flash attention (it never stores the scores that
+    selective recomputation would drop: the same layout twice)."""
+    modes = [pinned["recompute"]] if pinned["recompute"] else [
+        r for r in RECOMPUTE if not (software["flash"] and r == "selective")]
+    tps = [pinned["tp"]] if pinned["tp"] else [d for d in _divisors(gpus) if model.heads % d == 0
+                                               and model.kv % d == 0 and per_node % d == 0]
+    count = 0
+    for tp in tps:
+        pps = [pinned["pp"]] if pinned["pp"] else [d for d in _divisors(gpus // tp) if d <= model.layers]
+        for pp in pps:
+            if gpus % (tp * pp):
+                continue
+            dp = gpus // (tp * pp)
+            if pinned["dp"] and dp != pinned["dp"]:
+                continue
+            if not aligned(Layout(dp, pp, tp), per_node):
+                skipped["plan_skip_aligned", per_node] += 1
+                continue
+            if global_batch % dp:
+                skipped["plan_skip_dp", global_batch] += 1
+                continue
+            per_replica = global_batch // dp
+            micro = [pinned["micro_batch"]] if pinned["micro_batch"] else [
+                b for b in _divisors(per_replica) if b <= max_micro_batch]
+            for b in micro:
+                if per_replica % b:
+                    continue
+                m = per_replica // b
+                for sched, v in _schedules(model, pp, m, pinned, skipped):
+                    for rec in modes:
+                        for z in ([pinned["zero"]] if pinned["zero"] is not None else (range(4) if dp > 1 else (0,))):
+                            count += 1
+                            if count > MAX_CANDIDATES:
+                                raise ValueError(f"more than {MAX_CANDIDATES:,} layouts to price for gpus={gpus}; "
+                                                 f"pin some of dp, tp, pp or micro_batch")
+                            yield Setup(Layout(dp, pp, tp), b, z, rec, sched, v, **software)
+
+
+def _schedules(model, pp, m, pinned, skipped):
+    if pp == 1:
+        yield "1f1b", 1
+        return
+    wanted = pinned["schedule"]
+    if wanted in (None, "1f1b"):
+        yield "1f1b", 1
+    if wanted == "gpipe":
+        yield "gpipe", 1
+    if wanted in (None, "interleaved"):
+        for v in ([pinned["virtual"]] if pinned["virtual"] else VIRTUAL):
+            if pp * v > model.layers or m < pp:
+                if wanted == "interleaved":
+                    skipped["plan_skip_interleaved", v] += 1
+                continue
+            yield "interleaved", v
+
+
+__all__ = ["plan", "LayoutTable"]

@@ -1,0 +1,88 @@
+"""``mpkit.sim.planner``: the layout planner as a widget (model, hardware, GPUs, global batch ->
+the ranked table and the explanation), for lab 10.
+
+The logic lives in ``Planner`` (control values in, ``LayoutTable`` out) so tests drive it headlessly
+by setting values; the widget is only its view. Input the planner refuses (GPUs that are not whole
+nodes, a batch no layout divides, an unknown preset) shows the ValueError's text in the status line
+and keeps the last good table.
+"""
+from __future__ import annotations
+
+import html
+
+import ipywidgets as w
+
+from mpkit.i18n import LANG_LABELS, LANGS, t
+from mpkit.sim.analytic import MODELS
+from mpkit.sim.hardware import GPU_PRESETS, MULTI_NODE
+from mpkit.sim.plan import plan
+
+MODEL_CHOICES = (*MODELS, "7B", "13B", "70B")
+HARDWARE_CHOICES = (*GPU_PRESETS, *MULTI_NODE)
+
+
+class Planner:
+    """Controls -> ``plan`` -> table and explanation. ``result`` is the latest good LayoutTable."""
+
+    def __init__(self, model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8):
+        self.top = top
+        self.controls = {
+            "model": w.Combobox(value=str(model), options=list(MODEL_CHOICES), ensure_option=False),
+            "hardware": w.Combobox(value=str(hardware), options=list(HARDWARE_CHOICES), ensure_option=False),
+            "gpus": w.BoundedIntText(value=gpus, min=1, max=10**7),
+            "global_batch": w.BoundedIntText(value=global_batch, min=1, max=10**8),
+            "lang": w.ToggleButtons(options=[(LANG_LABELS[code], code) for code in LANGS], value=lang),
+        }
+        self.status = w.HTML()
+        self.table = w.HTML()
+        self.explanation = w.HTML()
+        self.result = None
+        self._label()
+        for control in self.controls.values():
+            control.observe(self._changed, names="value")
+        self.update()
+
+    def _label(self):
+        lang = self.controls["lang"].value
+        for key in ("model", "hardware", "gpus", "global_batch"):
+            self.controls[key].description = t(f"plan_w_{key}", lang)
+
+    def _changed(self, change):
+        if change["owner"] is self.controls["lang"]:
+            self._label()
+        self.update()
+
+    def arguments(self) -> dict:
+        c = self.controls
+        return dict(model=c["model"].value.strip(), hardware=c["hardware"].value.strip(), gpus=c["gpus"].value,
+                    global_batch=c["global_batch"].value, lang=c["lang"].value, top=self.top)
+
+    def update(self):
+        """Plan from the controls and redraw; returns the LayoutTable (None if refused)."""
+        lang = self.controls["lang"].value
+        try:
+            self.result = plan(**self.arguments())
+        except ValueError as exc:
+            self.status.value = f"<span style='color:#C44E52'>{html.escape(str(exc))}</span>"
+            return None
+        best = self.result.best
+        self.status.value = html.escape(t("plan_w_status", lang, fit=len(self.result.rows),
+                                          dropped=len(self.result.dropped), seconds=self.result.seconds))
+        self.table.value = self.result._repr_html_()
+        text = self.result.explain(lang) if best else self.result.to_text(lang)
+        self.explanation.value = "<br><br>".join(html.escape(p) for p in text.split("\n\n"))
+        return self.result
+
+    @property
+    def widget(self) -> w.Widget:
+        c = self.controls
+        return w.VBox([w.HBox([c["model"], c["hardware"]]), w.HBox([c["gpus"], c["global_batch"], c["lang"]]),
+                       self.status, self.table, self.explanation])
+
+
+def planner(model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8) -> w.Widget:
+    """The planner widget; the ``Planner`` behind it is ``widget.planner``."""
+    state = Planner(model, hardware, gpus, global_batch, lang, top)
+    box = state.widget
+    box.planner = state
+    return box

@@ -1,0 +1,66 @@
+"""The cost model's input and output checks: multi-node hardware is explicit (presets parsed,
+worlds beyond a machine refused with the presets named), worlds too large to simulate fail at
+once, and a prediction that does not fit in device memory says so."""
+import time
+
+import pytest
+
+from mpkit.sim import GPU_PRESETS, get_hardware, predict
+from mpkit.sim.predict import MAX_RANKS, MAX_STAGES
+
+
+@pytest.mark.parametrize("name,nodes,memory,inter_gb_s", [
+    ("4x8xH100-ib", 4, 80e9, 50 * 0.8), ("16x8xA100-ib", 16, 80e9, 25 * 0.8), ("2x8xA100-40GB-ib", 2, 40e9, 25 * 0.8),
+    ("Nx8xH100-ib", None, 80e9, 50 * 0.8)])
+def test_multi_node_presets_are_parsed(name, nodes, memory, inter_gb_s):
+    hw = get_hardware(name)
+    assert hw.nodes == nodes and hw.devices_per_node == 8 and hw.memory_bytes == memory
+    assert hw.inter_node.bandwidth == pytest.approx(inter_gb_s * 1e9)
+    assert hw.collective.bandwidth > hw.inter_node.bandwidth  # NVLink inside, InfiniBand between
+
+
+def test_existing_presets_keep_their_names_and_links():
+    assert GPU_PRESETS["2x8xH100-ib"].nodes == 2 and GPU_PRESETS["2x8xH100-ib"].inter_node is not None
+    assert all(GPU_PRESETS[n].nodes == 1 and GPU_PRESETS[n].inter_node is None
+               for n in ("8xA100-nvlink", "8xH100-nvlink", "8xH100-pcie"))
+
+
+@pytest.mark.parametrize("bad", ["0x8xH100-ib", "3x8xV100-ib", "8xH100-ib", "Nx8xH100-nvlink"])
+def test_unknown_presets_name_the_multi_node_forms(bad):
+    with pytest.raises(ValueError, match="Nx8xA100-ib, Nx8xA100-40GB-ib, Nx8xH100-ib"):
+        get_hardware(bad)
+
+
+def test_a_world_beyond_one_node_needs_a_multi_node_preset():
+    with pytest.raises(ValueError, match=r"world_size=64 needs 8 nodes .* '8x8xH100-ib'.*Nx8xH100-ib"):
+        predict("dp", hardware="8xH100-nvlink", world_size=64, batch_size=64)
+    with pytest.raises(ValueError, match="'3x8xH100-ib'"):
+        predict("dp", hardware="2x8xH100-ib", world_size=24, batch_size=24)
+    pred = predict("dp", hardware="8x8xH100-ib", world_size=64, batch_size=64)
+    assert pred.world_size == 64
+    ar = next(e for e in pred.trace.events if e.kind == "all_reduce")
+    nvlink_only = predict("dp", hardware="Nx8xH100-ib", world_size=8, batch_size=64)
+    ar8 = next(e for e in nvlink_only.trace.events if e.kind == "all_reduce")
+    assert ar.duration > ar8.duration  # 64 ranks cross InfiniBand now
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(strategy="dp", world_size=10**6, batch_size=10**6), f"at most {MAX_RANKS}"),
+    (dict(strategy="dp", world_size=MAX_RANKS + 1, batch_size=2 * (MAX_RANKS + 1)), "mpkit.sim.plan"),
+    (dict(strategy="pp", world_size=MAX_STAGES * 2, layers=MAX_STAGES * 2), f"at most {MAX_STAGES}"),
+])
+def test_worlds_too_large_to_play_fail_at_once(kwargs, match):
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=match):
+        predict(hardware="Nx8xH100-ib", **kwargs)
+    assert time.perf_counter() - start < 5  # measured ~0.001 s
+
+
+def test_a_prediction_that_does_not_fit_says_so():
+    big = predict("single", hardware="8xH100-nvlink", model="mlp", hidden=65536, d_in=1024, classes=8, batch_size=8)
+    assert big.peak_memory > 80e9 and not big.fits
+    assert "does not fit" in big.memory_warning and "80 GB" in big.memory_warning
+    assert "WARNING: does not fit" in big.summary() and "does not fit in memory" in repr(big)
+    small = predict("dp", hardware="8xH100-nvlink", world_size=8, batch_size=64)
+    assert small.fits and small.memory_warning == "" and "WARNING" not in small.summary()
