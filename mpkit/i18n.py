@@ -96,6 +96,12 @@ STRINGS = {
     'breakdown_bubble': {"ko": '버블 (유휴)', "en": 'bubble (idle)'},
     'breakdown_title': {"ko": '예측한 스텝 시간', "en": 'Predicted step time'},
     'breakdown_xlabel': {"ko": '옵티마이저 스텝당 시간 (ms)', "en": 'time per optimizer step (ms)'},
+    # ---- plot.collectives ----
+    'collectives_title': {"ko": '집합 통신 여섯 가지: 랭크 {n}개가 가진 값, 전과 후 (색 = 값이 온 랭크, 진한 칸 = 모든 랭크의 합)', "en": 'The six collectives: what {n} ranks hold before and after (colour = the rank a value came from, dark = the sum over all ranks)'},
+    'before': {"ko": '전', "en": 'before'},
+    'after': {"ko": '후', "en": 'after'},
+    'undefined': {"ko": '정해지지 않음', "en": 'undefined'},
+    'sent_per_rank': {"ko": '랭크당 송신', "en": 'sent per rank'},
     # ---- plot.staleness ----
     'staleness_title': {"ko": '파라미터 서버 (비동기): 적용된 업데이트마다의 손실', "en": 'Parameter server (async): loss of each applied update'},
     'staleness_loss': {"ko": '손실', "en": 'loss'},
