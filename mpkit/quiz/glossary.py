@@ -21,8 +21,8 @@ from mpkit.quiz.bank import GLOSSARY_FILE
 HANGUL = re.compile(r"[\uac00-\ud7a3]")
 # What is not the author's own wording: fenced and inline code, "quoted" and “quoted” text
 # (seed terms, messages), block quotes, HTML tags.
-_UNQUOTED = [re.compile(p, re.S | re.M) for p in
-             (r"```.*?```", r"`[^`\n]*`", r'"[^"\n]*"', r"“[^”\n]*”", r"^\s*>.*$", r"<[^>\n]*>")]
+_UNQUOTED = [re.compile(r"```.*?```", re.S)] + [re.compile(p, re.M) for p in
+             (r"`[^`\n]*`", r'"[^"\n]*"', r"“[^”\n]*”", r"^[ \t]*>.*$", r"<[^>\n]*>")]
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,8 @@ def korean_segments(text: str) -> list[str]:
 def variants(text: str, lang: str, terms) -> list[Variant]:
     """Every avoided word in ``text`` (written in ``lang``), outside code and quotations."""
     text = unquoted(text)
-    if lang == "ko":
-        text = "\n".join(korean_segments(text))
+    if lang == "ko":  # English glosses in parentheses, "랭크(rank)", are the rule, not a variant
+        text = "\n".join(korean_segments(re.sub(r"\([^()가-힣]*\)", " ", text)))
     return [Variant(term, lang, match.group(0)) for term in terms for pattern in term.avoid[lang]
             for match in pattern.finditer(text)]
 
