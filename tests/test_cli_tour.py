@@ -60,20 +60,21 @@ def test_lang_must_be_ko_or_en(capsys):
 @pytest.mark.timeout(300)
 def test_korean_tour_shows_the_pipeline_bubble_far_below_mp_and_the_caveat():
     """The whole tour, as a user runs it: the bubble column says what lab 04 says."""
-    out = subprocess.run([sys.executable, "-m", "mpkit", "tour", "--no-plots", "--lang", "ko"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=280)
+    # 2 ranks keep it short; test_cli_run runs the default 4-rank tour with plots
+    out = subprocess.run([sys.executable, "-m", "mpkit", "tour", "--no-plots", "--lang", "ko", "--world-size", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("mpkit tour: 시뮬레이션 장치 4개")
+    assert lines[0].startswith("mpkit tour: 시뮬레이션 장치 2개")
     assert lines[2].split()[:3] == ["전략", "랭크", "마지막"]
     rows = {line.split()[0]: line.split() for line in lines if line.split()[:1] and line.split()[0] in STRATEGIES}
     assert list(rows) == list(STRATEGIES)
     bubble = {name: int(row[5].rstrip("%")) / 100 for name, row in rows.items()}
-    p, m = 4, tour.MICRO_BATCHES
-    # layer-wise: one device at a time, (p-1)/p = 75%; pp: (p-1)/(m+p-1) = 27% plus a few ms per
-    # message and wake-up, which a loaded machine stretches (measured 38-57% at load 8-15): the
-    # lesson is the order, with a margin no load has closed
-    assert bubble["mp"] >= 0.6, bubble
+    p, m = 2, tour.MICRO_BATCHES
+    # layer-wise: one device at a time, (p-1)/p = 50%; pp: (p-1)/(m+p-1) = 11% plus a few ms per
+    # message and wake-up, which a loaded machine stretches (4 ranks: 38-57% against 75% at load
+    # 8-15): the lesson is the order, with a margin no load has closed
+    assert bubble["mp"] >= 0.4, bubble
     assert bubble["pp"] <= bubble["mp"] - 0.15, bubble
     assert t("tour_caveat", "ko", ms=tour.LAYER_MS, m=m, p=p) in out.stdout
     assert re.search(r"^주의: 시뮬레이션 장치 시간입니다", out.stdout, re.M)
