@@ -141,3 +141,67 @@ def test_byte_helper_closed_form():
         for rank in range(n):
             assert ring_bytes_sent(64 * n, 4, n, rank) == ring_allreduce_bytes(64 * n * 4, n)
     assert ring_bytes_sent(10, 4, 1, 0) == 0
+
+
+def _six(ctx, root):
+    from mpkit.parallel.collectives import six_collectives
+    return six_collectives(ctx, root)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world_size,root", [(2, 0), (3, 2), (4, 0), (4, 1)])
+def test_six_collectives_match_torch_and_their_byte_formulas(world_size, root, no_leftovers):
+    """What lab 05 shows: each hand-written collective gives torch.distributed's result on every
+    rank, and sends exactly the bytes its formula says (S = 4·N bytes: N float32 values)."""
+    from mpkit.parallel.collectives import COLLECTIVES, bytes_per_rank
+    results = mpkit.launch(_six, world_size, args=(root,), timeout=60)
+    n, S = world_size, 4 * world_size
+    total = [sum(10 ** r for r in range(n)) * (j + 1) for j in range(n)]   # [11..1, 22..2, ...]
+    for step, name in enumerate(COLLECTIVES):
+        for rank, r in enumerate(results):
+            assert r[name]["after"] == r[name]["torch"], (name, rank)
+            sent = sum(e.bytes for e in results.trace.filter(kind="send", step=step).of_rank(rank))
+            assert sent == bytes_per_rank(name, S, n, rank, root), (name, rank, sent)
+    assert all(r["broadcast"]["after"] == results[root]["broadcast"]["before"] for r in results)
+    assert [r["reduce"]["after"] for r in results] == [total if k == root else None for k in range(n)]
+    assert all(r["all_reduce"]["after"] == total for r in results)
+    assert [r["reduce_scatter"]["after"] for r in results] == [[v] for v in total]
+    assert all(r["all_gather"]["after"] == total for r in results)
+    assert [r["all_to_all"]["after"] for r in results] == [[(j + 1) * 10.0 ** k for k in range(n)] for j in range(n)]
+
+
+def _bad_input(ctx, case):
+    from mpkit.parallel import collectives
+    if case == "root":
+        collectives.chain_broadcast(ctx, torch.zeros(4), src=ctx.world_size)
+    else:
+        collectives.pairwise_all_to_all(ctx, torch.zeros(5))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case,message", [("root", "root rank 2 is not a rank of this world"),
+                                          ("blocks", "5 elements cannot be cut into 2 equal blocks")])
+def test_bad_input_is_a_clear_error_naming_the_rank(case, message):
+    with pytest.raises(mpkit.LaunchError, match=message):
+        mpkit.launch(_bad_input, 2, args=(case,), timeout=40)
+
+
+@pytest.mark.parametrize("lang", ["en", "ko"])
+def test_collectives_figure_colours_each_value_by_where_it_came_from(lang):
+    """mpkit.plot.collectives on hand-made results (no launch): a panel per collective, a cell per
+    value, one rank's data in that rank's colour, the sum over all ranks dark, undefined hatched."""
+    from matplotlib.colors import to_hex
+
+    from mpkit.plot.collectives import RANK_COLOURS, SUM_COLOUR
+    from mpkit.plot import collectives
+    n = 2
+    rank_data = [[1.0, 2.0], [10.0, 20.0]]
+    results = [{"all_reduce": {"before": rank_data[r], "after": [11.0, 22.0]},
+                "reduce": {"before": rank_data[r], "after": [11.0, 22.0] if r == 0 else None}} for r in range(n)]
+    fig = collectives(results, lang=lang)
+    panels = [ax for ax in fig.axes if ax.get_title(loc="left")]
+    assert [ax.get_title(loc="left").split(" — ")[0] for ax in panels] == ["all-reduce", "reduce"]
+    all_reduce = [to_hex(p.get_facecolor()) for p in panels[0].patches]
+    assert all_reduce == [RANK_COLOURS[0].lower()] * 2 + [SUM_COLOUR.lower()] * 2 + \
+                        [RANK_COLOURS[1].lower()] * 2 + [SUM_COLOUR.lower()] * 2
+    assert sum(p.get_hatch() == "///" for p in panels[1].patches) == 1   # reduce: rank 1 undefined

@@ -270,7 +270,7 @@ def test_memory_of_one_run_kinds_labels_and_errors():
 def test_memory_in_korean():
     ax = plot.memory(two_runs()[0], lang="ko").axes[0]
     legend = {t.get_text() for t in ax.get_legend().get_texts()}
-    assert {"파라미터", "그래디언트", "옵티마이저 상태", "활성화", "장치 용량"} <= legend
+    assert {"파라미터", "그래디언트", "옵티마이저 상태", "활성값", "장치 용량"} <= legend
     assert ax.get_ylabel() == "메모리 (MiB)"
 
 
@@ -355,7 +355,7 @@ def test_hand_written_ring_all_reduce_measures_the_formula():
 
 def test_comm_in_korean_and_without_communication():
     ax = plot.comm(comm_trace(), lang="ko").axes[0]
-    assert {"올리듀스", "리듀스-스캐터", "송신"} <= {t.get_text() for t in ax.get_legend().get_texts()}
+    assert {"all-reduce", "reduce-scatter", "송신"} <= {t.get_text() for t in ax.get_legend().get_texts()}
     assert ax.get_ylabel() == "보낸 바이트 (MiB)"
     quiet = SimpleNamespace(world_size=1, trace=Trace(events=[Event(0, "forward", 0, 1)], enabled=False))
     assert "no communication in this run" in [t.get_text() for t in plot.comm(quiet).axes[0].texts]

@@ -19,7 +19,7 @@ def test_from_an_async_ps_run(async_run, lang):
     assert len(bottom.patches) == len(async_run.losses) == len(server["staleness"]) == 6
     assert [p.get_height() for p in bottom.patches] == server["staleness"]
     legend = [t.get_text() for t in top.get_legend().get_texts()]
-    assert legend == (["rank 1", "rank 2", "이동 평균 (업데이트 2개)"] if lang == "ko"
+    assert legend == (["랭크 1", "랭크 2", "이동 평균 (업데이트 2개)"] if lang == "ko"
                       else ["rank 1", "rank 2", "running mean (2 updates)"])
 
 

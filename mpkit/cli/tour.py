@@ -1,22 +1,37 @@
 """``mpkit tour``: every strategy on simulated devices, one small model, one table.
 
 All strategies train the same model on the same data for the same steps, so the table reads
-across: final loss and the max difference from ``single`` (parity), peak memory per rank, how
-much of the time was bubble or communication, and wall time. With ``mpkit.plot`` available it
-also saves a timeline per strategy and one memory chart of all of them.
+across: final loss and the max difference from ``single`` (parity), peak memory per rank, the
+bubble (idle share of a step from its first forward to its last backward, the median of steps
+1..3, as lab 04 measures it), the share of time with communication in flight, and wall time.
+Every layer carries ``LAYER_MS`` of simulated device time (``layer_ms``, slept, as in lab 04), so
+the ranks behave like dedicated devices even on a 2-core laptop and the bubble column shows what
+lab 04 shows: the pipeline (``pp``, ``MICRO_BATCHES`` micro-batches) far below the layer-wise
+split (``mp``). The table ends with the caveat that this is simulated device time, not a speed
+measurement. With ``mpkit.plot`` available it also saves a timeline per strategy and one memory
+chart of all.
 """
 from __future__ import annotations
 
 import math
+import statistics
 import time
+import unicodedata
 from pathlib import Path
 
 from mpkit.errors import LaunchError
+from mpkit.i18n import LANGS, t
 from mpkit.strategies import STRATEGIES
+from mpkit.strategies.pp.measure import step_bubble
 from mpkit.train import train
 
-STEPS = 3
-MICRO_BATCHES = 4  # pp's default
+STEPS = 4           # step 0 pays first-call costs; the bubble is the median of the others
+LAYER_MS = 20.0     # simulated device time per layer and micro-batch, forward (backward: twice):
+                    # large next to the few ms a message and a wake-up cost on a busy CPU
+MICRO_BATCHES = 8   # pp on 4 ranks: bubble (p-1)/(m+p-1) = 3/11, against mp's (p-1)/p = 3/4
+OPTIONS = {"pp": {"micro_batches": MICRO_BATCHES}}
+COLUMNS = ("tour_strategy", "tour_ranks", "tour_loss", "tour_diff", "tour_peak", "tour_bubble", "tour_comm",
+           "tour_time")
 
 
 def register(subparsers):
@@ -25,6 +40,7 @@ def register(subparsers):
     p.add_argument("--world-size", type=int, default=4, help="ranks for every strategy but single (default 4)")
     p.add_argument("--out", default="mpkit-tour", metavar="DIR", help="where the PNGs go (default ./mpkit-tour)")
     p.add_argument("--no-plots", action="store_true", help="only the table")
+    p.add_argument("--lang", choices=LANGS, default="en", help="language of the table and plots (default en)")
     p.set_defaults(handler=main)
     return p
 
@@ -35,19 +51,35 @@ def tour_settings(world_size: int) -> dict:
     if world_size < 2:
         raise ValueError(f"--world-size {world_size}: the tour compares parallel strategies; use 2 or more")
     unit = math.lcm(world_size, world_size - 1, MICRO_BATCHES)
-    return {"model": "mlp", "layers": max(4, world_size), "steps": STEPS, "batch_size": unit * math.ceil(16 / unit)}
+    return {"model": "mlp", "layers": max(4, world_size), "steps": STEPS, "batch_size": unit * math.ceil(16 / unit),
+            "layer_ms": LAYER_MS}
+
+
+def check_out(out: Path) -> None:
+    """Refuse, before anything trains, a plot folder that cannot be one: an existing file, or a
+    path below a file."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "is a file" if path == out else f"is below {path}, which is a file"
+                raise ValueError(f"--out {out} {where}; pass a folder for the PNGs (it is created if missing)")
+            return
 
 
 def main(args) -> int:
     settings = tour_settings(args.world_size)
+    if not args.no_plots:
+        check_out(Path(args.out))
+    lang = args.lang
     rows, runs, failed, reference = [], {}, 0, None
     for strategy in STRATEGIES:  # single first: every other run is compared with it
         start = time.perf_counter()
         try:
-            run = train(strategy, 1 if strategy == "single" else args.world_size, **settings)
+            run = train(strategy, 1 if strategy == "single" else args.world_size, **settings,
+                        **OPTIONS.get(strategy, {}))
         except (ValueError, LaunchError, ImportError) as exc:
             failed += 1
-            rows.append([strategy, "-", f"error: {str(exc).splitlines()[0][:70]}"])
+            rows.append([strategy, "-", f"{t('tour_error', lang)}: {str(exc).splitlines()[0][:70]}"])
             continue
         seconds = time.perf_counter() - start
         runs[strategy] = run
@@ -55,26 +87,37 @@ def main(args) -> int:
         peaks = "/".join(f"{m.peak_total / 2**20:.2f}" for m in run.memory)
         rows.append([strategy, str(run.world_size), f"{run.losses[-1]:.4f}",
                      f"{run.compare_to_reference(reference).max:.1e}", peaks,
-                     f"{run.trace.bubble_share():.0%}", f"{run.trace.comm_share():.0%}", f"{seconds:.1f}s"])
-    print(f"mpkit tour: {args.world_size} simulated devices, {settings['model']} with {settings['layers']} layers, "
-          f"batch {settings['batch_size']}, {STEPS} steps\n")
-    print(table(["strategy", "ranks", "final loss", "max diff vs single", "peak MiB per rank", "bubble", "comm",
-                 "time"], rows))
+                     f"{bubble(run):.0%}", f"{run.trace.comm_share():.0%}", f"{seconds:.1f}s"])
+    print(t("tour_header", lang, n=args.world_size, model=settings["model"], layers=settings["layers"],
+            batch=settings["batch_size"], steps=STEPS, m=MICRO_BATCHES) + "\n")
+    print(table([t(key, lang) for key in COLUMNS], rows))
+    print("\n" + t("tour_caveat", lang, ms=LAYER_MS, m=MICRO_BATCHES, p=args.world_size))
     if not args.no_plots:
-        saved = save_plots(runs, Path(args.out))
+        saved = save_plots(runs, Path(args.out), lang)
         if saved:
-            print(f"\nplots: {len(saved)} PNGs in {args.out}/")
+            print("\n" + t("tour_plots", lang, n=len(saved), out=args.out))
     return 1 if failed else 0
 
 
+def bubble(run) -> float:
+    """Median over steps 1.. of the idle share from a step's first forward to its last backward."""
+    return statistics.median(step_bubble(run.trace, step) for step in range(1, STEPS))
+
+
+def _width(text: str) -> int:
+    """Columns ``text`` takes in a terminal: Hangul and other wide characters take two."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
 def table(header, rows) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows] if i < len(r)) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    widths = [max(_width(r[i]) for r in [header, *rows] if i < len(r)) for i in range(len(header))]
+    lines = ["  ".join(cell + " " * (w - _width(cell)) for cell, w in zip(row, widths)).rstrip()
+             for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def save_plots(runs, out: Path) -> list[str]:
+def save_plots(runs, out: Path, lang: str = "en") -> list[str]:
     """A timeline per strategy and one memory chart of all; nothing if mpkit.plot is missing."""
     try:
         import matplotlib
@@ -87,10 +130,10 @@ def save_plots(runs, out: Path) -> list[str]:
         return []
     saved = []
     for name, run in runs.items():
-        fig = plot.timeline(run)
+        fig = plot.timeline(run, lang=lang)
         saved.append(plot.save(fig, out / f"timeline_{name}.png"))
         plt.close(fig)
-    fig = plot.memory(runs)
+    fig = plot.memory(runs, lang=lang)
     saved.append(plot.save(fig, out / "memory.png"))
     plt.close(fig)
     return saved

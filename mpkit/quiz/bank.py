@@ -17,10 +17,11 @@ import mpkit
 from mpkit.i18n import LANGS
 
 TOPICS = ("overview", "data_parallel", "model_parallel", "tensor_parallel",
-          "pipeline", "communication", "memory", "libraries")
+          "pipeline", "communication", "memory", "libraries", "combining")
 ANSWERS = ("O", "X")
 DIFFICULTIES = (1, 2, 3)
 PITFALLS_FILE = "pitfalls.yaml"
+GLOSSARY_FILE = "glossary.yaml"  # the vocabulary (mpkit.quiz.glossary), not items
 REQUIRED = ("id", "statement", "answer", "explanation", "pitfall", "difficulty", "source")
 OPTIONAL = ("corrected", "lab", "check")  # check: numeric items a test recomputes from the formula
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # ids become CSS classes and CSV cells
@@ -148,7 +149,7 @@ def read_bank(bank_dir=None):
     if not bank.dir.is_dir():
         raise FileNotFoundError(f"quiz bank folder {bank.dir} does not exist; "
                                 "pass bank_dir= (or --bank) or set MPKIT_QUIZ_DIR")
-    topic_files = sorted(p for p in bank.dir.glob("*.yaml") if p.name != PITFALLS_FILE)
+    topic_files = sorted(p for p in bank.dir.glob("*.yaml") if p.name not in (PITFALLS_FILE, GLOSSARY_FILE))
     if not topic_files:
         raise FileNotFoundError(f"no topic files (<topic>.yaml) in quiz bank folder {bank.dir}")
     problems = []
