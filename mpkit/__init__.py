@@ -1,7 +1,7 @@
 """mpkit: run model-parallel and data-parallel training for real, on simulated CPU devices or GPUs.
 
 The public names below are the contract notebooks and tests rely on (see README). Heavy
-submodules (plot, sim, quiz) load on first use so ``import mpkit`` stays fast in a kernel.
+submodules (plot, sim, quiz, parallel) load on first use so ``import mpkit`` stays fast in a kernel.
 """
 from importlib import import_module
 
@@ -20,6 +20,7 @@ _LAZY = {
     "sim": ("mpkit.sim", None),
     "quiz": ("mpkit.quiz", None),
     "models": ("mpkit.models", None),
+    "parallel": ("mpkit.parallel", None),
 }
 
 __all__ = ["devices", "launch", "train", "Run", "LaunchError", "LaunchTimeout", "DeviceOutOfMemory", *_LAZY]

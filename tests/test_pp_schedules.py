@@ -7,7 +7,7 @@ a Backward 2 (backward ≈ 2x forward: two matmuls per forward matmul). Then wit
 m micro-batches every rank is busy 3m units and the makespan is 3(m+p-1), so the bubble is
 (p-1)/(m+p-1) exactly, for GPipe and 1F1B alike. Interleaving v chunks per rank costs 1/v
 and 2/v per chunk: the fill/drain shrinks to 3(p-1)/v, bubble (p-1)/(v·m+p-1) of the step,
-i.e. (p-1)/(v·m) of the ideal time m·3 (the formula DESIGN.md quotes).
+i.e. (p-1)/(v·m) of the ideal time m·3 (the formula Narayanan et al. 2021 quote).
 """
 from collections import Counter
 from fractions import Fraction

@@ -74,7 +74,7 @@ def _zero_gb(stage, psi_billion, n):
 
 
 FORMULAS = {
-    # share of step time idle, GPipe and 1F1B (DESIGN.md)
+    # share of step time idle, GPipe and 1F1B (Huang et al. 2019; Narayanan et al. 2021)
     "bubble": lambda p, m: (p - 1) / (m + p - 1),
     # bubble time / ideal compute time, interleaved 1F1B with v chunks per device
     "bubble_interleaved": lambda p, m, v: (p - 1) / (v * m),
@@ -282,7 +282,7 @@ def test_numeric_items_cover_design_numbers(items):
 
 
 def test_reference_values():
-    # the headline numbers quoted in the brief and DESIGN.md, recomputed
+    # the headline numbers the labs quote, recomputed
     assert FORMULAS["bubble"](4, 4) == pytest.approx(3 / 7)
     assert FORMULAS["ring_allreduce"](4, 100) == pytest.approx(150)
     assert FORMULAS["adam_mixed_gb"](1) == 16

@@ -4,7 +4,8 @@ by hand per rank, ``ScheduleGPipe`` or ``Schedule1F1B``.
 
 It runs on CPU/gloo in torch 2.13. Its communication is internal, so the trace holds one
 ``compute`` span per schedule step and an ``optimizer`` span, no send/recv events; its private
-schedule visualiser is buggy in 2.13 (DESIGN.md), so timelines come from ``pp`` only.
+schedule visualiser is buggy in 2.13 (1F1B order off by one on the last rank), so timelines
+come from ``pp`` only.
 Run it with ``mpkit.launch(run_rank, world_size, args=(make_config("pp", ...),))``.
 """
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe

@@ -13,28 +13,13 @@ from __future__ import annotations
 from matplotlib.patches import Patch
 
 from mpkit.plot.inputs import as_trace, select_step
+from mpkit.sim.formulas import MEASURED_KINDS, wire_bytes, wire_factor
 from mpkit.i18n import t as text
 from mpkit.plot.style import title
 from mpkit.plot.style import KIND_COLOURS, drawing, new_figure
 
-MEASURED_KINDS = ("send", "rpc")
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 FORMULA_HATCH = "xx"
-
-
-def wire_factor(kind: str, n: int) -> float:
-    """Bytes on the wire per rank as a multiple of the bytes an event of ``kind`` records."""
-    if kind in MEASURED_KINDS:
-        return 1.0
-    if kind == "all_reduce":
-        return 2 * (n - 1) / n
-    return (n - 1) / n
-
-
-def wire_bytes(trace, n: int) -> dict[int, dict[str, float]]:
-    """{rank: {kind: bytes on the wire}} for a world of ``n`` ranks."""
-    return {rank: {kind: b * wire_factor(kind, n) for kind, b in kinds.items()}
-            for rank, kinds in trace.bytes_by_kind().items()}
 
 
 def unit_for(n_bytes: float) -> tuple[str, int]:

@@ -37,7 +37,7 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
     os.setpgid(0, 0)  # own process group: the parent can kill this rank and anything it started
     import torch
 
-    torch.set_num_threads(1)  # see DESIGN.md: GNU OpenMP after fork hangs without this
+    torch.set_num_threads(1)  # GNU OpenMP after fork hangs without this (the parent ran threaded torch ops)
     captured = io.StringIO()
     sys.stdout = sys.stderr = captured  # a forked Jupyter kernel's streams must not be touched
     code, sent = 0, False

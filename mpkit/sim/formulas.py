@@ -93,6 +93,27 @@ def all_gather_bytes(S: float, N: int) -> float:
     return reduce_scatter_bytes(S, N)
 
 
+MEASURED_KINDS = ("send", "rpc")  # trace events that record the bytes that really left the rank
+
+
+def wire_factor(kind: str, n: int) -> float:
+    """Bytes on the wire per rank as a multiple of the bytes a trace event of ``kind`` records: a
+    collective's event holds its payload S, so the ring factor applies (all-reduce 2(N-1)/N,
+    reduce-scatter / all-gather / all-to-all / broadcast / reduce (N-1)/N); a send or rpc event
+    already holds what left the rank."""
+    if kind in MEASURED_KINDS:
+        return 1.0
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    return (n - 1) / n
+
+
+def wire_bytes(trace, n: int) -> dict[int, dict[str, float]]:
+    """{rank: {kind: bytes on the wire}} of a trace (``Run.trace``) of a world of ``n`` ranks."""
+    return {rank: {kind: b * wire_factor(kind, n) for kind, b in kinds.items()}
+            for rank, kinds in trace.bytes_by_kind().items()}
+
+
 def bus_bandwidth(algbw: float, N: int) -> float:
     """nccl-tests bus bandwidth of an all-reduce: algbw · 2(N-1)/N (nccl-tests doc/PERFORMANCE.md),
     where algbw = S / time. It is the per-link rate the ring achieved, comparable to hardware peak."""
