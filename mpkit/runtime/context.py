@@ -39,6 +39,23 @@ class RankContext:
         self.memory.step = step
 
 
+_current: RankContext | None = None
+
+
+def current() -> RankContext | None:
+    """The context of the rank this process is running ``fn`` for, or None in the caller.
+
+    A launch inside a rank would start a second world from inside the first; ``launch`` reads
+    this to refuse it with a clear error.
+    """
+    return _current
+
+
+def set_current(ctx: RankContext | None) -> None:
+    global _current
+    _current = ctx
+
+
 def make_context(rank, world_size, local_rank, backend, *, device_memory=None, trace=True, memory=True,
                  launcher="mpkit") -> RankContext:
     if backend == "nccl":
