@@ -74,3 +74,12 @@ def test_two_torchrun_nodes_with_c10d_rendezvous_match_single(strategy, tmp_path
     assert [m["rank"] for m in run["memory"]] == [0, 1, 2, 3]  # four ranks, two per node
     assert len(run["losses"]) == 3
     assert run["compare"]["loss"] <= ATOL and run["compare"]["params"] <= ATOL, run["compare"]
+
+
+def test_lab_07_teaches_the_c10d_form_for_two_nodes():
+    cells = json.loads((ROOT / "labs" / "07_pytorch_api.ipynb").read_text(encoding="utf-8"))["cells"]
+    text = "\n".join("".join(cell["source"]) for cell in cells).replace("\\\n", " ")
+    commands = [line for line in text.splitlines() if line.startswith("torchrun") and "--nnodes" in line]
+    assert commands, "lab 07 no longer shows a multi-node torchrun command"
+    for command in commands:
+        assert "--rdzv-backend c10d" in command and "--rdzv-id" in command and "--rdzv-endpoint" in command, command
