@@ -8,6 +8,7 @@ torch shared memory left behind).
 from __future__ import annotations
 
 import multiprocessing as mp
+import numbers
 import os
 import pickle
 import signal
@@ -50,10 +51,12 @@ def _check_not_nested():
                            f"started the first one; inside fn, the ranks talk through ctx.comm / torch.distributed")
 
 
-def _check_args(fn, world_size, timeout, backend):
+def _check_args(fn, world_size, args, timeout, backend):
     if not callable(fn):
         raise TypeError(f"fn must be a function fn(ctx, *args); got {type(fn).__name__}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args={args!r}: pass fn's extra arguments as a tuple, e.g. args=({args!r},)")
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
         raise ValueError(f"world_size={world_size!r}: pass a whole number of ranks >= 1, e.g. world_size=4")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise ValueError(f"timeout={timeout!r}: pass a positive, finite number of seconds, e.g. timeout=60")
@@ -138,7 +141,8 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
     ``device_memory="64MiB"`` gives each simulated device a capacity (out-of-memory like a GPU).
     """
     _check_not_nested()
-    _check_args(fn, world_size, timeout, backend)
+    _check_args(fn, world_size, args, timeout, backend)
+    world_size = int(world_size)
     capacity = parse_bytes(device_memory)
     if in_torchrun():
         return _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory)
@@ -190,14 +194,18 @@ def _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory
 
 
 def _collect(procs, conns, timeout):
-    """Wait for one message per rank; raise on the first failure, death or the deadline."""
+    """Wait for each rank's result; raise on the first failure, death or the deadline.
+
+    A rank first reports that it joined the process group, then its result: a timeout can then
+    tell a world that never came up from ranks stuck inside ``fn``.
+    """
     deadline = time.monotonic() + timeout
     messages = [None] * len(procs)
-    pending = set(range(len(procs)))
+    pending, joined = set(range(len(procs))), set()
     while pending:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise _timeout(sorted(pending), len(procs), timeout)
+            raise _timeout(sorted(pending), joined, len(procs), timeout)
         ready = wait([conns[r] for r in pending] + [procs[r].sentinel for r in pending], timeout=remaining)
         for rank in sorted(pending):
             conn, proc = conns[rank], procs[rank]
@@ -210,6 +218,9 @@ def _collect(procs, conns, timeout):
                 kind, payload = "died", {}
             else:
                 continue
+            if kind == "joined":
+                joined.add(rank)
+                continue
             if kind == "died":
                 proc.join(timeout=1)
                 raise LaunchError(f"rank {rank} {_death_reason(proc.exitcode)}", rank=rank,
@@ -220,13 +231,20 @@ def _collect(procs, conns, timeout):
     return messages
 
 
-def _timeout(pending, world_size, timeout) -> LaunchTimeout:
+def _timeout(pending, joined, world_size, timeout) -> LaunchTimeout:
+    outside = [rank for rank in pending if rank not in joined]
+    inside = [rank for rank in pending if rank in joined]
     returned = sorted(set(range(world_size)) - set(pending))
-    early = (f"; ranks {returned} had returned, so a collective or recv that they never joined is a likely cause"
-             if returned else "")
-    return LaunchTimeout(
-        f"ranks {pending} had not finished after timeout={timeout:g}s{early} (a deadlock: mismatched collectives, "
-        f"a missing send/recv, or a rank that never joined?); all ranks were stopped", ranks=pending)
+    parts = []
+    if inside:
+        early = (f"; ranks {returned} had returned, so a collective or recv that they never joined is a likely cause"
+                 if returned else "")
+        parts.append(f"ranks {inside} had not finished after timeout={timeout:g}s{early} (a deadlock: mismatched "
+                     f"collectives, a missing send/recv; or work that needs a longer timeout)")
+    if outside:
+        parts.append(f"ranks {outside} had not joined the process group after timeout={timeout:g}s (starting "
+                     f"{world_size} ranks took longer than that: a busy machine, or too many ranks for it; raise timeout)")
+    return LaunchTimeout("; ".join(parts) + "; all ranks were stopped", ranks=pending)
 
 
 def _raise_for(kind, rank, payload):

@@ -69,6 +69,7 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
         ctx = make_context(rank, world_size, rank, backend, device_memory=options["device_memory"],
                            trace=options["trace"], memory=options["memory"])
         set_current(ctx)
+        conn.send_bytes(_message("joined"))  # lets a timeout say whether the world ever came up
         result = fn(ctx, *args)
         try:
             blob = _message("ok", result=result, events=ctx.trace.events, memory=ctx.memory.report(),
