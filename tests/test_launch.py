@@ -156,6 +156,25 @@ def test_stray_barrier_is_a_timeout_not_a_result(no_leftovers):
 
 
 @pytest.mark.timeout(30)
+def test_a_world_that_never_comes_up_is_told_apart_from_a_deadlock(monkeypatch, no_leftovers):
+    import mpkit.runtime.worker as worker
+
+    real_store = worker._store
+
+    def store(rank, *args):  # rank 1 never reaches the store: nobody can join (forked, so it applies)
+        if rank == 1:
+            time.sleep(3600)
+        return real_store(rank, *args)
+
+    monkeypatch.setattr(worker, "_store", store)
+    with pytest.raises(mpkit.LaunchTimeout) as info:
+        mpkit.launch(lambda ctx: ctx.rank, 3, timeout=2)
+    assert info.value.ranks == [0, 1, 2]
+    assert "ranks [0, 1, 2] had not joined the process group after timeout=2s" in str(info.value)
+    assert "deadlock" not in str(info.value)
+
+
+@pytest.mark.timeout(30)
 def test_launch_inside_a_rank_is_a_clear_error(no_leftovers):
     def nested(ctx):
         return mpkit.launch(lambda inner: inner.rank, 2, timeout=10)

@@ -60,11 +60,14 @@ def test_killing_the_caller_stops_every_rank_child_and_port_within_2s(sig, tmp_p
 
         os.kill(caller.pid, sig)
         caller.wait(timeout=10)
-        start = time.monotonic()
-        gone = _wait_for(lambda: not any(is_running(pid) for pid in tree), 2.0)
-        elapsed = time.monotonic() - start
-        assert gone, f"still running {elapsed:.1f}s after the caller died: {[p for p in tree if is_running(p)]}"
-        assert not set(ports) & set(listening_sockets()), f"ports still listening: {sorted(ports.values())}"
+        # A killed process reads as a zombie once its main thread is gone, while its other threads
+        # may still hold its sockets for a moment: wait for both, within the same 2 s.
+        def clean():
+            return not any(is_running(pid) for pid in tree) and not set(ports) & set(listening_sockets())
+
+        assert _wait_for(clean, 2.0), (f"2 s after the caller died: still running "
+                                       f"{[p for p in tree if is_running(p)]}, still listening "
+                                       f"{[ports[i] for i in set(ports) & set(listening_sockets())]}")
     finally:
         if caller.poll() is None:
             caller.kill()

@@ -151,12 +151,14 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
         check_world_size(world_size)
     method = _start_method(backend, fn)
     context = mp.get_context(method)
-    guardian = Guardian()  # before the store's socket, so it never holds a copy
+    guardian = Guardian()
     listener = store_socket()
     port = listener.getsockname()[1]
+    forked = method == "fork"
     options = {"timeout": float(timeout), "device_memory": capacity, "trace": trace, "memory": memory,
-               "listen_fd": listener.fileno() if method == "fork" else None, "parent_pid": os.getpid()}
-    if method != "fork":
+               "listen_fd": listener.fileno() if forked else None, "parent_pid": os.getpid(),
+               "guardian_fd": guardian.write_fd if forked else None}
+    if not forked:
         listener.close()  # a spawned rank 0 cannot inherit it and binds the port itself
     procs, conns = [], []
     try:

@@ -50,6 +50,8 @@ def _wait_to_be_stopped():
 def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
     os.setpgid(0, 0)  # own process group: the parent can kill this rank and anything it started
     die_with_parent(options["parent_pid"])
+    if options["guardian_fd"] is not None:
+        os.close(options["guardian_fd"])  # inherited by fork: only the caller may hold the guardian's pipe
     import torch
 
     torch.set_num_threads(1)  # see DESIGN.md: GNU OpenMP after fork hangs without this
