@@ -15,7 +15,7 @@ import torch
 @dataclass(frozen=True)
 class DeviceInfo:
     kind: str                 # "cuda" or "cpu-sim"
-    count: int                # GPUs, or CPU cores for simulated devices (any world size still runs)
+    count: int                # GPUs, or CPU cores for simulated devices (more ranks than cores still run)
     backend: str              # "nccl" or "gloo"
     names: list[str] = field(default_factory=list)
     cpu_cores: int = 1
@@ -24,7 +24,7 @@ class DeviceInfo:
         if self.kind == "cuda":
             return f"{self.count} CUDA GPU(s) ({', '.join(self.names)}), backend nccl"
         return (f"simulated devices: CPU processes with gloo on {self.cpu_cores} core(s); "
-                f"any world size runs (ranks share the cores)")
+                f"more ranks than cores run too (they share the cores)")
 
 
 def cuda_count() -> int:
