@@ -40,84 +40,69 @@ def _mark_fault():
 
 
 def _raise(ctx):
-    if ctx.rank == 1:
-        _mark_fault()
-        raise KeyError("boom")
-    return ctx.rank
+    raise KeyError("boom")
 
 
 def _exit(ctx):
-    if ctx.rank == 1:
-        _mark_fault()
-        os._exit(3)
-    return ctx.rank
+    os._exit(3)
 
 
 def _sigkill(ctx):
-    if ctx.rank == 1:
-        _mark_fault()
-        os.kill(os.getpid(), signal.SIGKILL)
-    return ctx.rank
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _out_of_memory(ctx):
     with ctx.memory.track():
-        if ctx.rank == 1:
-            _mark_fault()
-        return torch.empty(2**20 if ctx.rank == 1 else 0).numel()
+        torch.empty(2**20)
 
 
 def _nested(ctx):
-    if ctx.rank == 1:
-        _mark_fault()
-        mpkit.launch(lambda inner: 0, 2)
-    return ctx.rank
+    mpkit.launch(lambda inner: 0, 2)
 
 
 def _hang(ctx):
-    if ctx.rank == 1:
-        _mark_fault()
-        time.sleep(3600)
-    return ctx.rank
+    time.sleep(3600)
 
 
-def _recv_nobody_sends(ctx):
-    if ctx.rank == 0:
-        _mark_fault()
-        ctx.comm.recv(torch.zeros(1), 1)
-    return ctx.rank
+def _recv_from_0(ctx):
+    ctx.comm.recv(torch.zeros(1), 0)  # rank 0 returns without sending
 
 
-def _stray_barrier(ctx):
-    if ctx.rank != 0:
-        if ctx.rank == 1:
+def _barrier(ctx):
+    dist.barrier()  # a stray barrier rank 0 never enters
+
+
+def _faulty(ctx, fault, ranks):
+    """``fault`` on ``ranks`` (the first marks the moment); the other ranks return."""
+    if ctx.rank in ranks:
+        if ctx.rank == ranks[0]:
             _mark_fault()
-        dist.barrier()
+        fault(ctx)
     return ctx.rank
 
 
 def faults(timeout):
-    """name -> (fn, launch kwargs, expected error class)."""
+    """name -> (fault, the ranks it hits, launch kwargs, expected error class)."""
     return {
-        "rank raises": (_raise, {}, mpkit.LaunchError),
-        "rank exits (os._exit)": (_exit, {}, mpkit.LaunchError),
-        "rank killed (SIGKILL)": (_sigkill, {}, mpkit.LaunchError),
-        "rank out of simulated memory": (_out_of_memory, {"device_memory": "1MiB"}, mpkit.DeviceOutOfMemory),
-        "launch inside a rank": (_nested, {}, mpkit.LaunchError),
-        f"rank hangs (timeout={timeout:g}s)": (_hang, {"timeout": timeout}, mpkit.LaunchTimeout),
-        f"recv nobody sends (timeout={timeout:g}s)": (_recv_nobody_sends, {"timeout": timeout}, mpkit.LaunchTimeout),
-        f"stray barrier (timeout={timeout:g}s)": (_stray_barrier, {"timeout": timeout}, mpkit.LaunchTimeout),
+        "rank raises": (_raise, (1,), {}, mpkit.LaunchError),
+        "rank exits (os._exit)": (_exit, (1,), {}, mpkit.LaunchError),
+        "rank killed (SIGKILL)": (_sigkill, (1,), {}, mpkit.LaunchError),
+        "rank out of simulated memory": (_out_of_memory, (1,), {"device_memory": "1MiB"}, mpkit.DeviceOutOfMemory),
+        "launch inside a rank": (_nested, (1,), {}, mpkit.LaunchError),
+        f"rank hangs (timeout={timeout:g}s)": (_hang, (1,), {"timeout": timeout}, mpkit.LaunchTimeout),
+        f"recv nobody sends (timeout={timeout:g}s)": (_recv_from_0, (1,), {"timeout": timeout}, mpkit.LaunchTimeout),
+        f"stray barrier (timeout={timeout:g}s)": (_barrier, (1, 2), {"timeout": timeout}, mpkit.LaunchTimeout),
     }
 
 
-def time_to_error(fn, kwargs, error) -> float:
+def time_to_error(fault, ranks, kwargs, error) -> float:
     _MARK.unlink(missing_ok=True)
     try:
-        mpkit.launch(fn, 3, **{"timeout": 30, **kwargs})
+        mpkit.launch(_faulty, 3, args=(fault, ranks), **{"timeout": 30, **kwargs})
     except error:
         caught = time.monotonic()
     else:
-        raise AssertionError(f"{fn.__name__}: no {error.__name__}")
+        raise AssertionError(f"{fault.__name__}: no {error.__name__}")
     return caught - float(_MARK.read_text())
 
 
@@ -180,6 +165,24 @@ def leaks_after(n=100) -> tuple[dict, float]:
     return {k: after[k] - before[k] for k in before}, per_launch
 
 
+def bad_input_seconds() -> list[float]:
+    """Seconds for ``train`` and ``launch`` to refuse each case of tests/test_bad_inputs.py."""
+    from test_bad_inputs import LAUNCH, TRAIN
+
+    calls = [(mpkit.train, {"strategy": "dp", "world_size": 2, **kwargs}) for kwargs, _ in TRAIN]
+    calls += [(mpkit.launch, {"fn": lambda ctx: 0, "world_size": 2, "timeout": 10, **kwargs}) for kwargs, *_ in LAUNCH]
+    times = []
+    for call, kwargs in calls:
+        start = time.perf_counter()
+        try:
+            call(**kwargs)
+        except (ValueError, TypeError):
+            times.append(time.perf_counter() - start)
+        else:
+            raise AssertionError(f"accepted: {kwargs}")
+    return times
+
+
 def guardian_cost(reps=50) -> float:
     times = []
     for _ in range(reps):
@@ -198,14 +201,17 @@ def main():
     print(machine_info())
     print(f"3 ranks; medians of {opts.reps} runs; seconds from the fault to the error in the caller\n")
     print("| fault | error | median s | max s |\n|---|---|---:|---:|")
-    for name, (fn, kwargs, error) in faults(opts.timeout).items():
-        times = [time_to_error(fn, kwargs, error) for _ in range(opts.reps)]
+    for name, (fault, ranks, kwargs, error) in faults(opts.timeout).items():
+        times = [time_to_error(fault, ranks, kwargs, error) for _ in range(opts.reps)]
         print(f"| {name} | {error.__name__} | {statistics.median(times):.3f} | {max(times):.3f} |", flush=True)
     for sig in (signal.SIGKILL, signal.SIGTERM):
         times = [time_to_clean_after_caller_killed(sig) for _ in range(opts.reps)]
         print(f"| caller killed ({sig.name}) | ranks, rank's child, store port gone | "
               f"{statistics.median(times):.3f} | {max(times):.3f} |", flush=True)
     _MARK.unlink(missing_ok=True)
+    refused = bad_input_seconds()
+    print(f"| bad input ({len(refused)} cases of train/launch) | ValueError/TypeError, no rank started | "
+          f"{statistics.median(refused):.5f} | {max(refused):.5f} |")
 
     leaks, per_launch = leaks_after(100)
     print("\n100 launches of 2 ranks, left behind (after - before): "
