@@ -8,6 +8,8 @@ says what to pass, never a hang inside the world.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, field, fields
 
 from mpkit.models import ModelConfig, UserModel
@@ -59,6 +61,34 @@ def model_config(model, sizes, data=None, loss=None) -> ModelConfig | UserModel:
     return ModelConfig(kind=model, **sizes)
 
 
+SEED_LIMIT = 2**32  # seeds are mixed with the step number into torch generator seeds; keep them plain
+
+
+def _whole(value) -> bool:
+    """An integer (numpy's too) that is not a bool: ``steps=True`` is a mistake, not one step."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_shared(world_size, steps, batch_size, lr, optimizer, seed) -> None:
+    """The arguments every strategy takes, checked in the caller: each error names the argument and
+    says what to pass. How many ranks this machine can hold is the launcher's check
+    (``mpkit.runtime.devices.check_world_size``): ``sim.predict`` plans clusters bigger than this machine."""
+    if not _whole(world_size) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r}: pass a whole number >= 1")
+    if not _whole(steps) or steps < 1:
+        raise ValueError(f"steps={steps!r}: pass a whole number of optimizer steps >= 1, e.g. steps=3")
+    if not _whole(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: pass a whole number >= 1, e.g. batch_size=32")
+    if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} is unknown; use one of {', '.join(OPTIMIZERS)}")
+    if not isinstance(lr, numbers.Real) or isinstance(lr, bool):
+        raise ValueError(f"lr={lr!r}: the learning rate must be a number, e.g. lr=0.01")
+    if not (0 < lr < math.inf):
+        raise ValueError(f"lr={lr!r}: the learning rate must be positive and finite, e.g. lr=0.01")
+    if not _whole(seed) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed={seed!r}: pass a whole number from 0 to {SEED_LIMIT - 1}, e.g. seed=0")
+
+
 def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=3, batch_size=32, lr=1e-2,
                  optimizer="adam", seed=0, data=None, loss=None, check_finite=True) -> TrainConfig:
     """A ``TrainConfig`` whose shared arguments are checked; ``options`` are the strategy's own (with
@@ -70,20 +100,11 @@ def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=
         valid = ", ".join(defaults) or "none"
         raise ValueError(f"option(s) {unknown} do not apply to strategy={strategy!r}; its options are: {valid} "
                          f"(model sizes: {', '.join(sorted(MODEL_FIELDS))})")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size={world_size!r}: pass a whole number >= 1")
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: pass a whole number of optimizer steps >= 1")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r}: pass a whole number >= 1")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r} is unknown; use one of {', '.join(OPTIMIZERS)}")
-    if not lr > 0:
-        raise ValueError(f"lr={lr!r} must be positive")
+    _check_shared(world_size, steps, batch_size, lr, optimizer, seed)
     if not isinstance(check_finite, bool):
         raise ValueError(f"check_finite={check_finite!r} must be True (stop at a NaN/inf loss) or False")
-    return TrainConfig(strategy, world_size, model_cfg, steps, batch_size, float(lr), optimizer, seed,
-                       {**defaults, **options}, check_finite)
+    return TrainConfig(strategy, int(world_size), model_cfg, int(steps), int(batch_size), float(lr), optimizer,
+                       int(seed), {**defaults, **options}, check_finite)
 
 
 __all__ = ["TrainConfig", "OPTIMIZERS", "MODEL_FIELDS", "model_config", "build_config"]

@@ -42,7 +42,7 @@ class ModelConfig:
             raise ValueError(f"model={self.kind!r} is unknown; use one of {', '.join(MODEL_KINDS)}")
         for name in ("layers", "hidden", "d_in", "classes", "vocab", "seq_len", "heads"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive whole number")
         if not isinstance(self.layer_ms, (int, float)) or isinstance(self.layer_ms, bool) or not self.layer_ms >= 0:
             raise ValueError(f"layer_ms={self.layer_ms!r} must be a number of milliseconds >= 0 (0 = no simulated device time)")

@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+import mpkit
+import mpkit.cli.run as cli_run
 from mpkit.cli import main
 from mpkit.cli.run import parse_option
 from mpkit.strategies import STRATEGIES
@@ -67,6 +70,52 @@ def test_run_bad_input_is_one_line_on_stderr(args, message, capsys):
         code = exit_.code
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def _rank_1_raises(ctx):
+    if ctx.rank == 1:
+        raise KeyError("boom-cli")
+
+
+def _recv_nobody_sends(ctx):
+    if ctx.rank == 0:
+        ctx.comm.recv(torch.zeros(1), 1)
+
+
+def _raise(exc):
+    def train(**kwargs):
+        raise exc
+    return train
+
+
+RUN_FAILURES = {  # what train ends with -> (exit code, the one line on stderr)
+    "rank raises": (lambda **kw: mpkit.launch(_rank_1_raises, 2, timeout=20),
+                    1, "mpkit run: error: rank 1 failed: KeyError: 'boom-cli'"),
+    "deadlock": (lambda **kw: mpkit.launch(_recv_nobody_sends, 2, timeout=1),
+                 1, "mpkit run: error: ranks [0] had not finished after timeout=1s"),
+    "write fails": (_raise(PermissionError(13, "Permission denied", "/x/trace.json")),
+                    1, "mpkit run: error: Permission denied: /x/trace.json"),
+    "ctrl-c": (_raise(KeyboardInterrupt()), 130, "mpkit run: error: interrupted"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("failure", RUN_FAILURES)
+def test_run_failures_are_one_line_and_a_nonzero_exit(failure, monkeypatch, capsys, no_leftovers):
+    fake_train, code, line = RUN_FAILURES[failure]
+    monkeypatch.setattr(cli_run, "train", fake_train)
+    assert main(["run", "--strategy", "dp"]) == code
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.timeout(120)
+def test_run_out_of_memory_is_one_line_from_the_real_command():
+    out = mpkit_cli("run", "--strategy", "dp", "--world-size", "2", "--option", "device_memory=100KiB")
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.startswith("mpkit run: error: rank 0 failed: DeviceOutOfMemory: rank 0: simulated device "
+                                 "out of memory") and out.stderr.count("\n") == 1, out.stderr
+    assert out.stdout == ""
 
 
 def test_parse_option_reads_literals_else_strings():

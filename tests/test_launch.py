@@ -1,5 +1,6 @@
 """mpkit.launch for real: forked gloo ranks, their failures, and what they leave behind."""
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -135,6 +136,58 @@ def test_deadlock_ends_in_launch_timeout(fn, unfinished, no_leftovers):
     assert "deadlock" in str(info.value)
 
 
+def _stray_barrier(ctx):
+    """A wrong program: ranks 1..n-1 wait in a barrier that rank 0 never enters."""
+    if ctx.rank != 0:
+        dist.barrier()
+    return ctx.rank
+
+
+@pytest.mark.timeout(30)
+def test_stray_barrier_is_a_timeout_not_a_result(no_leftovers):
+    # The runtime's own end-of-run wait must never pair with a user's collective: it once did
+    # (a dist.barrier after fn), and this program "returned" [0, 1, 2] in 0.07 s.
+    start = time.monotonic()
+    with pytest.raises(mpkit.LaunchTimeout) as info:
+        mpkit.launch(_stray_barrier, 3, timeout=2)
+    assert 2 <= time.monotonic() - start < 7
+    assert info.value.ranks == [1, 2]
+    assert "ranks [1, 2] had not finished" in str(info.value) and "ranks [0] had returned" in str(info.value)
+
+
+@pytest.mark.timeout(30)
+def test_a_world_that_never_comes_up_is_told_apart_from_a_deadlock(monkeypatch, no_leftovers):
+    import mpkit.runtime.worker as worker
+
+    real_store = worker._store
+
+    def store(rank, *args):  # rank 1 never reaches the store: nobody can join (forked, so it applies)
+        if rank == 1:
+            time.sleep(3600)
+        return real_store(rank, *args)
+
+    monkeypatch.setattr(worker, "_store", store)
+    with pytest.raises(mpkit.LaunchTimeout) as info:
+        mpkit.launch(lambda ctx: ctx.rank, 3, timeout=2)
+    assert info.value.ranks == [0, 1, 2]
+    assert "ranks [0, 1, 2] had not joined the process group after timeout=2s" in str(info.value)
+    assert "deadlock" not in str(info.value)
+
+
+@pytest.mark.timeout(30)
+def test_launch_inside_a_rank_is_a_clear_error(no_leftovers):
+    def nested(ctx):
+        return mpkit.launch(lambda inner: inner.rank, 2, timeout=10)
+
+    start = time.monotonic()
+    with pytest.raises(mpkit.LaunchError) as info:
+        mpkit.launch(nested, 2, timeout=20)
+    assert time.monotonic() - start < 10
+    assert info.value.exc_type == "RuntimeError"
+    assert re.search(r"called inside rank [01] of a running launch", str(info.value))
+    assert "initialize the default process group twice" not in str(info.value)
+
+
 @pytest.mark.timeout(120)
 def test_a_hundred_launches_leak_no_process_thread_or_fd():
     work = lambda ctx: ctx.rank  # noqa: E731
@@ -174,8 +227,11 @@ BAD_ARGUMENTS = [
     (dict(world_size=True), ValueError, "whole number of ranks >= 1"),
     (dict(fn=42), TypeError, "fn must be a function fn(ctx, *args)"),
     (dict(backend="mpi"), ValueError, "use one of gloo, nccl"),
-    (dict(timeout=0), ValueError, "positive number of seconds"),
-    (dict(timeout=-5), ValueError, "positive number of seconds"),
+    (dict(timeout=0), ValueError, "positive, finite number of seconds"),
+    (dict(timeout=-5), ValueError, "positive, finite number of seconds"),
+    (dict(timeout=float("inf")), ValueError, "positive, finite number of seconds"),
+    (dict(timeout=True), ValueError, "positive, finite number of seconds"),
+    (dict(world_size=10**6), ValueError, "more ranks than this machine can hold"),
     (dict(backend="nccl"), ValueError, "use backend='gloo'"),
     (dict(device_memory="lots"), ValueError, "'64MiB'"),
 ]

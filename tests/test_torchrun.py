@@ -29,6 +29,11 @@ try:
     wrong = ""
 except ValueError as exc:
     wrong = str(exc)
+try:
+    mpkit.launch(lambda ctx: mpkit.launch(fn, 2, args=(1,)), 2)
+    nested = ""
+except RuntimeError as exc:
+    nested = str(exc)
 report = None
 if one_host is not None:
     report = {"results": list(one_host), "backend": one_host.backend,
@@ -37,7 +42,7 @@ if one_host is not None:
               "offsets": [one_host.clock_offsets, two_hosts.clock_offsets],
               "params": [m.rank for m in one_host.memory]}
 print("MPKIT " + json.dumps({"rank": int(os.environ["RANK"]), "report": report,
-                             "others_none": two_hosts is None, "wrong": wrong}), flush=True)
+                             "others_none": two_hosts is None, "wrong": wrong, "nested": nested}), flush=True)
 '''
 
 
@@ -68,3 +73,4 @@ def test_launch_under_torchrun(tmp_path):
     assert two_hosts[0] == 0.0 and abs(two_hosts[1]) < 0.005  # estimated, and these clocks agree
     for rank in (0, 1):
         assert "WORLD_SIZE=2" in lines[rank]["wrong"] and "world_size=2" in lines[rank]["wrong"]
+        assert f"called inside rank {rank} of a running launch" in lines[rank]["nested"]

@@ -11,28 +11,35 @@ import ast
 import json
 import sys
 
+from mpkit.cli.outputs import output_file
 from mpkit.observe.memory import CATEGORIES, mib
 from mpkit.strategies import STRATEGIES
 from mpkit.train import train
+
+
+# The named flags of ``mpkit run``, each one of ``train``'s arguments; --option reaches the same ones.
+TRAIN_FLAGS = ("strategy", "world_size", "steps", "model", "batch_size", "lr", "optimizer", "seed", "timeout")
 
 
 def register(subparsers):
     p = subparsers.add_parser("run", help="train one strategy on simulated devices (or GPUs) and summarise it",
                               description="Train one strategy for a few steps and print losses, memory per "
                                           "rank, bubble and communication share.")
+    # No defaults here: an unset flag leaves train's default, and --option may set it instead (not both).
     p.add_argument("--strategy", required=True, choices=list(STRATEGIES))
-    p.add_argument("--world-size", type=int, default=None, help="ranks (default: 1 for single, else 4)")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--model", default="mlp", help="mlp or gpt (sizes through --option, e.g. hidden=128)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--optimizer", default="adam")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds before the world is stopped")
+    p.add_argument("--world-size", type=int, help="ranks (default: 1 for single, else 4)")
+    p.add_argument("--steps", type=int, help="optimizer steps (default 3)")
+    p.add_argument("--model", help="mlp (default) or gpt (sizes through --option, e.g. hidden=128)")
+    p.add_argument("--batch-size", type=int, help="global batch (default 32)")
+    p.add_argument("--lr", type=float, help="learning rate (default 0.01)")
+    p.add_argument("--optimizer", help="adam (default) or sgd")
+    p.add_argument("--seed", type=int, help="model and data seed (default 0)")
+    p.add_argument("--timeout", type=float, help="seconds before the world is stopped (default 120)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", type=parse_option,
                    help="a strategy option or model size, e.g. schedule=1f1b, micro_batches=8, layers=8 (repeatable)")
     p.add_argument("--compare", action="store_true", help="also train single and print the max difference")
-    p.add_argument("--chrome-trace", metavar="OUT.json", help="write the timeline for chrome://tracing / Perfetto")
+    p.add_argument("--chrome-trace", metavar="OUT.json", type=output_file,
+                   help="write the timeline for chrome://tracing / Perfetto")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=main)
     return p
@@ -49,10 +56,20 @@ def parse_option(text: str) -> tuple[str, object]:
         return key, value
 
 
+def train_arguments(args) -> dict:
+    """The named flags and every ``--option`` as one set of ``train`` arguments, all checked by
+    ``train`` alike; a name given twice (``--seed 1 --option seed=2``) is an error, not a guess."""
+    kwargs = {name: getattr(args, name) for name in TRAIN_FLAGS if getattr(args, name) is not None}
+    given = {name: f"--{name.replace('_', '-')} {value}" for name, value in kwargs.items()}
+    for key, value in args.option:
+        if key in kwargs:
+            raise ValueError(f"{key} is given twice ({given[key]} and --option {key}={value!r}); give it once")
+        kwargs[key], given[key] = value, f"--option {key}={value!r}"
+    return kwargs
+
+
 def main(args) -> int:
-    options = dict(args.option)
-    run = train(args.strategy, args.world_size, model=args.model, steps=args.steps, batch_size=args.batch_size,
-                lr=args.lr, optimizer=args.optimizer, seed=args.seed, timeout=args.timeout, **options)
+    run = train(**train_arguments(args))
     if run is None:  # a torchrun rank other than 0: rank 0 reports
         return 0
     comparison = run.compare_to_reference() if args.compare else None

@@ -1,12 +1,14 @@
 """``mpkit.launch``: run ``fn(ctx, *args)`` on N ranks and return their results in rank order.
 
 CPU worlds are forked (0.1 s instead of ~10 s for spawn, and ``fn`` may live in a notebook
-cell). Every rank gets its own process group so teardown kills it and anything it started;
-results travel as plain pickles over pipes (no torch shared memory left behind).
+cell). Every rank gets its own process group so teardown kills it and anything it started, also
+when the caller itself is killed (``lifeline``); results travel as plain pickles over pipes (no
+torch shared memory left behind).
 """
 from __future__ import annotations
 
 import multiprocessing as mp
+import numbers
 import os
 import pickle
 import signal
@@ -15,17 +17,17 @@ import time
 from multiprocessing.connection import wait
 
 from mpkit.observe.trace import Trace
-from mpkit.runtime.devices import cuda_count
+from mpkit.observe.active import current
+from mpkit.runtime.devices import check_world_size, cuda_count
 from mpkit.runtime import torchrun
 from mpkit.runtime.env import in_torchrun
+from mpkit.runtime.lifeline import Guardian
 from mpkit.runtime.result import LaunchResult
 from mpkit.errors import LaunchError, LaunchTimeout, RankOutOfMemory
 from mpkit.observe.memory import parse_bytes
 from mpkit.runtime.worker import run_rank
 
 BACKENDS = ("gloo", "nccl")
-
-
 
 
 def store_socket() -> socket.socket:
@@ -41,13 +43,23 @@ def store_socket() -> socket.socket:
     return sock
 
 
-def _check_args(fn, world_size, timeout, backend):
+def _check_not_nested():
+    ctx = current()
+    if ctx is not None:
+        raise RuntimeError(f"mpkit.launch (or mpkit.train) was called inside rank {ctx.rank} of a running launch: a "
+                           f"rank cannot start a world of its own. Call it from the notebook or script that "
+                           f"started the first one; inside fn, the ranks talk through ctx.comm / torch.distributed")
+
+
+def _check_args(fn, world_size, args, timeout, backend):
     if not callable(fn):
         raise TypeError(f"fn must be a function fn(ctx, *args); got {type(fn).__name__}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args={args!r}: pass fn's extra arguments as a tuple, e.g. args=({args!r},)")
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
         raise ValueError(f"world_size={world_size!r}: pass a whole number of ranks >= 1, e.g. world_size=4")
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout={timeout!r}: pass a positive number of seconds, e.g. timeout=60")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise ValueError(f"timeout={timeout!r}: pass a positive, finite number of seconds, e.g. timeout=60")
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is unknown; use one of {', '.join(BACKENDS)} or None (choose for me)")
 
@@ -128,18 +140,25 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
     Inside a torchrun world this rank joins it instead (result on rank 0, None elsewhere).
     ``device_memory="64MiB"`` gives each simulated device a capacity (out-of-memory like a GPU).
     """
-    _check_args(fn, world_size, timeout, backend)
+    _check_not_nested()
+    _check_args(fn, world_size, args, timeout, backend)
+    world_size = int(world_size)
     capacity = parse_bytes(device_memory)
     if in_torchrun():
         return _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory)
     backend = choose_backend(world_size, backend)
+    if backend == "gloo":
+        check_world_size(world_size)
     method = _start_method(backend, fn)
     context = mp.get_context(method)
+    guardian = Guardian()
     listener = store_socket()
     port = listener.getsockname()[1]
+    forked = method == "fork"
     options = {"timeout": float(timeout), "device_memory": capacity, "trace": trace, "memory": memory,
-               "listen_fd": listener.fileno() if method == "fork" else None}
-    if method != "fork":
+               "listen_fd": listener.fileno() if forked else None, "parent_pid": os.getpid(),
+               "guardian_fd": guardian.write_fd if forked else None}
+    if not forked:
         listener.close()  # a spawned rank 0 cannot inherit it and binds the port itself
     procs, conns = [], []
     try:
@@ -149,6 +168,7 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
                                    args=(rank, world_size, port, backend, fn, tuple(args), writer, options))
             proc.start()
             _own_group(proc.pid)
+            guardian.guard(proc.pid)
             writer.close()
             procs.append(proc)
             conns.append(reader)
@@ -157,6 +177,7 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
     finally:
         listener.close()
         _kill_all(procs)
+        guardian.release()
         for conn in conns:
             conn.close()
     results = [m["result"] for m in messages]
@@ -175,17 +196,18 @@ def _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory
 
 
 def _collect(procs, conns, timeout):
-    """Wait for one message per rank; raise on the first failure, death or the deadline."""
+    """Wait for each rank's result; raise on the first failure, death or the deadline.
+
+    A rank first reports that it joined the process group, then its result: a timeout can then
+    tell a world that never came up from ranks stuck inside ``fn``.
+    """
     deadline = time.monotonic() + timeout
     messages = [None] * len(procs)
-    pending = set(range(len(procs)))
+    pending, joined = set(range(len(procs))), set()
     while pending:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            ranks = sorted(pending)
-            raise LaunchTimeout(
-                f"ranks {ranks} had not finished after timeout={timeout:g}s (a deadlock: mismatched collectives, "
-                f"a missing send/recv, or a rank that never joined?); all ranks were stopped", ranks=ranks)
+            raise _timeout(sorted(pending), joined, len(procs), timeout)
         ready = wait([conns[r] for r in pending] + [procs[r].sentinel for r in pending], timeout=remaining)
         for rank in sorted(pending):
             conn, proc = conns[rank], procs[rank]
@@ -198,6 +220,9 @@ def _collect(procs, conns, timeout):
                 kind, payload = "died", {}
             else:
                 continue
+            if kind == "joined":
+                joined.add(rank)
+                continue
             if kind == "died":
                 proc.join(timeout=1)
                 raise LaunchError(f"rank {rank} {_death_reason(proc.exitcode)}", rank=rank,
@@ -206,6 +231,22 @@ def _collect(procs, conns, timeout):
             messages[rank] = payload
             pending.discard(rank)
     return messages
+
+
+def _timeout(pending, joined, world_size, timeout) -> LaunchTimeout:
+    outside = [rank for rank in pending if rank not in joined]
+    inside = [rank for rank in pending if rank in joined]
+    returned = sorted(set(range(world_size)) - set(pending))
+    parts = []
+    if inside:
+        early = (f"; ranks {returned} had returned, so a collective or recv that they never joined is a likely cause"
+                 if returned else "")
+        parts.append(f"ranks {inside} had not finished after timeout={timeout:g}s{early} (a deadlock: mismatched "
+                     f"collectives, a missing send/recv; or work that needs a longer timeout)")
+    if outside:
+        parts.append(f"ranks {outside} had not joined the process group after timeout={timeout:g}s (starting "
+                     f"{world_size} ranks took longer than that: a busy machine, or too many ranks for it; raise timeout)")
+    return LaunchTimeout("; ".join(parts) + "; all ranks were stopped", ranks=pending)
 
 
 def _raise_for(kind, rank, payload):

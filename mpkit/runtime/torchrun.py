@@ -3,6 +3,9 @@
 torchrun owns the processes (one per rank, possibly on several hosts) and exports RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT. Each rank joins through env://, runs ``fn``, and
 rank 0 gathers results, events and memory reports, so notebook code runs unchanged under it.
+That gathering (and the clock alignment) runs on a private gloo group: on the default group it
+would pair with a user's stray collective (ranks 1..n-1 in ``dist.barrier()``, rank 0 returning
+without one) and hide the wrong program.
 """
 from __future__ import annotations
 
@@ -23,8 +26,7 @@ from mpkit.runtime.env import env_int
 from mpkit.runtime.result import LaunchResult
 
 _CLOCK_ROUNDS = 7
-
-
+_runtime_group = None  # the private group of this process's torchrun world (see the module docstring)
 
 
 def torchrun_backend(local_rank: int) -> str:
@@ -34,8 +36,8 @@ def torchrun_backend(local_rank: int) -> str:
     return "gloo"
 
 
-def clock_offset(device) -> float:
-    """This rank's ``perf_counter`` minus rank 0's, in seconds.
+def clock_offset(group) -> float:
+    """This rank's ``perf_counter`` minus rank 0's, in seconds (``group``: a gloo group of all ranks).
 
     Every round all ranks leave a barrier together and read their clock; rank 0 broadcasts its
     reading. The error is the barrier's exit skew (microseconds on one switch); the median of
@@ -43,10 +45,10 @@ def clock_offset(device) -> float:
     """
     samples = []
     for _ in range(_CLOCK_ROUNDS):
-        dist.barrier()
-        now = torch.tensor([time.perf_counter()], dtype=torch.float64, device=device)
+        dist.barrier(group=group)
+        now = torch.tensor([time.perf_counter()], dtype=torch.float64)
         mine = now.item()
-        dist.broadcast(now, 0)
+        dist.broadcast(now, 0, group=group)
         samples.append(mine - now.item())
     return statistics.median(samples)
 
@@ -70,14 +72,17 @@ def join_world(backend=None, timeout=None) -> str:
 
     Destroying and re-creating the group would reuse the first group's keys in torchrun's
     store (it outlives the group), and ranks then race on stale addresses; so the group lives
-    until the process exits.
+    until the process exits. The runtime's private group is made here too, once, by every rank.
     """
+    global _runtime_group
+    kwargs = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
     if not dist.is_initialized():
         backend = backend or torchrun_backend(env_int("LOCAL_RANK", 0))
-        kwargs = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
         dist.init_process_group(backend, init_method="env://", rank=env_int("RANK"),
                                 world_size=env_int("WORLD_SIZE"), **kwargs)
         atexit.register(_leave)
+    if _runtime_group is None:
+        _runtime_group = dist.new_group(backend="gloo", **kwargs)
     return dist.get_backend()
 
 
@@ -98,10 +103,10 @@ def run_in_torchrun(fn, args=(), device_memory=None, trace=True, memory=True, *,
         result = fn(ctx, *args)
     # One host shares one perf_counter; across hosts, move every rank onto rank 0's clock.
     multi_host = env_int("LOCAL_WORLD_SIZE", world_size) != world_size
-    offset = clock_offset(ctx.device) if multi_host else 0.0
+    offset = clock_offset(_runtime_group) if multi_host else 0.0
     events, report = _shifted(ctx.trace.events, ctx.memory.report(), offset)
     gathered = [None] * world_size if rank == 0 else None
-    dist.gather_object((result, events, report, offset), gathered, dst=0)
+    dist.gather_object((result, events, report, offset), gathered, dst=0, group=_runtime_group)
     if rank != 0:
         return None
     results, traces, reports, offsets = zip(*gathered)

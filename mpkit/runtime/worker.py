@@ -1,18 +1,26 @@
 """The child side of a launch: join the group, run ``fn``, send back one pickled message.
 
 Runs in a forked (CPU) or spawned (CUDA) process. It must never run the parent's atexit
-handlers (a Jupyter kernel's!), so it always leaves through ``os._exit``.
+handlers (a Jupyter kernel's!), so it always leaves through ``os._exit``, or is killed.
+
+After sending its result a rank does no synchronisation of its own: it waits to be stopped by
+the caller, which has every result by then. A barrier here would pair with a user's stray
+collective (ranks 1..n-1 in ``dist.barrier()``, rank 0 returning without one) and hide the
+wrong program; waiting is all the store host (rank 0) and peers that may still read from this
+rank's connections need.
 """
 from __future__ import annotations
 
 import io
 import os
 import pickle
+import signal
 import sys
 import traceback
 from datetime import timedelta
 
 from mpkit.errors import DeviceOutOfMemory
+from mpkit.runtime.lifeline import die_with_parent
 
 
 _BACKSTOP_S = 10.0
@@ -33,8 +41,17 @@ def _store(rank, world_size, port, listen_fd, timeout):
                          master_listen_fd=listen_fd)
 
 
+def _wait_to_be_stopped():
+    """Block (no CPU, no collective) until the caller kills this rank's process group."""
+    while True:
+        signal.pause()
+
+
 def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
     os.setpgid(0, 0)  # own process group: the parent can kill this rank and anything it started
+    die_with_parent(options["parent_pid"])
+    if options["guardian_fd"] is not None:
+        os.close(options["guardian_fd"])  # inherited by fork: only the caller may hold the guardian's pipe
     import torch
 
     torch.set_num_threads(1)  # GNU OpenMP after fork hangs without this (the parent ran threaded torch ops)
@@ -54,6 +71,7 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=group_timeout)
         ctx = make_context(rank, world_size, rank, backend, device_memory=options["device_memory"],
                            trace=options["trace"], memory=options["memory"])
+        conn.send_bytes(_message("joined"))  # lets a timeout say whether the world ever came up
         with recording(ctx):
             result = fn(ctx, *args)
         try:
@@ -62,9 +80,9 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
         except Exception as exc:  # noqa: BLE001 - reported to the caller as a TypeError
             blob = _message("unpicklable", error=f"{type(exc).__name__}: {exc}", type_name=type(result).__name__,
                             output=captured.getvalue())
-        conn.send_bytes(blob)  # before the barrier, so a timeout names only the ranks still in fn
+        conn.send_bytes(blob)
         sent = True
-        dist.barrier()  # rank 0 hosts the store: nobody leaves while a peer may still need it
+        _wait_to_be_stopped()
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
         code = 1
         if not sent:

@@ -1,0 +1,134 @@
+"""Bad input, as users type it: each is refused in the caller, before any rank starts, with an error
+that names the argument and says what to pass (never a hang, a silent wrong run, or a traceback
+from the command line).
+
+Waiting on the training loop (not here yet): a NaN/inf loss at any step should stop with an error
+naming the step.
+"""
+import pytest
+
+import mpkit
+import mpkit.runtime.launch as launch_module
+from mpkit.cli import main
+
+
+@pytest.fixture
+def no_rank_starts(monkeypatch, no_leftovers):
+    """Fail loudly if a launch got as far as starting ranks (its guardian is made just before)."""
+    def refuse():
+        raise AssertionError("ranks were started: the input should have been refused before")
+
+    monkeypatch.setattr(launch_module, "Guardian", refuse)
+
+
+TRAIN = [  # (train keyword arguments, what the error must say)
+    (dict(steps=True), "steps=True: pass a whole number of optimizer steps >= 1"),
+    (dict(steps=0), "steps=0: pass a whole number of optimizer steps >= 1"),
+    (dict(steps=2.5), "steps=2.5: pass a whole number"),
+    (dict(steps="3"), "steps='3': pass a whole number"),
+    (dict(batch_size=True), "batch_size=True: pass a whole number >= 1"),
+    (dict(batch_size=0), "batch_size=0: pass a whole number >= 1"),
+    (dict(batch_size=-8), "batch_size=-8: pass a whole number >= 1"),
+    (dict(lr="fast"), "lr='fast': the learning rate must be a number"),
+    (dict(lr=None), "lr=None: the learning rate must be a number"),
+    (dict(lr=True), "lr=True: the learning rate must be a number"),
+    (dict(lr=float("inf")), "lr=inf: the learning rate must be positive and finite"),
+    (dict(lr=float("nan")), "lr=nan: the learning rate must be positive and finite"),
+    (dict(lr=0), "lr=0: the learning rate must be positive and finite"),
+    (dict(lr=-0.1), "lr=-0.1: the learning rate must be positive and finite"),
+    (dict(seed="abc"), "seed='abc': pass a whole number from 0 to 4294967295"),
+    (dict(seed=1.5), "seed=1.5: pass a whole number"),
+    (dict(seed=-1), "seed=-1: pass a whole number from 0"),
+    (dict(seed=2**40), f"seed={2**40}: pass a whole number from 0 to 4294967295"),
+    (dict(seed=True), "seed=True: pass a whole number"),
+    (dict(optimizer="adamw"), "optimizer='adamw' is unknown; use one of adam, sgd"),
+    (dict(optimizer=["adam"]), "optimizer=['adam'] is unknown"),
+    (dict(world_size=0), "world_size=0: pass a whole number >= 1"),
+    (dict(world_size=2.0), "world_size=2.0: pass a whole number >= 1"),
+    (dict(world_size="4"), "world_size='4': pass a whole number >= 1"),
+    (dict(world_size=10**6, batch_size=10**6), "world_size=1000000 is more ranks than this machine can hold"),
+    (dict(strategy="warp"), "strategy='warp' is unknown"),
+    (dict(model="resnet"), "model='resnet' is unknown; use one of mlp, gpt"),
+    (dict(model=None), "model=None is unknown"),
+    (dict(foo=1), "option(s) ['foo'] do not apply to strategy='dp'"),
+    (dict(layers=0), "layers=0 must be a positive whole number"),
+    (dict(layers=True), "layers=True must be a positive whole number"),
+    (dict(hidden=-1), "hidden=-1 must be a positive whole number"),
+    (dict(layer_ms=-1), "layer_ms=-1 must be a number of milliseconds >= 0"),
+    (dict(model="gpt", hidden=30), "hidden=30 is not divisible by heads=4"),
+    (dict(device_memory="lots"), "device_memory='lots' is not a size"),
+    (dict(device_memory=0), "device_memory=0 must be positive"),
+    (dict(timeout=0), "timeout=0: pass a positive, finite number of seconds"),
+    (dict(timeout="60"), "timeout='60': pass a positive, finite number of seconds"),
+    (dict(timeout=float("inf")), "timeout=inf: pass a positive, finite number of seconds"),
+    (dict(backend="mpi"), "backend='mpi' is unknown; use one of gloo, nccl"),
+    (dict(backend="nccl"), "backend='nccl' needs CUDA GPUs and this machine has none"),
+    (dict(strategy="single", world_size=2), "strategy='single' runs on one device; use world_size=1"),
+    (dict(strategy="pp", micro_batches=3), "micro_batches=3 does not divide batch_size=32"),
+    (dict(strategy="pp", schedule="zigzag"), "schedule='zigzag' is unknown; use one of 'gpipe', '1f1b'"),
+    (dict(strategy="mp", world_size=8), "world_size=8 is more than the 4 layers of the model"),
+    (dict(strategy="tp", world_size=3, model="gpt"), "tp size world_size=3 does not divide heads=4"),
+    (dict(strategy="ps", world_size=1), "ps needs a server and at least one worker: use world_size>=2"),
+    (dict(strategy="ps", mode="eventual"), "mode='eventual' is unknown; use one of sync, async"),
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kwargs, message", TRAIN, ids=[repr(k) for k, _ in TRAIN])
+def test_train_refuses_bad_input_before_any_rank_starts(kwargs, message, no_rank_starts):
+    call = {"strategy": "dp", "world_size": 2, **kwargs}
+    with pytest.raises((ValueError, TypeError)) as info:
+        mpkit.train(**call)
+    assert message in str(info.value)
+
+
+LAUNCH = [  # (launch keyword arguments, error class, what the error must say)
+    (dict(fn=42), TypeError, "fn must be a function fn(ctx, *args); got int"),
+    (dict(args=5), TypeError, "args=5: pass fn's extra arguments as a tuple, e.g. args=(5,)"),
+    (dict(world_size=10**6), ValueError, "world_size=1000000 is more ranks than this machine can hold"),
+    (dict(world_size=True), ValueError, "world_size=True: pass a whole number of ranks >= 1"),
+    (dict(timeout=True), ValueError, "timeout=True: pass a positive, finite number of seconds"),
+    (dict(timeout=-1), ValueError, "timeout=-1: pass a positive, finite number of seconds"),
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kwargs, error, message", LAUNCH, ids=[repr(k) for k, _, _ in LAUNCH])
+def test_launch_refuses_bad_input_before_any_rank_starts(kwargs, error, message, no_rank_starts):
+    call = {"fn": lambda ctx: ctx.rank, "world_size": 2, "timeout": 10, **kwargs}
+    with pytest.raises(error) as info:
+        mpkit.launch(**call)
+    assert message in str(info.value)
+
+
+CLI = [  # (arguments after `mpkit run --strategy dp`, what stderr must say)
+    (["--option", "seed=abc"], "seed='abc': pass a whole number from 0 to 4294967295"),
+    (["--option", "steps=True"], "steps=True: pass a whole number of optimizer steps"),
+    (["--option", "lr=fast"], "lr='fast': the learning rate must be a number"),
+    (["--lr", "inf"], "lr=inf: the learning rate must be positive and finite"),
+    (["--steps", "0"], "steps=0: pass a whole number of optimizer steps >= 1"),
+    (["--seed", "1", "--option", "seed=2"], "seed is given twice (--seed 1 and --option seed=2); give it once"),
+    (["--option", "layers=2", "--option", "layers=3"], "layers is given twice (--option layers=2 and --option layers=3)"),
+    (["--option", "strategy=tp"], "strategy is given twice (--strategy dp and --option strategy='tp')"),
+    (["--world-size", "1000000", "--batch-size", "1000000"], "more ranks than this machine can hold"),
+    (["--option", "device_memory=lots"], "device_memory='lots' is not a size"),
+    (["--option", "timeout=abc"], "timeout='abc': pass a positive, finite number of seconds"),
+    (["--seed", "abc"], "argument --seed: invalid int value: 'abc'"),
+    (["--option", "mode"], "'mode' is not key=value"),
+    (["--chrome-trace", "."], "argument --chrome-trace: '.' is a folder; give a file name"),
+    (["--chrome-trace", "no/such/folder/trace.json"], "folder 'no/such/folder' does not exist"),
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("args, message", CLI, ids=[" ".join(a) for a, _ in CLI])
+def test_cli_run_refuses_bad_input_in_one_line(args, message, capsys, no_rank_starts):
+    try:
+        code = main(["run", "--strategy", "dp", *args])
+    except SystemExit as exit_:  # argparse's own errors (usage line + one error line)
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if "error" in line]) == 1, err
+

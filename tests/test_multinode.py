@@ -1,0 +1,85 @@
+"""The multi-node path as a cluster user takes it: two torchrun "nodes" (2 processes each) on this
+host meet through the c10d rendezvous and run ``mpkit run`` over 4 ranks, equal to ``single``.
+
+This is the command lab 07 teaches; torchrun's default (static) rendezvous would give both nodes
+node rank 0, so the c10d form is the one that works.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from procutil import descendants
+
+ROOT = Path(__file__).resolve().parents[1]
+ATOL = 1e-5  # float32 reduction order only, as in test_cli_run
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def node_command(port, run_id, *mpkit_args):
+    """One node's command, exactly the form of PyTorch's docs (and lab 07)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+            "--rdzv-backend", "c10d", "--rdzv-id", run_id, "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "-m", "mpkit", "run", *mpkit_args]
+
+
+def _stop(nodes):
+    """Stop both agents and every worker they started (workers run in sessions of their own)."""
+    tree = set()
+    for node in nodes:
+        tree |= descendants(node.pid) | {node.pid}
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for node in nodes:
+        node.wait()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("strategy", ["dp", "pp"])
+def test_two_torchrun_nodes_with_c10d_rendezvous_match_single(strategy, tmp_path, no_leftovers):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = node_command(_free_port(), f"mpkit-test-{strategy}-{os.getpid()}", "--strategy", strategy,
+                           "--world-size", "4", "--steps", "3", "--json", "--compare")
+    logs = [(tmp_path / f"node{n}.out", tmp_path / f"node{n}.err") for n in range(2)]
+    nodes = []
+    try:
+        for out, err in logs:  # files, not pipes: a node blocked on a full pipe would stall both
+            with open(out, "w") as out_fh, open(err, "w") as err_fh:
+                nodes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out_fh, stderr=err_fh))
+        deadline = time.monotonic() + 120
+        for node in nodes:
+            node.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        _stop([node for node in nodes if node.poll() is None])
+    for node, (_, err) in zip(nodes, logs):
+        assert node.returncode == 0, err.read_text()[-3000:]
+    printed = [json.loads(line) for out, _ in logs for line in out.read_text().splitlines() if line.startswith("{")]
+    assert len(printed) == 1, printed  # global rank 0 reports, on whichever node c10d made node 0
+    run = printed[0]
+    assert (run["strategy"], run["world_size"]) == (strategy, 4)
+    assert [m["rank"] for m in run["memory"]] == [0, 1, 2, 3]  # four ranks, two per node
+    assert len(run["losses"]) == 3
+    assert run["compare"]["loss"] <= ATOL and run["compare"]["params"] <= ATOL, run["compare"]
+
+
+def test_lab_07_teaches_the_c10d_form_for_two_nodes():
+    cells = json.loads((ROOT / "labs" / "07_pytorch_api.ipynb").read_text(encoding="utf-8"))["cells"]
+    text = "\n".join("".join(cell["source"]) for cell in cells).replace("\\\n", " ")
+    commands = [line for line in text.splitlines() if line.startswith("torchrun") and "--nnodes" in line]
+    assert commands, "lab 07 no longer shows a multi-node torchrun command"
+    for command in commands:
+        assert "--rdzv-backend c10d" in command and "--rdzv-id" in command and "--rdzv-endpoint" in command, command
