@@ -2,9 +2,12 @@
 that names the argument and says what to pass (never a hang, a silent wrong run, or a traceback
 from the command line).
 
-Waiting on the training loop (not here yet): a NaN/inf loss at any step should stop with an error
-naming the step.
+Some bad input only shows once training runs: a learning rate so large that the loss overflows.
+That stops at the first NaN/inf loss with an error naming the step and the rank (the end of this
+file), unless ``check_finite=False``.
 """
+import math
+
 import pytest
 
 import mpkit
@@ -132,3 +135,25 @@ def test_cli_run_refuses_bad_input_in_one_line(args, message, capsys, no_rank_st
     assert message in err and "Traceback" not in err
     assert len([line for line in err.splitlines() if "error" in line]) == 1, err
 
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy,world_size", [("single", 1), ("dp", 2), ("pp", 2), ("tp", 2)])
+def test_a_loss_that_overflows_stops_naming_the_step(strategy, world_size):
+    with pytest.raises(mpkit.LaunchError, match=r"NonFiniteLoss: step \d+: the loss is (nan|inf) on rank \d+\. "
+                                                r"Lower the learning rate \(lr=1e\+12\)"):
+        mpkit.train(strategy, world_size, optimizer="sgd", lr=1e12, steps=4)
+
+
+@pytest.mark.timeout(120)
+def test_check_finite_false_keeps_training():
+    run = mpkit.train("dp", 2, optimizer="sgd", lr=1e12, steps=4, check_finite=False)
+    assert len(run.losses) == 4 and not all(math.isfinite(loss) for loss in run.losses)
+
+
+@pytest.mark.timeout(120)
+def test_the_command_line_says_it_in_one_line(capsys):
+    assert main(["run", "--strategy", "dp", "--world-size", "2", "--optimizer", "sgd", "--lr", "1e12",
+                 "--steps", "4"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the loss is" in err[0] and "Lower the learning rate" in err[0], err

@@ -22,7 +22,6 @@ from pathlib import Path
 from mpkit.errors import LaunchError
 from mpkit.i18n import LANGS, t
 from mpkit.strategies import STRATEGIES
-from mpkit.strategies.pp.measure import step_bubble
 from mpkit.train import train
 
 STEPS = 4           # step 0 pays first-call costs; the bubble is the median of the others
@@ -101,7 +100,7 @@ def main(args) -> int:
 
 def bubble(run) -> float:
     """Median over steps 1.. of the idle share from a step's first forward to its last backward."""
-    return statistics.median(step_bubble(run.trace, step) for step in range(1, STEPS))
+    return statistics.median(run.trace.pipeline_bubble(step) for step in range(1, STEPS))
 
 
 def _width(text: str) -> int:

@@ -1,7 +1,7 @@
 """The pipeline bubble against the number of micro-batches: measured points next to the formula.
 
 ``bubble({1: 0.77, 2: 0.66, 4: 0.55, 8: 0.45}, p=4)`` draws the measured share of rank-time not
-spent in forward/backward (e.g. ``pp.measure.step_bubble``) as dots, and the textbook share of
+spent in forward/backward (e.g. ``Trace.pipeline_bubble``) as dots, and the textbook share of
 the step, (p-1)/(v·m+p-1), as a line over every m from 1 to the largest measured one.
 """
 from __future__ import annotations
