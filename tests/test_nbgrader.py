@@ -125,3 +125,122 @@ def test_nbgrader_release_autograde_export(tmp_path):
     assert "4 item(s) answered again after the key was shown: graded on the first answer" in report
     assert cell.outputs[-1]["output_type"] == "execute_result" and cell.outputs[-1]["data"]["text/plain"] == "1.0"
     assert not grader_store.exists()   # autograde never read or wrote the grader's own answers
+
+
+# ---- the two preprocessors and configure(), on notebooks built here (no kernel, fast) ----
+
+def _assignment(sheet=..., outputs=None):
+    """A submitted assignment notebook: the hand-in cell as `mpkit quiz assign` writes it for
+    nbgrader, its output the answer sheet (``...``: none, the cell was not run)."""
+    from mpkit.quiz.assignment import hand_in_source
+    from mpkit.quiz.bank import load_bank
+    from mpkit.quiz.handin import AnswerSheet
+
+    items = load_bank(GOOD).select(ITEMS.split(","))
+    cell = nbformat.v4.new_code_cell(hand_in_source("hw1", items, "ko", key=True), metadata={"nbgrader": {
+        "grade": True, "solution": False, "locked": True, "grade_id": HAND_IN_ID, "points": 8, "schema_version": 3}})
+    if outputs is not None:
+        cell.outputs = outputs
+    elif sheet is not ...:
+        cell.outputs = [nbformat.v4.new_output("display_data", data=AnswerSheet(sheet)._repr_mimebundle_())]
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("from mpkit import quiz"), cell])
+
+
+def _sheet(answers):
+    return {"format": "mpkit-quiz-answers", "version": 1, "assignment": "hw1", "items": ITEMS.split(","),
+            "answers": answers}
+
+
+def _autograde(nb):
+    """What nbgrader does around the kernel: collect, ClearOutput, (Execute), score."""
+    from nbgrader.preprocessors import ClearOutput
+    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers
+
+    nb, _ = CollectQuizAnswers().preprocess(nb, {})
+    nb, _ = ClearOutput().preprocess(nb, {})
+    nb.cells[-1].outputs = [nbformat.v4.new_output("error", ename="RuntimeError", evalue="x", traceback=[])]
+    return ScoreQuizAnswers().preprocess(nb, {})[0]
+
+
+@pytest.mark.parametrize("answers, credit", [
+    ({}, 0.0),
+    ({"mp-001": ["O"], "mp-002": ["X"], "mp-003": ["O"], "pp-001": ["O"]}, 8.0),
+    ({"mp-001": ["O"], "mp-002": [None, "X"], "mp-003": ["X", "O"]}, 2.0),     # blanks and retakes don't count
+    ({"zz-999": ["O"], "mp-001": ["O", "X"]}, 2.0),                           # unknown items are ignored
+])
+def test_scored_as_partial_credit_that_nbgrader_reads(answers, credit):
+    from nbgrader.utils import determine_grade
+
+    cell = _autograde(_assignment(_sheet(answers))).cells[-1]
+    assert [o.output_type for o in cell.outputs] == ["display_data", "execute_result"]
+    assert determine_grade(cell) == (credit, 8.0)                         # 2 points per item here
+
+
+def test_what_a_student_could_write_into_the_notebook_is_not_trusted():
+    from mpkit.quiz.nbgrader import STASH
+
+    nb = _assignment()
+    nb.metadata[STASH] = {"sheet": _sheet({i: [a] for i, a in KEY.items()}), "problem": None}   # forged
+    cell = _autograde(nb).cells[-1]
+    assert cell.outputs[-1]["data"]["text/plain"] == "0.0"
+    assert "no answer sheet in the notebook: the hand-in cell was not run before saving" in \
+        cell.outputs[0]["data"]["text/html"]
+
+
+@pytest.mark.parametrize("outputs, problem", [
+    ([nbformat.v4.new_output("display_data", data={"application/vnd.mpkit.quiz-answers+json": {"format": "x"}})],
+     "not an mpkit answer sheet"),
+    ([nbformat.v4.new_output("stream", text="hello")], "the hand-in cell was not run before saving"),
+])
+def test_a_missing_or_broken_sheet_scores_zero_and_says_why(outputs, problem):
+    cell = _autograde(_assignment(outputs=outputs)).cells[-1]
+    assert cell.outputs[-1]["data"]["text/plain"] == "0.0" and problem in cell.outputs[0]["data"]["text/html"]
+
+
+def test_notebooks_that_are_not_mpkit_assignments_are_left_alone():
+    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])
+    before = json.loads(json.dumps(nb))
+    nb = ScoreQuizAnswers().preprocess(CollectQuizAnswers().preprocess(nb, {})[0], {})[0]
+    assert json.loads(json.dumps(nb)) == before
+
+
+def test_misconfiguration_fails_loudly():
+    from mpkit.quiz import hand_in
+    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers
+
+    with pytest.raises(RuntimeError, match="answers were not collected"):
+        ScoreQuizAnswers().preprocess(_assignment(_sheet({})), {})        # CollectQuizAnswers missing
+    nb = _assignment(_sheet({}))
+    nb.cells[-1].source = "quiz.hand_in('hw1', ['mp-001'])"               # the key is gone
+    with pytest.raises(ValueError, match="the hand-in cell has no ANSWER_KEY"):
+        ScoreQuizAnswers().preprocess(CollectQuizAnswers().preprocess(nb, {})[0], {})
+    os.environ["NBGRADER_EXECUTION"] = "autograde"
+    try:
+        with pytest.raises(RuntimeError, match=r"Add these two lines to nbgrader_config.py"):
+            hand_in("hw1", ["mp-001"])                                    # autograde without the preprocessors
+    finally:
+        del os.environ["NBGRADER_EXECUTION"]
+
+
+def test_configure_inserts_around_nbgraders_own_steps_once():
+    from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, Execute, OverwriteCells, SaveAutoGrades
+    from traitlets.config import Config
+
+    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers, configure
+
+    c = Config()
+    configure(c)
+    configure(c)
+    sanitize, autograde = c.Autograde.sanitize_preprocessors, c.Autograde.autograde_preprocessors
+    assert sanitize.count(CollectQuizAnswers) == 1 and autograde.count(ScoreQuizAnswers) == 1
+    assert sanitize.index(CollectQuizAnswers) < sanitize.index(ClearOutput) < sanitize.index(OverwriteCells)
+    assert autograde.index(Execute) + 1 == autograde.index(ScoreQuizAnswers) < autograde.index(SaveAutoGrades)
+    custom = Config()
+    custom.Autograde.autograde_preprocessors = [Execute, SaveAutoGrades]
+    custom.Autograde.sanitize_preprocessors.append(OverwriteCells)           # a lazy edit is kept too
+    configure(custom)
+    assert custom.Autograde.autograde_preprocessors == [Execute, ScoreQuizAnswers, SaveAutoGrades]
+    assert custom.Autograde.sanitize_preprocessors[0] is CollectQuizAnswers
+    assert custom.Autograde.sanitize_preprocessors[-2:] == [CheckCellMetadata, OverwriteCells]

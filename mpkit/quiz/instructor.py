@@ -174,7 +174,7 @@ def stats(grades_csv):
                                  f"(missing columns: {', '.join(sorted(missing))})")
             rows = list(reader)
         except csv.Error as exc:
-            raise ValueError(f"{grades_csv}, line {reader.line_num}: not a grades CSV from "
+            raise ValueError(f"{grades_csv}, near line {reader.line_num + 1}: not a grades CSV from "
                              f"`mpkit quiz grade` ({exc})") from None
         except UnicodeDecodeError as exc:
             raise ValueError(f"{grades_csv}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None

@@ -29,14 +29,19 @@ def read_json(path, max_bytes=MAX_BYTES):
     try:
         fd = os.open(path, flags)
     except OSError as exc:
-        if os.path.islink(path):
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and stat.S_ISLNK(mode):
             raise UnreadableFile(f"{path}: a symbolic link (copy the file itself in)") from None
+        if mode is not None and not stat.S_ISREG(mode):   # a socket cannot even be opened
+            raise UnreadableFile(f"{path}: {_kind(mode)}, not a regular file") from None
         raise UnreadableFile(f"{path}: cannot open ({exc.strerror})") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a regular file")
-            raise UnreadableFile(f"{path}: {kind}, not a regular file")
+            raise UnreadableFile(f"{path}: {_kind(info.st_mode)}, not a regular file")
         if info.st_size > max_bytes:
             raise UnreadableFile(f"{path}: too large ({info.st_size} bytes; the limit is {max_bytes})")
         chunks, size = [], 0
@@ -57,3 +62,7 @@ def read_json(path, max_bytes=MAX_BYTES):
         raise UnreadableFile(f"{path}: JSON nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
         raise UnreadableFile(f"{path}: not valid JSON ({exc})") from None
+
+
+def _kind(mode):
+    return next((name for test, name in _KINDS if test(mode)), "a special file")

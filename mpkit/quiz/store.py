@@ -248,7 +248,10 @@ class ResultStore:
         return aside
 
     def record(self, answers, *, lang, mode, assignment=None):
-        """Persist ``answers``, a list of ``(item_id, "O"|"X"|None, correct)``, with one atomic write."""
+        """Persist ``answers``, a list of ``(item_id, "O"|"X"|None, correct)``, with one atomic write.
+
+        Returns the bilingual notice of where answers go when this was the kernel's first save into
+        the default folder (also printed), else None."""
         with locked(self.path):
             remove_stale_temps(self.path)
             data = self._load()
@@ -266,14 +269,16 @@ class ResultStore:
             data.update(version=VERSION, updated=stamp)
             atomic_write_text(self.path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
         self.data = data
-        self._announce()
+        return self._announce()
 
     def _announce(self):
         global _announced
         if self.announce and not _announced:
             _announced = True
-            print(f"{t('saved_in', 'ko', path=self.path)}\n{t('saved_in', 'en', path=self.path)}",
-                  file=sys.stdout)
+            notice = f"{t('saved_in', 'ko', path=self.path)}\n{t('saved_in', 'en', path=self.path)}"
+            print(notice, file=sys.stdout)
+            return notice
+        return None
 
     def refresh(self):
         """Re-read the file (answers other tabs or processes saved since)."""

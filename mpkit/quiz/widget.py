@@ -94,6 +94,8 @@ class Quiz:
         self.score_html = W.HTML()
         self.score_html.add_class("mpkit-quiz-score")
         self.summary = W.HTML()
+        self.notice = W.HTML()  # where answers are saved, after the kernel's first save (a click's print is not shown)
+        self.notice.add_class("mpkit-quiz-notice")
         self.summary.add_class("mpkit-quiz-summary")
         self.submit_button = None
         children = [W.HBox([self.title, self.lang_toggle]), *(view.box for view in self.views.values())]
@@ -102,7 +104,7 @@ class Quiz:
             self.submit_button.add_class("mpkit-quiz-submit")
             self.submit_button.on_click(lambda _button: self.submitted or self._submit())
             children.append(self.submit_button)
-        self.widget = W.VBox([*children, self.score_html, self.summary])
+        self.widget = W.VBox([*children, self.score_html, self.summary, self.notice])
         self.widget.add_class("mpkit-quiz")
         self.widget.add_class(f"mpkit-quiz-{mode}")
         if not self.items:
@@ -178,8 +180,8 @@ class Quiz:
         if self.mode == "drill":
             if view.revealed:
                 return f"{item_id} is already answered; run the cell again (or quiz.review()) to retry"
-            self._store.record([(item_id, choice, choice == view.item.answer)], lang=self.lang, mode="drill",
-                               assignment=self.assignment)
+            self._saved(self._store.record([(item_id, choice, choice == view.item.answer)], lang=self.lang,
+                                           mode="drill", assignment=self.assignment))
             view.revealed = True
         view.choice = choice
         self._render()
@@ -187,12 +189,16 @@ class Quiz:
 
     def _submit(self):
         if self.items:  # blanks too: Submit shows their key as well
-            self._store.record([(view.item.id, view.choice, view.correct) for view in self.views.values()],
-                               lang=self.lang, mode="exam", assignment=self.assignment)
+            self._saved(self._store.record([(view.item.id, view.choice, view.correct) for view in self.views.values()],
+                                           lang=self.lang, mode="exam", assignment=self.assignment))
         self.submitted = True
         for view in self.views.values():
             view.revealed = True
         self._render()
+
+    def _saved(self, notice):
+        if notice:
+            self.notice.value = "<br>".join(map(html.escape, notice.splitlines()))
 
     def _render(self):
         lang = self.lang
