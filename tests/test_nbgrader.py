@@ -206,7 +206,7 @@ def test_notebooks_that_are_not_mpkit_assignments_are_left_alone():
     assert json.loads(json.dumps(nb)) == before
 
 
-def test_misconfiguration_fails_loudly():
+def test_misconfiguration_fails_loudly(monkeypatch):
     from mpkit.quiz import hand_in
     from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers
 
@@ -216,12 +216,9 @@ def test_misconfiguration_fails_loudly():
     nb.cells[-1].source = "quiz.hand_in('hw1', ['mp-001'])"               # the key is gone
     with pytest.raises(ValueError, match="the hand-in cell has no ANSWER_KEY"):
         ScoreQuizAnswers().preprocess(CollectQuizAnswers().preprocess(nb, {})[0], {})
-    os.environ["NBGRADER_EXECUTION"] = "autograde"
-    try:
-        with pytest.raises(RuntimeError, match=r"Add these two lines to nbgrader_config.py"):
-            hand_in("hw1", ["mp-001"])                                    # autograde without the preprocessors
-    finally:
-        del os.environ["NBGRADER_EXECUTION"]
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    with pytest.raises(RuntimeError, match=r"Add these two lines to nbgrader_config.py"):
+        hand_in("hw1", ["mp-001"])                                        # autograde without the preprocessors
 
 
 def test_configure_inserts_around_nbgraders_own_steps_once():
