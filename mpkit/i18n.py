@@ -45,6 +45,7 @@ STRINGS = {
     'sheet_answered': {"ko": '{total}문항 중 {answered}문항에 답함', "en": 'answered {answered} of {total} items'},
     'sheet_score': {"ko": '점수 {correct}/{total}', "en": 'score {correct}/{total}'},
     'sheet_retakes': {"ko": '정답 공개 뒤 다시 푼 문항 {n}개는 처음 답으로 채점했습니다', "en": '{n} item(s) answered again after the key was shown: graded on the first answer'},
+    'sheet_unsubmitted': {"ko": '답을 고르고 아직 제출하지 않은 퀴즈가 {n}개 있습니다. 제출을 누른 뒤 이 셀을 다시 실행하세요.', "en": '{n} quiz(zes) have answers chosen but not submitted: press Submit, then run this cell again.'},
     'sheet_saved': {"ko": '이 셀을 실행한 뒤 노트북을 저장하고 제출하세요.', "en": 'Now save the notebook and submit it.'},
     'no_sheet': {"ko": '노트북에 답안지가 없습니다: 저장하기 전에 답안 제출 셀을 실행하지 않았습니다', "en": 'no answer sheet in the notebook: the hand-in cell was not run before saving'},
     'saved_in': {"ko": '퀴즈 답안 저장 위치: {path} (다른 폴더를 쓰려면 MPKIT_RESULTS_DIR를 설정하세요)', "en": 'Quiz answers are saved in {path} (set MPKIT_RESULTS_DIR to use another folder)'},

@@ -3,39 +3,23 @@
 Every bad entry sits beside a good file: the bad one is skipped with its name and reason, the
 good one is still graded, and nothing hangs (a FIFO would block a plain ``open``).
 """
-import argparse
 import csv
 import json
 import os
 import socket
-from pathlib import Path
 
 import nbformat
 import pytest
 
-from mpkit.cli.quiz import register
 from mpkit.quiz.handin import HAND_IN_ID, MIME, AnswerSheet, build_sheet
 from mpkit.quiz.store import ResultStore, file_stem, read_results
+from test_quiz_cli import GOOD, read_csv as rows, run
 
-GOOD = Path(__file__).parent / "fixtures" / "quiz" / "good"
 MP = "mp-001,mp-002,mp-003,mp-004"   # key: O X O X
 
 
-def run(*argv):
-    parser = argparse.ArgumentParser(prog="mpkit")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["quiz", *map(str, argv)])
-    return args.handler(args)
-
-
 def summary(out):
-    with open(out.with_name(f"{out.stem}.summary.csv"), newline="", encoding="utf-8") as f:
-        return {row["student"]: row for row in csv.DictReader(f)}
-
-
-def rows(out):
-    with open(out, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+    return {row["student"]: row for row in rows(out.with_name(f"{out.stem}.summary.csv"))}
 
 
 def answer(folder, student, answers, mode="exam", assignment=None):

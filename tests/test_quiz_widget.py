@@ -239,3 +239,18 @@ def test_the_kernels_first_save_shows_where_answers_go(tmp_path, monkeypatch, ca
     q2 = quiz.show("model_parallel", bank_dir=GOOD, student="kim")
     q2.answer("mp-002", "X")
     assert q2.notice.value == "" and capsys.readouterr().out == ""
+
+
+def test_the_hand_in_warns_about_answers_not_submitted(make):
+    from mpkit.quiz.handin import answer_sheet
+
+    q = make(["mp-001", "mp-002"], mode="exam", assignment="hw1")
+    make(["mp-003"], mode="exam", assignment="hw2").answer("mp-003", "O")   # another assignment: not counted
+    q.answer("mp-001", "O")
+    sheet = answer_sheet("hw1", ["mp-001", "mp-002"], lang="en", student="kim", results_dir=make.results_dir)
+    assert "1 quiz(zes) have answers chosen but not submitted: press Submit" in sheet.html()
+    assert sheet.sheet["answers"] == {}
+    q.submit()
+    sheet = answer_sheet("hw1", ["mp-001", "mp-002"], lang="en", student="kim", results_dir=make.results_dir)
+    assert "not submitted" not in sheet.html() and sheet.sheet["answers"] == {"mp-001": ["O"], "mp-002": [None]}
+    assert sheet.text() == "2문항 중 1문항에 답함 / answered 1 of 2 items"

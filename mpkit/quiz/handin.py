@@ -18,8 +18,10 @@ collected file's name does.
 import html
 import os
 import re
+import weakref
 
 from mpkit.i18n import LANGS, check_lang, t
+from mpkit.quiz.bank import ID_RE
 from mpkit.quiz.store import ANSWERS, ResultStore, answers
 
 MIME = "application/vnd.mpkit.quiz-answers+json"
@@ -27,6 +29,20 @@ FORMAT = "mpkit-quiz-answers"
 VERSION = 1
 HAND_IN_ID = "quiz_hand_in"  # the nbgrader grade_id of the hand-in cell
 NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # assignment names: nbgrader ids, file stems, tags
+
+
+_quizzes = weakref.WeakSet()  # this kernel's assignment quizzes, to warn about unsubmitted answers
+
+
+def track(quiz):
+    """Remember an assignment quiz shown in this kernel (see :func:`hand_in`)."""
+    _quizzes.add(quiz)
+
+
+def unsubmitted(assignment):
+    """How many exam quizzes of ``assignment`` in this kernel have answers chosen but not submitted."""
+    return sum(q.assignment == assignment and q.mode == "exam" and not q.submitted
+               and any(view.choice for view in q.views.values()) for q in list(_quizzes))
 
 
 class AnswerSheetError(ValueError):
@@ -51,7 +67,7 @@ def check_sheet(sheet, where):
     if not isinstance(sheet, dict) or sheet.get("format") != FORMAT or sheet.get("version") != VERSION:
         raise AnswerSheetError(f"{where}: the answer sheet is not an mpkit answer sheet, version {VERSION}")
     items, recorded = sheet.get("items"), sheet.get("answers")
-    if (not isinstance(items, list) or not all(isinstance(i, str) and NAME_RE.fullmatch(i) for i in items)
+    if (not isinstance(items, list) or not all(isinstance(i, str) and ID_RE.fullmatch(i) for i in items)
             or not isinstance(recorded, dict)
             or not all(isinstance(v, list) and all(a in (*ANSWERS, None) for a in v) for v in recorded.values())):
         raise AnswerSheetError(f"{where}: the answer sheet needs an \"items\" list of ids and "
@@ -61,7 +77,8 @@ def check_sheet(sheet, where):
 
 def sheet_in_cell(cell, where):
     """The answer sheet among a hand-in cell's outputs, None if it has none (the cell never ran)."""
-    sheets = [out["data"][MIME] for out in cell.get("outputs") or ()
+    outputs = cell.get("outputs")
+    sheets = [out["data"][MIME] for out in (outputs if isinstance(outputs, list) else ())
               if isinstance(out, dict) and isinstance(out.get("data"), dict) and MIME in out["data"]]
     return check_sheet(sheets[-1], where) if sheets else None
 
@@ -82,14 +99,14 @@ def hand_in_cell(notebook, where):
 class AnswerSheet:
     """Displays a sheet: an HTML table (answers only, no key) and the JSON graders read."""
 
-    def __init__(self, sheet, lang="ko"):
-        self.sheet, self.lang = sheet, check_lang(lang)
+    def __init__(self, sheet, lang="ko", unsubmitted=0):
+        self.sheet, self.lang, self.unsubmitted = sheet, check_lang(lang), unsubmitted
 
     def _repr_mimebundle_(self, **kwargs):
         return {MIME: self.sheet, "text/html": self.html(), "text/plain": self.text()}
 
     def text(self):
-        answered = sum(any(self.sheet["answers"].get(i, [])) for i in self.sheet["items"])
+        answered = sum(bool(self.sheet["answers"].get(i, [None])[0]) for i in self.sheet["items"])
         return " / ".join(t("sheet_answered", lang, answered=answered, total=len(self.sheet["items"]))
                           for lang in LANGS)
 
@@ -103,10 +120,12 @@ class AnswerSheet:
             rows.append(f"<tr><td>{number}</td><td>{html.escape(item_id)}</td><td><b>{first}</b></td>"
                         f"<td>{later}</td></tr>")
         head = "".join(f"<th>{t(key, lang)}</th>" for key in ("sheet_item", "sheet_graded", "sheet_later"))
+        warning = t("sheet_unsubmitted", lang, n=self.unsubmitted) if self.unsubmitted else ""
+        warning = f"<p class=\"mpkit-answer-sheet-warning\"><b>{warning}</b></p>" if warning else ""
         return (f"<div class=\"mpkit-answer-sheet\"><b>{t('sheet_title', lang)} · "
                 f"{html.escape(self.sheet['assignment'])}</b> — {html.escape(self.text())}<br>"
                 f"<table><tr><th>#</th>{head}</tr>{''.join(rows)}</table>"
-                f"<p>{t('sheet_saved', lang)}</p></div>")
+                f"<p>{t('sheet_saved', lang)}</p>{warning}</div>")
 
 
 def marked_html(marks, note=None):
@@ -131,7 +150,8 @@ def marked_html(marks, note=None):
 def answer_sheet(assignment, item_ids, lang="ko", student=None, results_dir=None):
     """The :class:`AnswerSheet` of ``assignment`` from this student's saved answers."""
     check_assignment(assignment)
-    return AnswerSheet(build_sheet(assignment, item_ids, ResultStore(student, results_dir).data), lang)
+    return AnswerSheet(build_sheet(assignment, item_ids, ResultStore(student, results_dir).data), lang,
+                       unsubmitted(assignment))
 
 
 def hand_in(assignment, item_ids, lang="ko", student=None, results_dir=None):

@@ -16,7 +16,7 @@ from collections import namedtuple
 import ipywidgets as W
 
 from mpkit.quiz.bank import ANSWERS, load_bank
-from mpkit.quiz.handin import check_assignment
+from mpkit.quiz.handin import check_assignment, track
 from mpkit.quiz.store import MemoryStore, ResultStore
 from mpkit.i18n import LANG_LABELS, LANGS, check_lang, t
 
@@ -109,6 +109,8 @@ class Quiz:
         self.widget.add_class(f"mpkit-quiz-{mode}")
         if not self.items:
             self.widget.add_class("mpkit-quiz-empty")
+        if assignment is not None:
+            track(self)
         self._render()
 
     def _repr_mimebundle_(self, **kwargs):
