@@ -218,8 +218,10 @@ class ResultStore:
         self.session = uuid.uuid4().hex[:12]  # groups the answers given in one quiz widget
         self.data = self._load()
 
-    def _load(self):
-        """The file's content (a fresh one if there is none); moves an unreadable file aside."""
+    def _load(self, have_lock=False):
+        """The file's content (a fresh one if there is none); moves an unreadable file aside, under
+        the lock (taken here unless the caller holds it: a second flock in one process would wait
+        for itself)."""
         if not os.path.lexists(self.path):
             stamp = now()
             return {"format": FORMAT, "version": VERSION, "student": self.student,
@@ -227,10 +229,13 @@ class ResultStore:
         try:
             data = read_results(self.path)
         except ResultsFileError as exc:
+            if not have_lock:
+                with locked(self.path):
+                    return self._load(have_lock=True)   # another process may have fixed it meanwhile
             aside = self._move_aside()
             warnings.warn(f"{exc}. Moved it to {aside} (nothing deleted) and started a new results file.",
-                          stacklevel=3)
-            return self._load()
+                          stacklevel=2)
+            return self._load(have_lock=True)
         if data["student"] != self.student:
             raise ValueError(f"{self.path} holds the answers of {data['student']!r}, not {self.student!r} "
                              "(names that differ only in upper/lower case share a file on this disk); "
@@ -254,22 +259,25 @@ class ResultStore:
         the default folder (also printed), else None."""
         with locked(self.path):
             remove_stale_temps(self.path)
-            data = self._load()
-            stamp = now()
-            for item_id, answer, correct in answers:
-                entry = data["items"].setdefault(item_id, {"answer": answer, "correct": False, "at": stamp,
-                                                           "box": 1, "history": []})
-                event = {"answer": answer, "correct": bool(correct), "at": stamp,
-                         "lang": lang, "mode": mode, "session": self.session}
-                if assignment is not None:
-                    event["assignment"] = assignment
-                entry["history"].append(event)
-                entry.update(answer=answer, correct=bool(correct), at=stamp,
-                             box=min(BOXES, entry["box"] + 1) if correct else 1)
-            data.update(version=VERSION, updated=stamp)
+            data = self._load(have_lock=True)
+            self._append(data, answers, lang=lang, mode=mode, assignment=assignment)
             atomic_write_text(self.path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
         self.data = data
         return self._announce()
+
+    def _append(self, data, answers, *, lang, mode, assignment):
+        stamp = now()
+        for item_id, answer, correct in answers:
+            entry = data["items"].setdefault(item_id, {"answer": answer, "correct": False, "at": stamp,
+                                                       "box": 1, "history": []})
+            event = {"answer": answer, "correct": bool(correct), "at": stamp,
+                     "lang": lang, "mode": mode, "session": self.session}
+            if assignment is not None:
+                event["assignment"] = assignment
+            entry["history"].append(event)
+            entry.update(answer=answer, correct=bool(correct), at=stamp,
+                         box=min(BOXES, entry["box"] + 1) if correct else 1)
+        data.update(version=VERSION, updated=stamp)
 
     def _announce(self):
         global _announced
@@ -279,11 +287,6 @@ class ResultStore:
             print(notice, file=sys.stdout)
             return notice
         return None
-
-    def refresh(self):
-        """Re-read the file (answers other tabs or processes saved since)."""
-        self.data = self._load()
-        return self.data
 
     def box(self, item_id):
         """Leitner box 1..5 of an answered item, None if never answered."""
@@ -308,12 +311,4 @@ class MemoryStore(ResultStore):
         self.data = {"format": FORMAT, "version": VERSION, "student": student, "items": {}}
 
     def record(self, answers, *, lang, mode, assignment=None):
-        for item_id, answer, correct in answers:
-            entry = self.data["items"].setdefault(item_id, {"box": 1, "history": []})
-            entry["history"].append({"answer": answer, "correct": bool(correct), "mode": mode,
-                                     "assignment": assignment})
-            entry.update(answer=answer, correct=bool(correct), at=now(),
-                         box=min(BOXES, entry["box"] + 1) if correct else 1)
-
-    def refresh(self):
-        return self.data
+        self._append(self.data, answers, lang=lang, mode=mode, assignment=assignment)
