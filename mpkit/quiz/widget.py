@@ -94,9 +94,9 @@ class Quiz:
         self.score_html = W.HTML()
         self.score_html.add_class("mpkit-quiz-score")
         self.summary = W.HTML()
-        self.notice = W.HTML()  # where answers are saved, after the kernel's first save (a click's print is not shown)
-        self.notice.add_class("mpkit-quiz-notice")
         self.summary.add_class("mpkit-quiz-summary")
+        self.notice = W.HTML()  # where answers go, after the kernel's first save: JupyterLab hides a click's print
+        self.notice.add_class("mpkit-quiz-notice")
         self.submit_button = None
         children = [W.HBox([self.title, self.lang_toggle]), *(view.box for view in self.views.values())]
         if mode == "exam":
@@ -191,8 +191,8 @@ class Quiz:
 
     def _submit(self):
         if self.items:  # blanks too: Submit shows their key as well
-            self._saved(self._store.record([(view.item.id, view.choice, view.correct) for view in self.views.values()],
-                                           lang=self.lang, mode="exam", assignment=self.assignment))
+            answers = [(view.item.id, view.choice, view.correct) for view in self.views.values()]
+            self._saved(self._store.record(answers, lang=self.lang, mode="exam", assignment=self.assignment))
         self.submitted = True
         for view in self.views.values():
             view.revealed = True
