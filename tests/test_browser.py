@@ -144,3 +144,56 @@ def test_lab_runs_and_quiz_answers_in_browser(lab_server, browser, notebook):
         raise
     finally:
         page.close()
+
+
+@pytest.mark.timeout(600)
+def test_assignment_answers_are_saved_inside_the_notebook(lab_server, browser, tmp_path):
+    """A widget click cannot write into a saved notebook; the hand-in cell's output can. Clicked,
+    submitted, hand-in run, Ctrl+S: the file on disk alone grades to the right score."""
+    from mpkit.quiz import load_bank
+    from mpkit.quiz.assignment import write_assignment
+    from mpkit.quiz.handin import HAND_IN_ID, MIME
+    from mpkit.quiz.instructor import grade
+
+    bank = load_bank(REPO / "quizzes")
+    items = bank.select(["pp-001", "pp-002"])
+    right, wrong = items[0], items[1]
+    path = lab_server["results"].parent / "labs" / "hw-browser.ipynb"
+    write_assignment(items, bank, path, name="hw-browser", lang="en", mode="exam")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page, console_errors = open_notebook(browser, lab_server, path.name)
+    try:
+        run_all_cells(page)
+        assert_no_cell_errors(page)
+        page.locator(f".mpkit-item-{right.id} .mpkit-quiz-{right.answer.lower()}").click()
+        page.locator(f".mpkit-item-{wrong.id} .mpkit-quiz-{'x' if wrong.answer == 'O' else 'o'}").click()
+        page.locator(".mpkit-quiz-submit").click()
+        sync_api.expect(page.locator(".mpkit-quiz-score")).to_contain_text("1/2")
+        hand_in = page.locator(".jp-CodeCell").last
+        hand_in.locator(".jp-InputArea-prompt").click()          # select the hand-in cell, run it again in place
+        page.keyboard.press("Control+Enter")
+        sync_api.expect(hand_in.locator(".mpkit-answer-sheet")).to_contain_text("answered 2 of 2 items",
+                                                                              timeout=60_000)
+        page.keyboard.press("Control+s")
+        deadline = time.monotonic() + 30
+        while MIME not in path.read_text(encoding="utf-8"):
+            assert time.monotonic() < deadline, "the saved notebook never got the answer sheet"
+            time.sleep(0.5)
+        page.screenshot(path=str(ARTIFACTS / "assignment-handed-in.png"), full_page=False)
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        cell = next(c for c in saved["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == HAND_IN_ID)
+        sheet = next(o["data"][MIME] for o in cell["outputs"] if MIME in o.get("data", {}))
+        assert sheet["answers"] == {right.id: [right.answer], wrong.id: ["X" if wrong.answer == "O" else "O"]}
+        collected = tmp_path / "collected"
+        collected.mkdir()
+        shutil.copy(path, collected / "kim-2024001.ipynb")
+        report = grade([collected], bank, items, assignment="hw-browser")
+        assert report.bad == [] and [(s["student"], s["correct"], s["total"]) for s in report.summary] == \
+            [("kim-2024001", 1, 2)]
+        assert not our_console_errors(console_errors), our_console_errors(console_errors)
+    except BaseException:
+        page.screenshot(path=str(ARTIFACTS / "assignment-failure.png"), full_page=True)
+        print(lab_server["log"].read_text(errors="replace")[-4000:])
+        raise
+    finally:
+        page.close()

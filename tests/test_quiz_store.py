@@ -1,26 +1,46 @@
-"""Results store: atomic writes, nothing lost on corrupt files, history and Leitner boxes."""
+"""Results store: where it lives, locking (8 writers lose nothing), atomic writes, killed writers,
+corrupt files moved aside, names that never collide, history and Leitner boxes."""
 import json
+import multiprocessing
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from mpkit.quiz import store as store_module
-from mpkit.quiz.store import FORMAT, ResultStore, ResultsFileError, read_results, results_path, safe_filename
+from mpkit.quiz.store import (FORMAT, ResultStore, ResultsFileError, default_results_dir, file_stem,
+                              read_results, results_path, student_of)
 
 
 def test_record_appends_history_and_survives_a_new_store(tmp_path):
     first = ResultStore("kim", tmp_path)
     first.record([("pp-001", "O", True)], lang="ko", mode="drill")
     again = ResultStore("kim", tmp_path)  # a re-run cell / restarted kernel
-    again.record([("pp-001", "X", False), ("pp-002", "O", True)], lang="en", mode="exam")
+    again.record([("pp-001", "X", False), ("pp-002", "O", True), ("pp-003", None, False)],
+                 lang="en", mode="exam", assignment="hw1")
     data = json.loads((tmp_path / "kim.json").read_text(encoding="utf-8"))
-    assert (data["format"], data["version"], data["student"]) == (FORMAT, 1, "kim")
+    assert (data["format"], data["version"], data["student"]) == (FORMAT, 2, "kim")
     entry = data["items"]["pp-001"]
-    assert [(h["answer"], h["correct"], h["lang"], h["mode"]) for h in entry["history"]] == \
-        [("O", True, "ko", "drill"), ("X", False, "en", "exam")]
+    assert [(h["answer"], h["correct"], h["lang"], h["mode"], h.get("assignment")) for h in entry["history"]] == \
+        [("O", True, "ko", "drill", None), ("X", False, "en", "exam", "hw1")]
     assert (entry["answer"], entry["correct"], entry["at"]) == ("X", False, entry["history"][-1]["at"])
     assert entry["history"][0]["session"] != entry["history"][1]["session"]
     assert data["items"]["pp-002"]["answer"] == "O"
+    assert data["items"]["pp-003"]["answer"] is None and data["items"]["pp-003"]["box"] == 1  # blank: key shown
+    assert store_module.answers(data) == {"pp-001": ["O", "X"], "pp-002": ["O"], "pp-003": [None]}
+    assert store_module.answers(data, "hw1") == {"pp-001": ["X"], "pp-002": ["O"], "pp-003": [None]}
+
+
+def test_version_1_files_are_read(tmp_path):
+    v1 = {"format": FORMAT, "version": 1, "student": "kim", "items": {"pp-001": {
+        "answer": "O", "correct": True, "at": "t", "box": 2, "history": [{"answer": "O", "correct": True}]}}}
+    (tmp_path / "kim.json").write_text(json.dumps(v1), encoding="utf-8")
+    store = ResultStore("kim", tmp_path)
+    store.record([("pp-002", "X", True)], lang="ko", mode="drill")
+    assert store_module.answers(read_results(tmp_path / "kim.json")) == {"pp-001": ["O"], "pp-002": ["X"]}
 
 
 def test_two_open_stores_for_one_student_keep_each_others_answers(tmp_path):
@@ -28,6 +48,66 @@ def test_two_open_stores_for_one_student_keep_each_others_answers(tmp_path):
     a.record([("pp-001", "O", True)], lang="ko", mode="drill")
     b.record([("pp-002", "X", True)], lang="ko", mode="drill")
     assert set(read_results(tmp_path / "kim.json")["items"]) == {"pp-001", "pp-002"}
+
+
+def _writer(results_dir, worker, answers, start):
+    start.wait()
+    store = ResultStore("kim", results_dir)
+    for n in range(answers):
+        store.record([(f"w{worker}-{n % 5}", "O" if n % 2 else "X", bool(n % 3))], lang="ko", mode="drill")
+
+
+@pytest.mark.timeout(120)
+def test_eight_concurrent_writers_for_one_student_lose_nothing(tmp_path):
+    """Two tabs, a re-run kernel, ...: 8 processes x 20 answers, released at once -> 160 saved."""
+    ctx = multiprocessing.get_context("fork")    # separate processes: nothing shared but the file
+    start = ctx.Event()
+    workers = [ctx.Process(target=_writer, args=(tmp_path, w, 20, start)) for w in range(8)]
+    for p in workers:
+        p.start()
+    start.set()
+    for p in workers:
+        p.join(timeout=100)
+        assert p.exitcode == 0
+    data = read_results(tmp_path / "kim.json")
+    saved = sum(len(entry["history"]) for entry in data["items"].values())
+    assert saved == 160 and len(data["items"]) == 8 * 5
+    assert sorted(os.listdir(tmp_path)) == [".kim.json.lock", "kim.json"]   # no temp file left
+
+
+KILLED_WRITER = """
+import os, sys, time
+from mpkit.quiz.store import ResultStore
+store = ResultStore("kim", sys.argv[1])
+os.replace = lambda *args: time.sleep(600)   # killed between writing the temp file and renaming it
+store.record([("pp-009", "O", True)], lang="ko", mode="drill")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_temp_file_left_by_a_killed_writer_is_removed_by_the_next_one(tmp_path):
+    ResultStore("kim", tmp_path).record([("pp-001", "O", True)], lang="ko", mode="drill")
+    before = (tmp_path / "kim.json").read_bytes()
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 90
+        while not [p for p in os.listdir(tmp_path) if ".tmp-" in p]:
+            assert child.poll() is None and time.monotonic() < deadline, "the writer never wrote its temp file"
+            time.sleep(0.05)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    assert (tmp_path / "kim.json").read_bytes() == before   # the old file is intact
+    ResultStore("kim", tmp_path).record([("pp-002", "X", True)], lang="ko", mode="drill")
+    assert sorted(os.listdir(tmp_path)) == [".kim.json.lock", "kim.json"]
+    assert set(read_results(tmp_path / "kim.json")["items"]) == {"pp-001", "pp-002"}
+
+
+def test_another_students_temp_file_is_left_alone(tmp_path):
+    other = tmp_path / ".kim.json.x.json.tmp-abcdefgh"    # the temp of student "kim.json.x"
+    other.write_text("{}", encoding="utf-8")
+    ResultStore("kim", tmp_path).record([("pp-001", "O", True)], lang="ko", mode="drill")
+    assert other.exists()
 
 
 def test_leitner_boxes(tmp_path):
@@ -68,24 +148,24 @@ def test_failed_write_leaves_the_old_file_intact(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="mid-write"):
         store.record([("pp-002", "X", True)], lang="ko", mode="drill")
     assert (tmp_path / "kim.json").read_bytes() == before
-    assert sorted(os.listdir(tmp_path)) == ["kim.json"]  # no temp file left behind
+    assert sorted(os.listdir(tmp_path)) == [".kim.json.lock", "kim.json"]  # no temp file left behind
 
 
 @pytest.mark.parametrize("content, reason", [
     ("{not json", "not valid JSON"),
+    ("[" * 100_000, "nested too deeply"),
     ('{"hello": "world"}', "not an mpkit quiz results file"),
     (json.dumps({"format": FORMAT, "version": 99, "student": "kim", "items": {}}), "version 99"),
     (json.dumps({"format": FORMAT, "version": 1, "student": "kim", "items": {"pp-001": {"answer": "Y"}}}),
      "item 'pp-001' needs answer O/X"),
-])
+], ids=["broken", "deep", "foreign", "version", "bad-answer"])
 def test_corrupt_or_foreign_file_is_moved_aside_not_overwritten(tmp_path, content, reason):
     (tmp_path / "kim.json").write_text(content, encoding="utf-8")
     with pytest.warns(UserWarning, match=reason) as caught:
         store = ResultStore("kim", tmp_path)
     assert "nothing deleted" in str(caught[0].message)
-    aside = [p for p in tmp_path.iterdir() if p.name.startswith("kim.corrupt-")]
-    assert len(aside) == 1 and aside[0].suffix == ".json"
-    assert aside[0].read_text(encoding="utf-8") == content
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("kim.json.corrupt-")]
+    assert len(aside) == 1 and aside[0].read_text(encoding="utf-8") == content
     store.record([("pp-001", "O", True)], lang="ko", mode="drill")
     assert read_results(tmp_path / "kim.json")["items"]["pp-001"]["answer"] == "O"
     assert aside[0].read_text(encoding="utf-8") == content
@@ -96,7 +176,7 @@ def test_a_second_corrupt_file_in_the_same_second_gets_its_own_name(tmp_path):
         (tmp_path / "kim.json").write_text("{broken", encoding="utf-8")
         with pytest.warns(UserWarning):
             ResultStore("kim", tmp_path)
-    assert len(list(tmp_path.glob("kim.corrupt-*.json"))) == 2
+    assert len(list(tmp_path.glob("kim.json.corrupt-*"))) == 2
 
 
 def test_read_results_names_the_file(tmp_path):
@@ -106,18 +186,64 @@ def test_read_results_names_the_file(tmp_path):
         read_results(path)
 
 
-def test_student_name_sources_and_sanitising(tmp_path, monkeypatch):
+def test_names_that_differ_get_different_files_and_map_back(tmp_path):
+    names = ["lee@1", "lee#1", "lee_1", "lee 1", "lee%401", "김 철수/2024", "../../etc/passwd", "...", ".hidden",
+             "kim.json", "=cmd|' /C calc'!A0", "a\tb"]
+    stems = [file_stem(name) for name in names]
+    assert len(set(stems)) == len(names)
+    assert [student_of(stem) for stem in stems] == names
+    assert all("/" not in stem and not stem.startswith(".") for stem in stems)
+    assert file_stem("김철수-2024.kr") == "김철수-2024.kr"              # Hangul and ids stay readable
+    for name in names:
+        ResultStore(name, tmp_path).record([("pp-001", "O", True)], lang="ko", mode="drill")
+    assert sorted(read_results(p)["student"] for p in tmp_path.glob("*.json")) == sorted(names)
+    assert results_path("\u1100\u1161", tmp_path) == tmp_path / "\uac00.json"   # NFD Hangul (macOS) -> NFC
+
+
+def test_a_file_holding_another_name_is_refused(tmp_path):
+    """On a case-insensitive disk 'Kim' would open kim.json: refused, never merged."""
+    ResultStore("kim", tmp_path).record([("pp-001", "O", True)], lang="ko", mode="drill")
+    os.rename(tmp_path / "kim.json", tmp_path / "Kim.json")
+    with pytest.raises(ValueError, match=r"Kim.json holds the answers of 'kim', not 'Kim'"):
+        ResultStore("Kim", tmp_path)
+
+
+@pytest.mark.parametrize("bad", ["  ", "", None, 7, "x" * 65])
+def test_bad_student_names_are_refused(tmp_path, bad, monkeypatch):
+    monkeypatch.delenv("MPKIT_STUDENT", raising=False)
+    if bad is None:
+        monkeypatch.setattr(store_module.getpass, "getuser", lambda: "login")
+        assert ResultStore(bad, tmp_path).student == "login"
+        return
+    with pytest.raises(ValueError, match="student"):
+        ResultStore(bad, tmp_path)
+
+
+def test_where_results_go(tmp_path, monkeypatch):
     monkeypatch.setenv("MPKIT_STUDENT", "env-student")
     monkeypatch.setenv("MPKIT_RESULTS_DIR", str(tmp_path / "from-env"))
     assert results_path() == tmp_path / "from-env" / "env-student.json"
     assert results_path("lee", tmp_path) == tmp_path / "lee.json"
-    monkeypatch.delenv("MPKIT_STUDENT")
     monkeypatch.delenv("MPKIT_RESULTS_DIR")
-    monkeypatch.setattr(store_module.getpass, "getuser", lambda: "login")
-    assert results_path() == store_module.Path("quiz_results") / "login.json"
-    assert safe_filename("../../etc/passwd") == "etc_passwd"
-    assert safe_filename("김 철수/2024") == "김_철수_2024"
-    assert safe_filename("\u1100\u1161") == "\uac00"  # NFD Hangul (macOS) -> NFC
-    assert safe_filename("...") == "student"
-    with pytest.raises(ValueError, match="student must be a non-empty name"):
-        ResultStore("  ", tmp_path)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert results_path() == tmp_path / "xdg" / "mpkit" / "quiz_results" / "env-student.json"
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/ignored")     # the XDG spec: absolute paths only
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_results_dir() == tmp_path / "home" / ".local" / "share" / "mpkit" / "quiz_results"
+
+
+def test_the_first_save_into_the_default_folder_says_where_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("MPKIT_RESULTS_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    monkeypatch.setattr(store_module, "_announced", False)
+    ResultStore("kim", tmp_path / "chosen").record([("pp-001", "O", True)], lang="ko", mode="drill")
+    assert capsys.readouterr().out == ""                         # a folder the caller chose: no notice
+    store = ResultStore("kim")
+    store.record([("pp-001", "O", True)], lang="ko", mode="drill")
+    path = tmp_path / "mpkit" / "quiz_results" / "kim.json"
+    assert capsys.readouterr().out.splitlines() == [
+        f"퀴즈 답안 저장 위치: {path} (다른 폴더를 쓰려면 MPKIT_RESULTS_DIR를 설정하세요)",
+        f"Quiz answers are saved in {path} (set MPKIT_RESULTS_DIR to use another folder)"]
+    ResultStore("lee").record([("pp-001", "O", True)], lang="ko", mode="drill")
+    store.record([("pp-002", "O", True)], lang="ko", mode="drill")
+    assert capsys.readouterr().out == ""                         # once per kernel

@@ -117,8 +117,9 @@ def test_exam_hides_feedback_until_submit_then_scores_per_pitfall(make, tmp_path
     assert "<td>파이프라인 버블 공식</td><td>1/1</td>" in summary
     assert q.submit_button.disabled and all(b.disabled for v in q.views.values() for b in v.buttons.values())
     saved = make.results()["items"]
-    assert set(saved) == {"mp-001", "mp-002", "pp-001"}
+    assert set(saved) == {"mp-001", "mp-002", "mp-003", "pp-001"}  # the blank too: Submit showed its key
     assert [h["answer"] for h in saved["mp-001"]["history"]] == ["O"]
+    assert saved["mp-003"]["answer"] is None and saved["mp-003"]["box"] == 1
     assert saved["mp-002"]["history"][0]["mode"] == "exam"
     with pytest.raises(ValueError, match="already submitted"):
         q.submit()
@@ -194,3 +195,62 @@ def test_statements_are_html_escaped(tmp_path):
         encoding="utf-8")
     q = quiz.show("pipeline", bank_dir=bank, results_dir=tmp_path, student="kim")
     assert "&lt;b&gt;p &lt; m&lt;/b&gt;" in q.views["pp-001"].statement.value
+
+
+def test_assignment_answers_are_tagged(make):
+    q = make(["mp-001", "mp-002"], mode="exam", assignment="hw1")
+    q.answer("mp-001", "O")
+    q.submit()
+    make().answer("mp-002", "X")                        # practice outside the assignment
+    history = make.results()["items"]
+    assert [h.get("assignment") for h in history["mp-001"]["history"]] == ["hw1"]
+    assert [h.get("assignment") for h in history["mp-002"]["history"]] == ["hw1", None]
+    with pytest.raises(ValueError, match="assignment must be a name of letters"):
+        make(assignment="hw 1")
+
+
+def test_under_nbgrader_autograde_nothing_is_read_or_written(make, monkeypatch):
+    """The grader's machine runs the student's notebook: its own results must stay untouched."""
+    make().answer("mp-001", "X")
+    before = make.results()
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    q = make(mode="exam")
+    q.answer("mp-001", "O")
+    q.submit()
+    assert q.score == (1, 4)
+    assert quiz.review(bank_dir=GOOD, results_dir=make.results_dir, student="kim").items == []
+    assert make.results() == before
+
+
+def test_the_kernels_first_save_shows_where_answers_go(tmp_path, monkeypatch, capsys):
+    """A click's print goes to JupyterLab's log, so the quiz itself says it too."""
+    from mpkit.quiz import store
+
+    monkeypatch.delenv("MPKIT_RESULTS_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    monkeypatch.setattr(store, "_announced", False)
+    q = quiz.show("model_parallel", bank_dir=GOOD, student="kim")
+    assert q.notice.value == ""
+    q.views["mp-001"].buttons["O"].click()
+    path = tmp_path / "mpkit" / "quiz_results" / "kim.json"
+    assert q.notice.value == (f"퀴즈 답안 저장 위치: {path} (다른 폴더를 쓰려면 MPKIT_RESULTS_DIR를 설정하세요)<br>"
+                              f"Quiz answers are saved in {path} (set MPKIT_RESULTS_DIR to use another folder)")
+    assert str(path) in capsys.readouterr().out and path.exists()
+    q2 = quiz.show("model_parallel", bank_dir=GOOD, student="kim")
+    q2.answer("mp-002", "X")
+    assert q2.notice.value == "" and capsys.readouterr().out == ""
+
+
+def test_the_hand_in_warns_about_answers_not_submitted(make):
+    from mpkit.quiz.handin import answer_sheet
+
+    q = make(["mp-001", "mp-002"], mode="exam", assignment="hw1")
+    make(["mp-003"], mode="exam", assignment="hw2").answer("mp-003", "O")   # another assignment: not counted
+    q.answer("mp-001", "O")
+    sheet = answer_sheet("hw1", ["mp-001", "mp-002"], lang="en", student="kim", results_dir=make.results_dir)
+    assert "1 quiz(zes) have answers chosen but not submitted: press Submit" in sheet.html()
+    assert sheet.sheet["answers"] == {}
+    q.submit()
+    sheet = answer_sheet("hw1", ["mp-001", "mp-002"], lang="en", student="kim", results_dir=make.results_dir)
+    assert "not submitted" not in sheet.html() and sheet.sheet["answers"] == {"mp-001": ["O"], "mp-002": [None]}
+    assert sheet.text() == "2문항 중 1문항에 답함 / answered 1 of 2 items"

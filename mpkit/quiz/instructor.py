@@ -1,117 +1,160 @@
-"""Instructor tools: assignment notebooks, grading saved answers, class statistics.
+"""Instructor tools: grading collected answers, class statistics (``mpkit quiz grade|stats``).
 
-Grading never executes student code and never trusts a score or ``correct`` flag written into a
-results file: it reads the recorded answers and recomputes every mark from the bank's key.
+Grading never executes anything and trusts nothing a student can edit:
+
+* who: the collected file's name (``kim-2024001.json`` or ``kim-2024001.ipynb`` is student
+  ``kim-2024001``); a ``"student"`` field inside that disagrees is reported, never believed;
+* what: a results file's recorded answers (:mod:`mpkit.quiz.store`) or a notebook's answer sheet
+  (:mod:`mpkit.quiz.handin`), marked with the bank's key by :mod:`mpkit.quiz.marking`: the first
+  answer counts, retakes after the key was shown are counted and reported;
+* anything unreadable in a folder (a FIFO, a folder named ``x.json``, a link, non-UTF-8, too large,
+  nested too deeply, not ours) is skipped with its name and reason, and the rest is graded.
 
 Grades layout (``GradeReport.write(out)``):
 
 * ``out`` (e.g. ``grades.csv``), one row per student x item::
 
-      student,item_id,topic,pitfall,answer_given,correct_answer,correct
+      student,item_id,topic,pitfall,answer_given,correct_answer,correct,attempts,last_answer
 
-  ``answer_given`` is ``O``, ``X`` or empty (not answered); ``correct`` is 1 or 0.
+  ``answer_given`` is the graded (first) answer, ``O``, ``X`` or empty; ``correct`` is 1 or 0;
+  ``attempts`` counts every recorded answer; ``last_answer`` is set when the item was retaken.
 * ``<out stem>.summary.csv`` (e.g. ``grades.summary.csv``), one row per student::
 
-      student,file,answered,correct,total,percent
+      student,file,answered,correct,total,percent,retaken,note
 
-The items graded are the ones selected (``--items``/``--topic``), else each student's answered items.
+Cells that a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-``, ``@``, tab or
+CR) are written with a leading ``'``. The items graded are the ones selected (``--items``/
+``--topic``), else each student's answered items (results files only: a notebook's item list is
+the student's to edit, so grading notebooks needs a selection).
 """
 import csv
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpkit.quiz.bank import load_bank
-from mpkit.quiz.store import ResultsFileError, read_results, results_path
+from mpkit.quiz.handin import AnswerSheetError, hand_in_cell, sheet_in_cell
+from mpkit.quiz.marking import mark
+from mpkit.quiz.safeio import UnreadableFile, read_json
+from mpkit.quiz.store import ResultsFileError, answers, read_results, student_of
 from mpkit.i18n import t
 
-GRADE_COLUMNS = ("student", "item_id", "topic", "pitfall", "answer_given", "correct_answer", "correct")
-SUMMARY_COLUMNS = ("student", "file", "answered", "correct", "total", "percent")
+GRADE_COLUMNS = ("student", "item_id", "topic", "pitfall", "answer_given", "correct_answer", "correct",
+                 "attempts", "last_answer")
+SUMMARY_COLUMNS = ("student", "file", "answered", "correct", "total", "percent", "retaken", "note")
+SUBMISSION_SUFFIXES = (".json", ".ipynb")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-def mark(data, items):
-    """Grade rows (dicts with GRADE_COLUMNS) for ``items`` from a parsed results file."""
-    rows = []
-    for item in items:
-        given = data["items"].get(item.id, {}).get("answer", "")
-        rows.append({"student": data["student"], "item_id": item.id, "topic": item.topic,
-                     "pitfall": item.pitfall, "answer_given": given, "correct_answer": item.answer,
-                     "correct": int(given == item.answer)})
-    return rows
+def check_output_file(path, example):
+    """ValueError unless ``path`` can be written as a file (checked before any work starts)."""
+    if Path(path).is_dir():
+        raise ValueError(f"{path} is a folder; give a file name like {Path(path) / example}")
 
 
-def points(item_ids, student=None, results_dir=None, bank_dir=None):
-    """How many of ``item_ids`` the student's saved answers get right (0 without a results file).
-
-    An assignment notebook's graded cell returns this number, which nbgrader takes as partial credit.
-    """
-    items = load_bank(bank_dir).select(list(item_ids))
-    path = results_path(student, results_dir)
-    if not path.exists():
-        return 0
-    return sum(row["correct"] for row in mark(read_results(path), items))
+def neutralise(value):
+    """A CSV cell a spreadsheet shows as text, never runs as a formula."""
+    return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_START) else value
 
 
 @dataclass
 class GradeReport:
     rows: list = field(default_factory=list)      # dicts with GRADE_COLUMNS
     summary: list = field(default_factory=list)   # dicts with SUMMARY_COLUMNS
-    bad: list = field(default_factory=list)       # one message per file that could not be graded
+    bad: list = field(default_factory=list)       # "<file>: <reason>" per file that could not be graded
+    notes: list = field(default_factory=list)     # "<file>: <note>" per file graded with a remark
 
     def write(self, out):
         """Write the grades CSV and its ``.summary.csv`` sibling; return both paths."""
         out = Path(out)
         summary_path = out.with_name(f"{out.stem}.summary.csv")
+        for path in (out, summary_path):
+            check_output_file(path, "grades.csv")
         for path, columns, rows in ((out, GRADE_COLUMNS, self.rows),
                                     (summary_path, SUMMARY_COLUMNS, self.summary)):
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "w", newline="", encoding="utf-8") as f:
                 writer = csv.DictWriter(f, fieldnames=columns)
                 writer.writeheader()
-                writer.writerows(rows)
+                writer.writerows({k: neutralise(v) for k, v in row.items()} for row in rows)
         return out, summary_path
 
 
 def _submission_files(submissions, bad):
-    """Results files named directly or found in folders (moved-aside ``.corrupt-`` files skipped)."""
+    """Files named directly, and the ``.json``/``.ipynb`` entries of folders (not dot-files such as
+    the store's locks and temp files). Entries are not opened here: :func:`read_json` judges them."""
     files = []
     for entry in map(Path, submissions):
         if entry.is_dir():
-            files.extend(sorted(p for p in entry.glob("*.json") if ".corrupt-" not in p.name))
-        elif entry.is_file():
+            files.extend(sorted(p for p in entry.iterdir()
+                                if p.suffix in SUBMISSION_SUFFIXES and not p.name.startswith(".")))
+        elif os.path.lexists(entry):
             files.append(entry)
         else:
             bad.append(f"{entry}: no such file or folder")
     return files
 
 
-def grade(submissions, bank, items=None):
-    """Grade results files / folders of them against ``bank``'s key; see the module docstring."""
+def _recorded(path, student, assignment, selected):
+    """``(answers by item, note)`` from one collected file; raises for a file that cannot be graded."""
+    if path.suffix != ".ipynb":
+        data = read_results(path)
+        note = (f"the file says student {data['student']!r}; graded as {student!r} from the file name"
+                if data["student"] != student else "")
+        return answers(data, assignment), note
+    if not selected:
+        raise AnswerSheetError(f"{path}: grading notebooks needs --items or --topic "
+                               "(the item list must come from you, not from the student's file)")
+    try:
+        notebook = read_json(path)
+    except UnreadableFile as exc:
+        raise AnswerSheetError(str(exc)) from None
+    cell = hand_in_cell(notebook, path)
+    if cell is None:
+        raise AnswerSheetError(f"{path}: no hand-in cell (not an assignment from `mpkit quiz assign`)")
+    sheet = sheet_in_cell(cell, path)
+    if sheet is None:
+        return {}, t("no_sheet", "en")
+    if assignment is not None and sheet["assignment"] != assignment:
+        raise AnswerSheetError(f"{path}: the answer sheet is for assignment {sheet['assignment']!r}, "
+                               f"not {assignment!r}")
+    return sheet["answers"], ""
+
+
+def grade(submissions, bank, items=None, assignment=None):
+    """Grade collected results files and notebooks (or folders of them) against ``bank``'s key;
+    ``assignment`` keeps only answers given in that assignment. See the module docstring."""
     report = GradeReport()
-    first_file = {}
+    graded_from = {}
     for path in _submission_files(submissions, report.bad):
+        student = student_of(path.stem)
+        if student in graded_from:
+            report.bad.append(f"{path}: student {student!r} was already graded from {graded_from[student]}")
+            continue
         try:
-            data = read_results(path)
-        except ResultsFileError as exc:
+            recorded, note = _recorded(path, student, assignment, items is not None)
+        except (ResultsFileError, AnswerSheetError) as exc:
             report.bad.append(str(exc))
             continue
-        unknown = sorted(set(data["items"]) - set(bank.items))
+        unknown = sorted(set(recorded) - set(bank.items))
         if unknown:
             report.bad.append(f"{path}: item ids not in the bank {bank.dir}: {', '.join(unknown)}")
             continue
-        student = data["student"]
-        if student in first_file:
-            report.bad.append(f"{path}: student {student!r} was already graded from {first_file[student]}")
-            continue
-        first_file[student] = path
-        graded = items if items is not None else [i for i in bank.items.values() if i.id in data["items"]]
-        rows = mark(data, graded)
-        right = sum(row["correct"] for row in rows)
-        report.rows.extend(rows)
+        graded_from[student] = path
+        graded = items if items is not None else [i for i in bank.items.values() if recorded.get(i.id)]
+        marks = mark({item.id: item.answer for item in graded}, recorded)
+        for item, m in zip(graded, marks):
+            report.rows.append({"student": student, "item_id": item.id, "topic": item.topic,
+                                "pitfall": item.pitfall, "answer_given": m.given, "correct_answer": item.answer,
+                                "correct": int(m.correct), "attempts": m.attempts,
+                                "last_answer": m.last if m.retaken else ""})
+        right = sum(m.correct for m in marks)
+        if note:
+            report.notes.append(f"{path}: {note}")
         report.summary.append({"student": student, "file": str(path),
-                               "answered": sum(bool(row["answer_given"]) for row in rows),
-                               "correct": right, "total": len(rows),
-                               "percent": f"{100 * right / len(rows):.1f}" if rows else ""})
+                               "answered": sum(bool(m.given) for m in marks), "correct": right,
+                               "total": len(marks), "percent": f"{100 * right / len(marks):.1f}" if marks else "",
+                               "retaken": sum(m.retaken for m in marks), "note": note})
     return report
 
 
@@ -120,13 +163,21 @@ def stats(grades_csv):
 
     Only answered rows count towards difficulty and error rates; blanks are listed per item.
     """
+    if Path(grades_csv).is_dir():
+        raise ValueError(f"{grades_csv} is a folder; give the grades CSV that `mpkit quiz grade` wrote")
     with open(grades_csv, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        missing = set(GRADE_COLUMNS) - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{grades_csv} is not a grades CSV from `mpkit quiz grade` "
-                             f"(missing columns: {', '.join(sorted(missing))})")
-        rows = list(reader)
+        try:
+            missing = set(GRADE_COLUMNS) - set(reader.fieldnames or ())
+            if missing:
+                raise ValueError(f"{grades_csv} is not a grades CSV from `mpkit quiz grade` "
+                                 f"(missing columns: {', '.join(sorted(missing))})")
+            rows = list(reader)
+        except csv.Error as exc:
+            raise ValueError(f"{grades_csv}, near line {reader.line_num + 1}: not a grades CSV from "
+                             f"`mpkit quiz grade` ({exc})") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{grades_csv}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     per_item, per_pitfall = defaultdict(lambda: [0, 0, 0]), defaultdict(lambda: [0, 0])
     meta = {}
     for row in rows:
@@ -162,56 +213,3 @@ def _table(headers, rows):
     cells = [list(map(str, headers))] + [list(map(str, row)) for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
-
-
-def _nbgrader(grade_id, *, locked, solution=False, points=None):
-    meta = {"grade": points is not None, "solution": solution, "locked": locked, "task": False,
-            "grade_id": grade_id, "schema_version": 3}
-    if points is not None:
-        meta["points"] = points
-    return {"nbgrader": meta}
-
-
-def assignment_notebook(items, bank, lang="ko", mode="exam"):
-    """An nbgrader-compatible notebook: intro, setup (STUDENT), one quiz cell per topic, graded score."""
-    import nbformat  # here, not at module level: nbformat (+ jsonschema) costs seconds in every quiz.show
-
-    by_topic = {}
-    for item in items:
-        by_topic.setdefault(item.topic, []).append(item.id)
-    new_md, new_code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
-    cells = [
-        new_md(f"# {t('title', 'ko')} / {t('title', 'en')}\n\n**한국어**\n\n{t('assign_steps', 'ko')}\n\n"
-               f"**English**\n\n{t('assign_steps', 'en')}", metadata=_nbgrader("intro", locked=True)),
-        new_code('from mpkit import quiz\n\nSTUDENT = None  # 이름 또는 학번 / your name or id, '
-                 'e.g. "kim-2024001" (None: your login name)',
-                 metadata=_nbgrader("setup", locked=False, solution=True)),
-    ]
-    for topic, ids in by_topic.items():
-        cells.append(new_md(f"## {bank.titles[topic]['ko']} / {bank.titles[topic]['en']}",
-                            metadata=_nbgrader(f"title_{topic}", locked=True)))
-        cells.append(new_code(f"quiz.show({_id_list(ids)}, lang={lang!r}, mode={mode!r}, student=STUDENT)",
-                              metadata=_nbgrader(f"quiz_{topic}", locked=True)))
-    all_ids = [item.id for item in items]
-    cells.append(new_md(f"## {t('score', 'ko')} / {t('score', 'en')}\n\n{t('score_cell', 'ko')}: {len(all_ids)}  \n"
-                        f"{t('score_cell', 'en')}: {len(all_ids)}", metadata=_nbgrader("score_title", locked=True)))
-    cells.append(new_code(f"quiz.points({_id_list(all_ids)}, student=STUDENT)",
-                          metadata=_nbgrader("score", locked=True, points=len(all_ids))))
-    nb = nbformat.v4.new_notebook(cells=cells, metadata={
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-        "language_info": {"name": "python"}})
-    nbformat.validate(nb)
-    return nb
-
-
-def _id_list(ids):
-    return "[\n" + "".join(f"    {item_id!r},\n" for item_id in ids) + "]"
-
-
-def write_assignment(items, bank, out, lang="ko", mode="exam"):
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    import nbformat
-
-    nbformat.write(assignment_notebook(items, bank, lang, mode), out)
-    return out

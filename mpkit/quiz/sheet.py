@@ -7,6 +7,7 @@ import html
 from pathlib import Path
 
 from mpkit.i18n import t
+from mpkit.quiz.instructor import check_output_file
 
 FONTS = '"Nanum Gothic", "NanumGothic", "Noto Sans CJK KR", "Noto Sans KR", "Malgun Gothic", sans-serif'
 FORMATS = (".html", ".md")
@@ -24,6 +25,7 @@ def key_path(out):
 def write_sheet(items, bank, out, lang="ko"):
     """Write the question sheet to ``out`` (.html or .md) and the key beside it; return both paths."""
     out = Path(out)
+    check_output_file(out, "sheet.html")
     if out.suffix not in FORMATS:
         raise ValueError(f"--out must end in .html or .md, got {out.name!r}")
     topics = {item.topic for item in items}

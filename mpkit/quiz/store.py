@@ -1,102 +1,192 @@
-"""Per-student quiz results: one JSON file per student, written atomically.
+"""Per-student quiz results on the student's own machine: one JSON file per student.
 
-A killed kernel must never leave a half-written file (temp file in the same folder + fsync +
-``os.replace``), a re-run cell must keep earlier answers (every write re-reads the file and
-appends), and a file we cannot read is moved aside to ``<name>.corrupt-<time>.json`` with a
-warning, never overwritten. Each answer also moves its item between Leitner boxes 1..5, which
-:func:`mpkit.quiz.review` uses to drill missed items.
+Where: ``results_dir`` argument, else ``$MPKIT_RESULTS_DIR``, else the user data directory
+(``$XDG_DATA_HOME/mpkit/quiz_results``, by default ``~/.local/share/mpkit/quiz_results``), so
+answers never land in the folder a student browses and commits. The first save of a kernel into
+that default folder prints where it is, in Korean and English.
+
+Safety, each for a reason seen in practice:
+
+* several writers for one student (two browser tabs, a re-run kernel) take turns under an
+  exclusive lock on ``.<file>.lock`` and re-read the file before appending, so none loses
+  another's answers;
+* every write goes to a temp file in the same folder, then fsync + ``os.replace``: a killed kernel
+  leaves the old file or the new one, never half of one; a temp file left by a killed writer is
+  removed by the next writer (it holds the lock, so no live writer owns one);
+* a file we cannot read is moved aside to ``<file>.corrupt-<time>`` with a warning, never
+  overwritten;
+* a name maps to its file reversibly (:func:`file_stem`), so ``lee@1`` and ``lee#1`` stay two files,
+  and a file that belongs to another name (two names differing only in case on a
+  case-insensitive disk) is refused, not merged.
 
 File layout (``FORMAT``/``VERSION`` tag it; readers refuse anything else)::
 
-    {"format": "mpkit-quiz-results", "version": 1, "student": "kim",
+    {"format": "mpkit-quiz-results", "version": 2, "student": "kim",
      "created": "2025-01-01T09:00:00.000+00:00", "updated": "...",
      "items": {"pp-001": {"answer": "X", "correct": false, "at": "...", "box": 1,
-                          "history": [{"answer": "X", "correct": false, "at": "...",
-                                       "lang": "ko", "mode": "drill", "session": "3f2a..."}]}}}
+                          "history": [{"answer": "X", "correct": false, "at": "...", "lang": "ko",
+                                       "mode": "exam", "session": "3f2a...", "assignment": "hw1"}]}}}
 
-``answer``/``correct``/``at`` repeat the latest history entry. ``correct`` is what the widget
-showed the student; graders recompute it from the bank's answer key.
+``history`` holds every recorded answer in order; ``answer`` is ``null`` for an item left blank in
+a submitted exam (its key was shown all the same). ``answer``/``correct``/``at`` repeat the latest
+entry. ``correct`` is what the widget showed the student; graders recompute it from the key.
+Version 1 files (no blanks, no ``assignment``) are read as they are.
 """
 import contextlib
 import getpass
 import json
 import os
 import re
+import sys
 import tempfile
 import unicodedata
 import uuid
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import unquote
+
+from mpkit.i18n import t
+from mpkit.quiz.safeio import UnreadableFile, read_json
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+    import msvcrt
 
 FORMAT = "mpkit-quiz-results"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 BOXES = 5
 ANSWERS = ("O", "X")
+MAX_NAME = 64
+_announced = False  # the first save of this kernel into the default folder says where it is
 
 
 class ResultsFileError(ValueError):
     """A results file that is not valid JSON, not ours, or not in the expected shape."""
 
 
+def default_results_dir():
+    """``$XDG_DATA_HOME/mpkit/quiz_results`` (an absolute XDG_DATA_HOME only, as the spec says),
+    else ``~/.local/share/mpkit/quiz_results``."""
+    base = os.environ.get("XDG_DATA_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share") / "mpkit" / "quiz_results"
+
+
 def resolve_results_dir(results_dir=None):
-    """``results_dir`` argument, else ``$MPKIT_RESULTS_DIR``, else ``./quiz_results``."""
-    return Path(results_dir if results_dir is not None
-                else os.environ.get("MPKIT_RESULTS_DIR") or "quiz_results")
+    """``results_dir`` argument, else ``$MPKIT_RESULTS_DIR``, else :func:`default_results_dir`."""
+    if results_dir is not None:
+        return Path(results_dir)
+    return Path(os.environ["MPKIT_RESULTS_DIR"]) if os.environ.get("MPKIT_RESULTS_DIR") else default_results_dir()
 
 
 def resolve_student(student=None):
-    """``student`` argument, else ``$MPKIT_STUDENT``, else the login name."""
+    """``student`` argument, else ``$MPKIT_STUDENT``, else the login name; NFC-normalised, stripped."""
     if student is None:
-        return os.environ.get("MPKIT_STUDENT") or getpass.getuser()
+        student = os.environ.get("MPKIT_STUDENT") or getpass.getuser()
     if not isinstance(student, str) or not student.strip():
         raise ValueError(f"student must be a non-empty name like 'kim-2024001', got {student!r}")
-    return student.strip()
+    student = unicodedata.normalize("NFC", student.strip())
+    if len(student) > MAX_NAME:
+        raise ValueError(f"student name is {len(student)} characters long; use at most {MAX_NAME} "
+                         f"(a name or student id like 'kim-2024001')")
+    return student
 
 
-def safe_filename(name):
-    """A file stem for ``name``: letters (Hangul too), digits, '.', '-', '_' only; NFC-normalised."""
-    safe = re.sub(r"[^\w.-]+", "_", unicodedata.normalize("NFC", name)).strip("._")[:64]
-    return safe or "student"
+def file_stem(student):
+    """The file stem for ``student``: letters and digits of any script, '_', '-' and inner '.' as
+    they are, every other character as ``%XX`` (UTF-8). Reversible (:func:`student_of`), so two
+    different names never share a file, and safe as a path component (no '/', no leading '.')."""
+    return "".join(ch if ch.isalnum() or ch in "_-" or (ch == "." and i) else
+                   "".join(f"%{byte:02X}" for byte in ch.encode("utf-8")) for i, ch in enumerate(student))
+
+
+def student_of(stem):
+    """The name a file stem stands for (inverse of :func:`file_stem`)."""
+    return unquote(stem, errors="replace")
 
 
 def results_path(student=None, results_dir=None):
     """Where ``student``'s results file lives (same resolution rules as :class:`ResultStore`)."""
-    return resolve_results_dir(results_dir) / f"{safe_filename(resolve_student(student))}.json"
+    return resolve_results_dir(results_dir) / f"{file_stem(resolve_student(student))}.json"
 
 
 def now():
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def read_results(path):
-    """The parsed results file at ``path``; :class:`ResultsFileError` names the file and the defect."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ResultsFileError(f"{path}: not valid JSON ({exc})") from None
+def check_results(data, where):
+    """``data`` if it is a results file's content; :class:`ResultsFileError` names ``where`` and the defect."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ResultsFileError(f"{path}: not an mpkit quiz results file (no \"format\": \"{FORMAT}\")")
-    if data.get("version") != VERSION:
-        raise ResultsFileError(f"{path}: results format version {data.get('version')!r}; "
-                               f"this mpkit reads version {VERSION}")
+        raise ResultsFileError(f"{where}: not an mpkit quiz results file (no \"format\": \"{FORMAT}\")")
+    if data.get("version") not in READABLE_VERSIONS:
+        raise ResultsFileError(f"{where}: results format version {data.get('version')!r}; "
+                               f"this mpkit reads versions {', '.join(map(str, READABLE_VERSIONS))}")
     if not isinstance(data.get("student"), str) or not isinstance(data.get("items"), dict):
-        raise ResultsFileError(f"{path}: needs a \"student\" name and an \"items\" mapping")
+        raise ResultsFileError(f"{where}: needs a \"student\" name and an \"items\" mapping")
     for item_id, entry in data["items"].items():
-        if (not isinstance(entry, dict) or entry.get("answer") not in ANSWERS
+        if (not isinstance(entry, dict) or entry.get("answer") not in (*ANSWERS, None)
                 or entry.get("box") not in range(1, BOXES + 1) or not isinstance(entry.get("at"), str)
-                or not isinstance(entry.get("history"), list)):
-            raise ResultsFileError(f"{path}: item {item_id!r} needs answer O/X, box 1-{BOXES}, "
-                                   "an \"at\" time and a history list")
+                or not isinstance(entry.get("history"), list)
+                or not all(isinstance(e, dict) and e.get("answer") in (*ANSWERS, None) for e in entry["history"])):
+            raise ResultsFileError(f"{where}: item {item_id!r} needs answer O/X, box 1-{BOXES}, "
+                                   "an \"at\" time and a history list of answers")
     return data
+
+
+def read_results(path):
+    """The checked results file at ``path`` (a regular file only, never followed through a link,
+    a FIFO or a device); :class:`ResultsFileError` names the file and the defect."""
+    try:
+        data = read_json(path)
+    except UnreadableFile as exc:
+        raise ResultsFileError(str(exc)) from None
+    return check_results(data, path)
+
+
+def answers(data, assignment=None):
+    """Item id -> that item's recorded answers in order (``"O"``, ``"X"`` or None for blank),
+    only those given for ``assignment`` when one is named."""
+    return {item_id: [e["answer"] for e in entry["history"]
+                      if assignment is None or e.get("assignment") == assignment]
+            for item_id, entry in data["items"].items()}
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold an exclusive lock on ``.<name>.lock`` beside ``path`` (blocks until it is free)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _temp_prefix(path):
+    return f".{path.name}.tmp-"
+
+
+def remove_stale_temps(path):
+    """Delete temp files a killed writer left for ``path``; call with the lock held."""
+    pattern = re.compile(re.escape(_temp_prefix(path)) + r"[a-z0-9_]{8}")
+    for entry in path.parent.iterdir():
+        if pattern.fullmatch(entry.name):
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
 
 
 def atomic_write_text(path, text):
     """Replace ``path`` with ``text`` all at once: readers see the old file or the new one, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix="")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -117,53 +207,86 @@ def atomic_write_text(path, text):
 
 
 class ResultStore:
-    """One student's results file. Every :meth:`record` re-reads the file, appends and rewrites it,
-    so several quizzes open for the same student (in one kernel) never drop each other's answers."""
+    """One student's results file. Every :meth:`record` takes the lock, re-reads the file, appends
+    and rewrites it, so any number of quizzes, tabs or processes answering for the same student
+    keep each other's answers."""
 
     def __init__(self, student=None, results_dir=None):
         self.student = resolve_student(student)
+        self.announce = results_dir is None and not os.environ.get("MPKIT_RESULTS_DIR")
         self.path = results_path(self.student, results_dir)
         self.session = uuid.uuid4().hex[:12]  # groups the answers given in one quiz widget
         self.data = self._load()
 
-    def _load(self):
-        if not self.path.exists():
+    def _load(self, have_lock=False):
+        """The file's content (a fresh one if there is none); moves an unreadable file aside, under
+        the lock (taken here unless the caller holds it: a second flock in one process would wait
+        for itself)."""
+        if not os.path.lexists(self.path):
             stamp = now()
             return {"format": FORMAT, "version": VERSION, "student": self.student,
                     "created": stamp, "updated": stamp, "items": {}}
         try:
-            return read_results(self.path)
+            data = read_results(self.path)
         except ResultsFileError as exc:
+            if not have_lock:
+                with locked(self.path):
+                    return self._load(have_lock=True)   # another process may have fixed it meanwhile
             aside = self._move_aside()
             warnings.warn(f"{exc}. Moved it to {aside} (nothing deleted) and started a new results file.",
-                          stacklevel=3)
-            return self._load()
+                          stacklevel=2)
+            return self._load(have_lock=True)
+        if data["student"] != self.student:
+            raise ValueError(f"{self.path} holds the answers of {data['student']!r}, not {self.student!r} "
+                             "(names that differ only in upper/lower case share a file on this disk); "
+                             "choose a different student name")
+        return data
 
     def _move_aside(self):
-        stem = f"{self.path.stem}.corrupt-{datetime.now().strftime('%Y%m%dT%H%M%S')}"
-        aside = self.path.with_name(f"{stem}.json")
+        stem = f"{self.path.name}.corrupt-{datetime.now().strftime('%Y%m%dT%H%M%S')}"
+        aside = self.path.with_name(stem)
         counter = 1
-        while aside.exists():
-            aside = self.path.with_name(f"{stem}-{counter}.json")
+        while os.path.lexists(aside):
+            aside = self.path.with_name(f"{stem}-{counter}")
             counter += 1
         self.path.rename(aside)
         return aside
 
-    def record(self, answers, *, lang, mode):
-        """Persist ``answers``, a list of ``(item_id, "O"|"X", correct)``, with one atomic write."""
-        data = self._load()
+    def record(self, answers, *, lang, mode, assignment=None):
+        """Persist ``answers``, a list of ``(item_id, "O"|"X"|None, correct)``, with one atomic write.
+
+        Returns the bilingual notice of where answers go when this was the kernel's first save into
+        the default folder (also printed), else None."""
+        with locked(self.path):
+            remove_stale_temps(self.path)
+            data = self._load(have_lock=True)
+            self._append(data, answers, lang=lang, mode=mode, assignment=assignment)
+            atomic_write_text(self.path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
+        self.data = data
+        return self._announce()
+
+    def _append(self, data, answers, *, lang, mode, assignment):
         stamp = now()
         for item_id, answer, correct in answers:
             entry = data["items"].setdefault(item_id, {"answer": answer, "correct": False, "at": stamp,
                                                        "box": 1, "history": []})
             event = {"answer": answer, "correct": bool(correct), "at": stamp,
                      "lang": lang, "mode": mode, "session": self.session}
+            if assignment is not None:
+                event["assignment"] = assignment
             entry["history"].append(event)
             entry.update(answer=answer, correct=bool(correct), at=stamp,
                          box=min(BOXES, entry["box"] + 1) if correct else 1)
-        data["updated"] = stamp
-        atomic_write_text(self.path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
-        self.data = data
+        data.update(version=VERSION, updated=stamp)
+
+    def _announce(self):
+        global _announced
+        if self.announce and not _announced:
+            _announced = True
+            notice = f"{t('saved_in', 'ko', path=self.path)}\n{t('saved_in', 'en', path=self.path)}"
+            print(notice, file=sys.stdout)
+            return notice
+        return None
 
     def box(self, item_id):
         """Leitner box 1..5 of an answered item, None if never answered."""
@@ -171,8 +294,21 @@ class ResultStore:
         return entry["box"] if entry else None
 
     def missed(self):
-        """Ids answered wrong at least once and not yet mastered (box < 5): lowest box first,
-        then the one seen longest ago."""
+        """Ids answered wrong (or left blank in a submitted exam) at least once and not yet
+        mastered (box < 5): lowest box first, then the one seen longest ago."""
         entries = [(entry["box"], entry["at"], item_id) for item_id, entry in self.data["items"].items()
                    if entry["box"] < BOXES and any(not e.get("correct") for e in entry["history"])]
         return [item_id for _, _, item_id in sorted(entries)]
+
+
+class MemoryStore(ResultStore):
+    """Keeps answers in memory only: what a quiz uses while nbgrader autogrades a notebook, so the
+    grader's own files are never read or written from a student's notebook."""
+
+    def __init__(self, student="autograde"):
+        self.student, self.announce, self.path = student, False, None
+        self.session = uuid.uuid4().hex[:12]
+        self.data = {"format": FORMAT, "version": VERSION, "student": student, "items": {}}
+
+    def record(self, answers, *, lang, mode, assignment=None):
+        self._append(self.data, answers, lang=lang, mode=mode, assignment=assignment)

@@ -4,14 +4,20 @@ State lives in plain Python (each item's choice and whether it is revealed); wid
 re-rendered from that state and the current language, so a real button click, ``Quiz.answer()``
 and the language toggle all take one path. Feedback is written into ``HTML`` widget values and
 never printed through an ``Output`` widget, because nbval compares printed output.
+
+Every answer is recorded the moment its key is shown: a drill answer at once, an exam on Submit
+(items left blank included), so graders can tell a first answer from a retake. While nbgrader
+autogrades a notebook, quizzes keep answers in memory and never touch the grader's files.
 """
 import html
+import os
 from collections import namedtuple
 
 import ipywidgets as W
 
 from mpkit.quiz.bank import ANSWERS, load_bank
-from mpkit.quiz.store import ResultStore
+from mpkit.quiz.handin import check_assignment, track
+from mpkit.quiz.store import MemoryStore, ResultStore
 from mpkit.i18n import LANG_LABELS, LANGS, check_lang, t
 
 MODES = ("drill", "exam")
@@ -75,8 +81,8 @@ class Quiz:
     ``.score`` and ``.feedback`` (id -> feedback HTML) from code and tests.
     """
 
-    def __init__(self, items, bank, *, lang, mode, store):
-        self.items, self.mode, self.lang = list(items), mode, lang
+    def __init__(self, items, bank, *, lang, mode, store, assignment=None):
+        self.items, self.mode, self.lang, self.assignment = list(items), mode, lang, assignment
         self.submitted = False
         self._bank, self._store = bank, store
         self.views = {item.id: _ItemView(item, number, self._on_click)
@@ -89,6 +95,8 @@ class Quiz:
         self.score_html.add_class("mpkit-quiz-score")
         self.summary = W.HTML()
         self.summary.add_class("mpkit-quiz-summary")
+        self.notice = W.HTML()  # where answers go, after the kernel's first save: JupyterLab hides a click's print
+        self.notice.add_class("mpkit-quiz-notice")
         self.submit_button = None
         children = [W.HBox([self.title, self.lang_toggle]), *(view.box for view in self.views.values())]
         if mode == "exam":
@@ -96,11 +104,13 @@ class Quiz:
             self.submit_button.add_class("mpkit-quiz-submit")
             self.submit_button.on_click(lambda _button: self.submitted or self._submit())
             children.append(self.submit_button)
-        self.widget = W.VBox([*children, self.score_html, self.summary])
+        self.widget = W.VBox([*children, self.score_html, self.summary, self.notice])
         self.widget.add_class("mpkit-quiz")
         self.widget.add_class(f"mpkit-quiz-{mode}")
         if not self.items:
             self.widget.add_class("mpkit-quiz-empty")
+        if assignment is not None:
+            track(self)
         self._render()
 
     def _repr_mimebundle_(self, **kwargs):
@@ -172,20 +182,25 @@ class Quiz:
         if self.mode == "drill":
             if view.revealed:
                 return f"{item_id} is already answered; run the cell again (or quiz.review()) to retry"
-            self._store.record([(item_id, choice, choice == view.item.answer)], lang=self.lang, mode="drill")
+            self._saved(self._store.record([(item_id, choice, choice == view.item.answer)], lang=self.lang,
+                                           mode="drill", assignment=self.assignment))
             view.revealed = True
         view.choice = choice
         self._render()
         return None
 
     def _submit(self):
-        answered = [(view.item.id, view.choice, view.correct) for view in self.views.values() if view.choice]
-        if answered:
-            self._store.record(answered, lang=self.lang, mode="exam")
+        if self.items:  # blanks too: Submit shows their key as well
+            answers = [(view.item.id, view.choice, view.correct) for view in self.views.values()]
+            self._saved(self._store.record(answers, lang=self.lang, mode="exam", assignment=self.assignment))
         self.submitted = True
         for view in self.views.values():
             view.revealed = True
         self._render()
+
+    def _saved(self, notice):
+        if notice:
+            self.notice.value = "<br>".join(map(html.escape, notice.splitlines()))
 
     def _render(self):
         lang = self.lang
@@ -222,14 +237,23 @@ def _check_mode(mode):
                          f"got {mode!r}")
 
 
+def _open_store(student, results_dir):
+    if os.environ.get("NBGRADER_EXECUTION") == "autograde":
+        return MemoryStore()
+    return ResultStore(student, results_dir)
+
+
 def show(topic_or_ids, lang="ko", mode="drill", n=None, shuffle=False, seed=None,
-         student=None, results_dir=None, bank_dir=None):
-    """An O/X quiz over a topic, ``"all"``, or a list of item ids; answers are saved per student."""
+         student=None, results_dir=None, bank_dir=None, assignment=None):
+    """An O/X quiz over a topic, ``"all"``, or a list of item ids; answers are saved per student
+    (tagged with ``assignment`` in assignment notebooks, for :func:`mpkit.quiz.hand_in`)."""
     check_lang(lang)
     _check_mode(mode)
+    if assignment is not None:
+        check_assignment(assignment)
     bank = load_bank(bank_dir)
     items = bank.select(topic_or_ids, n=n, shuffle=shuffle, seed=seed)
-    return Quiz(items, bank, lang=lang, mode=mode, store=ResultStore(student, results_dir))
+    return Quiz(items, bank, lang=lang, mode=mode, store=_open_store(student, results_dir), assignment=assignment)
 
 
 def review(lang="ko", n=10, student=None, results_dir=None, bank_dir=None):
@@ -239,6 +263,6 @@ def review(lang="ko", n=10, student=None, results_dir=None, bank_dir=None):
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a whole number of items, 1 or more, got {n!r}")
     bank = load_bank(bank_dir)
-    store = ResultStore(student, results_dir)
+    store = _open_store(student, results_dir)
     ids = [item_id for item_id in store.missed() if item_id in bank.items][:n]
     return Quiz(bank.select(ids) if ids else [], bank, lang=lang, mode="drill", store=store)

@@ -1,0 +1,243 @@
+"""End to end with real nbgrader: assign -> generate_assignment -> validate -> three students answer
+in notebooks run by nbclient -> collect -> autograde -> export, and exact scores.
+
+The students answer through ``Quiz.answer()`` and ``Quiz.submit()``, the methods a click on O, X
+and Submit calls. Each student has their own results folder (their laptop), deleted before
+grading: the submitted notebook alone is graded.
+
+* kim: everything right -> 4 of 4;
+* lee: one wrong, one blank, and a hand-edited ``quiz_results/lee.json`` claiming full marks
+  submitted beside the notebook -> 2 of 4 (the file is never read);
+* park: exam submitted with 1 right, then every quiz run again and answered right after seeing
+  the key -> 1 of 4, and the graded notebook reports the retakes.
+"""
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from mpkit.quiz.handin import HAND_IN_ID
+
+GOOD = Path(__file__).parent / "fixtures" / "quiz" / "good"
+ITEMS = "mp-001,mp-002,mp-003,pp-001"   # key: O X O O; two quiz cells (model_parallel, pipeline)
+KEY = {"mp-001": "O", "mp-002": "X", "mp-003": "O", "pp-001": "O"}
+STUDENTS = {
+    # quiz cell -> list of attempts; each attempt: answers given, then Submit
+    "kim": {"quiz_model_parallel": [{"mp-001": "O", "mp-002": "X", "mp-003": "O"}],
+            "quiz_pipeline": [{"pp-001": "O"}]},
+    "lee": {"quiz_model_parallel": [{"mp-001": "O", "mp-002": "O"}],           # mp-002 wrong, mp-003 blank
+            "quiz_pipeline": [{"pp-001": "O"}]},
+    "park": {"quiz_model_parallel": [{"mp-001": "X", "mp-002": "X", "mp-003": "X"},  # 1 right, then the key
+                                     {"mp-001": "O", "mp-002": "X", "mp-003": "O"}],  # retake: all right
+             "quiz_pipeline": [{"pp-001": "X"}, {"pp-001": "O"}]},
+}
+EXPECTED = {"kim": 4.0, "lee": 2.0, "park": 1.0}
+
+
+def nbgrader(course, *args, env):
+    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, text=True,
+                          capture_output=True, timeout=240)
+    assert done.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def student_notebook(released, attempts):
+    """The released notebook with the student's work: after each quiz cell, a cell that answers
+    and submits; a retake runs the quiz cell's code again, then answers again."""
+    nb = nbformat.from_dict(json.loads(json.dumps(released)))
+    cells = []
+    for cell in nb.cells:
+        cells.append(cell)
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        for number, answers in enumerate(attempts.get(grade_id, [])):
+            if number:
+                cells.append(nbformat.v4.new_code_cell(cell.source))   # run the quiz cell again
+            lines = ["q = _  # the quiz the cell above shows"]
+            lines += [f"q.answer({item!r}, {choice!r})  # = a click on {choice}" for item, choice in answers.items()]
+            cells.append(nbformat.v4.new_code_cell("\n".join(lines + ["q.submit()  # = the Submit button"])))
+    nb.cells = cells
+    return nb
+
+
+async def run_students(released, workdir, env):
+    """Each student's notebook, run top to bottom (hand-in last) in their own kernel and folder."""
+    async def one(student, attempts):
+        nb = student_notebook(released, attempts)
+        folder = workdir / student
+        folder.mkdir(parents=True)
+        student_env = {**env, "MPKIT_RESULTS_DIR": str(folder / "store")}
+        await NotebookClient(nb, timeout=120, kernel_name="python3",
+                             resources={"metadata": {"path": str(folder)}}).async_execute(env=student_env)
+        nbformat.write(nb, folder / "hw1.ipynb")
+        return student, folder
+    return dict(await asyncio.gather(*(one(s, a) for s, a in STUDENTS.items())))
+
+
+@pytest.mark.timeout(420)
+def test_nbgrader_release_autograde_export(tmp_path):
+    course = tmp_path / "course"
+    grader_store = tmp_path / "grader-store"
+    env = {**os.environ, "MPKIT_QUIZ_DIR": str(GOOD), "MPKIT_RESULTS_DIR": str(grader_store)}
+    env.pop("MPKIT_STUDENT", None)
+
+    from mpkit.cli import main
+    assert main(["quiz", "assign", "--bank", str(GOOD), "--items", ITEMS, "--mode", "exam",
+                 "--out", str(course / "source" / "hw1" / "hw1.ipynb")]) == 0
+    assert "configure(c)" in (course / "nbgrader_config.py").read_text(encoding="utf-8")
+    nbgrader(course, "generate_assignment", "hw1", env=env)
+    released = nbformat.read(course / "release" / "hw1" / "hw1.ipynb", as_version=4)
+    hand_in = [c for c in released.cells if c.metadata.get("nbgrader", {}).get("grade_id") == HAND_IN_ID]
+    assert len(hand_in) == 1 and "ANSWER_KEY" not in hand_in[0].source and "quiz.hand_in(" in hand_in[0].source
+    assert "NotImplementedError" not in json.dumps(released) and "STUDENT" not in json.dumps(released)
+    validated = nbgrader(course, "validate", "release/hw1/hw1.ipynb", "source/hw1/hw1.ipynb", env=env)
+    assert validated.count("Success! Your notebook passes all the tests.") == 2, validated
+
+    folders = asyncio.run(run_students(released, tmp_path / "students", env))
+    for student, folder in folders.items():                       # collect: the notebook only ...
+        submitted = course / "submitted" / student / "hw1"
+        submitted.mkdir(parents=True)
+        shutil.copy(folder / "hw1.ipynb", submitted / "hw1.ipynb")
+        shutil.rmtree(folder)                                      # ... and the laptop is gone
+    cheat = course / "submitted" / "lee" / "hw1" / "quiz_results" / "lee.json"   # ... but lee adds an edited file
+    cheat.parent.mkdir()
+    cheat.write_text(json.dumps({"format": "mpkit-quiz-results", "version": 2, "student": "lee", "items": {
+        item: {"answer": a, "correct": True, "at": "2025-01-01T00:00:00", "box": 5,
+               "history": [{"answer": a, "correct": True}]} for item, a in KEY.items()}}), encoding="utf-8")
+    assert sorted(p.name for p in (course / "submitted" / "kim" / "hw1").iterdir()) == ["hw1.ipynb"]
+
+    nbgrader(course, "autograde", "hw1", env=env)
+    nbgrader(course, "export", env=env)
+    import csv
+    with open(course / "grades.csv", newline="", encoding="utf-8") as f:
+        scores = {row["student_id"]: (float(row["score"]), float(row["max_score"])) for row in csv.DictReader(f)}
+    assert scores == {student: (score, 4.0) for student, score in EXPECTED.items()}
+
+    graded = nbformat.read(course / "autograded" / "park" / "hw1" / "hw1.ipynb", as_version=4)
+    cell = next(c for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == HAND_IN_ID)
+    report = cell.outputs[0]["data"]["text/html"]
+    assert "4 item(s) answered again after the key was shown: graded on the first answer" in report
+    assert cell.outputs[-1]["output_type"] == "execute_result" and cell.outputs[-1]["data"]["text/plain"] == "1.0"
+    assert not grader_store.exists()   # autograde never read or wrote the grader's own answers
+
+
+# ---- the two preprocessors and configure(), on notebooks built here (no kernel, fast) ----
+
+def _assignment(sheet=..., outputs=None):
+    """A submitted assignment notebook: the hand-in cell as `mpkit quiz assign` writes it for
+    nbgrader, its output the answer sheet (``...``: none, the cell was not run)."""
+    from mpkit.quiz.assignment import hand_in_source
+    from mpkit.quiz.bank import load_bank
+    from mpkit.quiz.handin import AnswerSheet
+
+    items = load_bank(GOOD).select(ITEMS.split(","))
+    cell = nbformat.v4.new_code_cell(hand_in_source("hw1", items, "ko", key=True), metadata={"nbgrader": {
+        "grade": True, "solution": False, "locked": True, "grade_id": HAND_IN_ID, "points": 8, "schema_version": 3}})
+    if outputs is not None:
+        cell.outputs = outputs
+    elif sheet is not ...:
+        cell.outputs = [nbformat.v4.new_output("display_data", data=AnswerSheet(sheet)._repr_mimebundle_())]
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("from mpkit import quiz"), cell])
+
+
+def _sheet(answers):
+    return {"format": "mpkit-quiz-answers", "version": 1, "assignment": "hw1", "items": ITEMS.split(","),
+            "answers": answers}
+
+
+def _autograde(nb):
+    """What nbgrader does around the kernel: collect, ClearOutput, (Execute), score."""
+    from nbgrader.preprocessors import ClearOutput
+    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers
+
+    nb, _ = CollectQuizAnswers().preprocess(nb, {})
+    nb, _ = ClearOutput().preprocess(nb, {})
+    nb.cells[-1].outputs = [nbformat.v4.new_output("error", ename="RuntimeError", evalue="x", traceback=[])]
+    return ScoreQuizAnswers().preprocess(nb, {})[0]
+
+
+@pytest.mark.parametrize("answers, credit", [
+    ({}, 0.0),
+    ({"mp-001": ["O"], "mp-002": ["X"], "mp-003": ["O"], "pp-001": ["O"]}, 8.0),
+    ({"mp-001": ["O"], "mp-002": [None, "X"], "mp-003": ["X", "O"]}, 2.0),     # blanks and retakes don't count
+    ({"zz-999": ["O"], "mp-001": ["O", "X"]}, 2.0),                           # unknown items are ignored
+])
+def test_scored_as_partial_credit_that_nbgrader_reads(answers, credit):
+    from nbgrader.utils import determine_grade
+
+    cell = _autograde(_assignment(_sheet(answers))).cells[-1]
+    assert [o.output_type for o in cell.outputs] == ["display_data", "execute_result"]
+    assert determine_grade(cell) == (credit, 8.0)                         # 2 points per item here
+
+
+def test_what_a_student_could_write_into_the_notebook_is_not_trusted():
+    from mpkit.quiz.nbgrader import STASH
+
+    nb = _assignment()
+    nb.metadata[STASH] = {"sheet": _sheet({i: [a] for i, a in KEY.items()}), "problem": None}   # forged
+    cell = _autograde(nb).cells[-1]
+    assert cell.outputs[-1]["data"]["text/plain"] == "0.0"
+    assert "no answer sheet in the notebook: the hand-in cell was not run before saving" in \
+        cell.outputs[0]["data"]["text/html"]
+
+
+@pytest.mark.parametrize("outputs, problem", [
+    ([nbformat.v4.new_output("display_data", data={"application/vnd.mpkit.quiz-answers+json": {"format": "x"}})],
+     "not an mpkit answer sheet"),
+    ([nbformat.v4.new_output("stream", text="hello")], "the hand-in cell was not run before saving"),
+])
+def test_a_missing_or_broken_sheet_scores_zero_and_says_why(outputs, problem):
+    cell = _autograde(_assignment(outputs=outputs)).cells[-1]
+    assert cell.outputs[-1]["data"]["text/plain"] == "0.0" and problem in cell.outputs[0]["data"]["text/html"]
+
+
+def test_notebooks_that_are_not_mpkit_assignments_are_left_alone():
+    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])
+    before = json.loads(json.dumps(nb))
+    nb = ScoreQuizAnswers().preprocess(CollectQuizAnswers().preprocess(nb, {})[0], {})[0]
+    assert json.loads(json.dumps(nb)) == before
+
+
+def test_misconfiguration_fails_loudly(monkeypatch):
+    from mpkit.quiz import hand_in
+    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers
+
+    with pytest.raises(RuntimeError, match="answers were not collected"):
+        ScoreQuizAnswers().preprocess(_assignment(_sheet({})), {})        # CollectQuizAnswers missing
+    nb = _assignment(_sheet({}))
+    nb.cells[-1].source = "quiz.hand_in('hw1', ['mp-001'])"               # the key is gone
+    with pytest.raises(ValueError, match="the hand-in cell has no ANSWER_KEY"):
+        ScoreQuizAnswers().preprocess(CollectQuizAnswers().preprocess(nb, {})[0], {})
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    with pytest.raises(RuntimeError, match=r"Add these two lines to nbgrader_config.py"):
+        hand_in("hw1", ["mp-001"])                                        # autograde without the preprocessors
+
+
+def test_configure_inserts_around_nbgraders_own_steps_once():
+    from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, Execute, OverwriteCells, SaveAutoGrades
+    from traitlets.config import Config
+
+    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers, configure
+
+    c = Config()
+    configure(c)
+    configure(c)
+    sanitize, autograde = c.Autograde.sanitize_preprocessors, c.Autograde.autograde_preprocessors
+    assert sanitize.count(CollectQuizAnswers) == 1 and autograde.count(ScoreQuizAnswers) == 1
+    assert sanitize.index(CollectQuizAnswers) < sanitize.index(ClearOutput) < sanitize.index(OverwriteCells)
+    assert autograde.index(Execute) + 1 == autograde.index(ScoreQuizAnswers) < autograde.index(SaveAutoGrades)
+    custom = Config()
+    custom.Autograde.autograde_preprocessors = [Execute, SaveAutoGrades]
+    custom.Autograde.sanitize_preprocessors.append(OverwriteCells)           # a lazy edit is kept too
+    configure(custom)
+    assert custom.Autograde.autograde_preprocessors == [Execute, ScoreQuizAnswers, SaveAutoGrades]
+    assert custom.Autograde.sanitize_preprocessors[0] is CollectQuizAnswers
+    assert custom.Autograde.sanitize_preprocessors[-2:] == [CheckCellMetadata, OverwriteCells]
