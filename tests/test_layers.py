@@ -16,7 +16,7 @@ LAYERS = [
     ("parallel", ["mpkit.parallel"]),
     ("pricing", ["mpkit.sim.profile", "mpkit.sim.pricing"]),
     ("strategies", ["mpkit.strategies", "mpkit.crosscheck"]),
-    ("train", ["mpkit.train"]),
+    ("train", ["mpkit.training"]),
     ("cost model", ["mpkit.sim"]),
     ("plots", ["mpkit.plot"]),
     ("widgets", ["mpkit.sim.whatif", "mpkit.sim.planwidget"]),

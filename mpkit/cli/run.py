@@ -14,7 +14,7 @@ import sys
 from mpkit.cli.outputs import output_file
 from mpkit.observe.memory import CATEGORIES, mib
 from mpkit.strategies import STRATEGIES
-from mpkit.train import train
+from mpkit.training import train
 
 
 # The named flags of ``mpkit run``, each one of ``train``'s arguments; --option reaches the same ones.

@@ -22,7 +22,7 @@ from pathlib import Path
 from mpkit.errors import LaunchError
 from mpkit.i18n import LANGS, t
 from mpkit.strategies import STRATEGIES
-from mpkit.train import train
+from mpkit.training import train
 
 STEPS = 4           # step 0 pays first-call costs; the bubble is the median of the others
 LAYER_MS = 20.0     # simulated device time per layer and micro-batch, forward (backward: twice):

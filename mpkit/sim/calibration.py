@@ -35,7 +35,7 @@ from mpkit.sim.machines import DEFAULT_CACHE
 from mpkit.sim.hardware import PHASES, Hardware, Link
 from mpkit.sim.predict import predict
 from mpkit.sim.profile import profile_piece
-from mpkit.train import train
+from mpkit.training import train
 
 # Calibration models: other sizes than the labs' and benchmarks/costmodel.py's, spanning
 # op-bound steps (mlp-64), FLOP-bound ones (mlp-512, gpt-128) and attention's many small ops (gpt).
