@@ -24,8 +24,9 @@ LAYERS = [
     ("command line", ["mpkit.cli", "mpkit.__main__"]),
     ("package", ["mpkit"]),
 ]
-# Imports a function may make on first use: heavy and needed by few callers.
-LAZY_OK = {"tensorflow", "nbformat", "matplotlib", "matplotlib.pyplot", "nbclient", "IPython.display"}
+# Imports a function may make on first use: heavy and needed by few callers, or not on every
+# platform (``resource`` is POSIX only).
+LAZY_OK = {"tensorflow", "nbformat", "matplotlib", "matplotlib.pyplot", "nbclient", "IPython.display", "resource"}
 
 
 def module_name(path: Path) -> str:

@@ -8,6 +8,8 @@ import argparse
 import sys
 from importlib import import_module
 
+from mpkit.errors import DeviceOutOfMemory, LaunchError
+
 SUBCOMMAND_MODULES = ("mpkit.cli.run", "mpkit.cli.tour", "mpkit.cli.quiz")
 
 
@@ -30,8 +32,6 @@ def one_line(text) -> str:
 def _failure(exc) -> tuple[int, str] | None:
     """Exit code and message for what a command can end with; None for anything else (a bug: it
     keeps its traceback)."""
-    from mpkit.errors import DeviceOutOfMemory, LaunchError
-
     if isinstance(exc, LaunchError):  # LaunchTimeout and RankOutOfMemory too: the summary, not a traceback
         return RUN_ERROR, exc.summary
     if isinstance(exc, DeviceOutOfMemory):  # raised by this rank itself (under torchrun)

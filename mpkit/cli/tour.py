@@ -19,6 +19,7 @@ import time
 import unicodedata
 from pathlib import Path
 
+from mpkit import plot
 from mpkit.errors import LaunchError
 from mpkit.i18n import LANGS, t
 from mpkit.strategies import STRATEGIES
@@ -28,7 +29,6 @@ STEPS = 4           # step 0 pays first-call costs; the bubble is the median of 
 LAYER_MS = 20.0     # simulated device time per layer and micro-batch, forward (backward: twice):
                     # large next to the few ms a message and a wake-up cost on a busy CPU
 MICRO_BATCHES = 8   # pp on 4 ranks: bubble (p-1)/(m+p-1) = 3/11, against mp's (p-1)/p = 3/4
-OPTIONS = {"pp": {"micro_batches": MICRO_BATCHES}}
 COLUMNS = ("tour_strategy", "tour_ranks", "tour_loss", "tour_diff", "tour_peak", "tour_bubble", "tour_comm",
            "tour_time")
 
@@ -54,6 +54,18 @@ def tour_settings(world_size: int) -> dict:
             "layer_ms": LAYER_MS}
 
 
+def strategy_options(strategy: str, world_size: int) -> dict:
+    """pp's micro-batches; for 3d a grid of the world: two pipeline stages and two data-parallel
+    replicas where the world allows, tensor parallel on the rest (4 ranks: dp=2, pp=2; 8: 2x2x2)."""
+    if strategy == "pp":
+        return {"micro_batches": MICRO_BATCHES}
+    if strategy == "3d":
+        pp = 2 if world_size % 2 == 0 else 1
+        dp = 2 if (world_size // pp) % 2 == 0 else 1
+        return {"dp": dp, "pp": pp, "tp": world_size // (pp * dp), "micro_batches": 4}
+    return {}
+
+
 def check_out(out: Path) -> None:
     """Refuse, before anything trains, a plot folder that cannot be one: an existing file, or a
     path below a file."""
@@ -75,7 +87,7 @@ def main(args) -> int:
         start = time.perf_counter()
         try:
             run = train(strategy, 1 if strategy == "single" else args.world_size, **settings,
-                        **OPTIONS.get(strategy, {}))
+                        **strategy_options(strategy, args.world_size))
         except (ValueError, LaunchError, ImportError) as exc:
             failed += 1
             rows.append([strategy, "-", f"{t('tour_error', lang)}: {str(exc).splitlines()[0][:70]}"])
@@ -117,22 +129,11 @@ def table(header, rows) -> str:
 
 
 def save_plots(runs, out: Path, lang: str = "en") -> list[str]:
-    """A timeline per strategy and one memory chart of all; nothing if mpkit.plot is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only, no window
-        import matplotlib.pyplot as plt
-
-        from mpkit import plot
-    except ImportError:
-        return []
+    """A timeline per strategy and one memory chart of all."""
     saved = []
     for name, run in runs.items():
         fig = plot.timeline(run, lang=lang)
         saved.append(plot.save(fig, out / f"timeline_{name}.png"))
-        plt.close(fig)
     fig = plot.memory(runs, lang=lang)
     saved.append(plot.save(fig, out / "memory.png"))
-    plt.close(fig)
     return saved

@@ -16,15 +16,17 @@ import socket
 import time
 from multiprocessing.connection import wait
 
-from mpkit.observe.trace import Trace
+import torch
+
+from mpkit.errors import LaunchError, LaunchTimeout, RankOutOfMemory
 from mpkit.observe.active import current
-from mpkit.runtime.devices import check_world_size, cuda_count
+from mpkit.observe.memory import parse_bytes
+from mpkit.observe.trace import Trace
 from mpkit.runtime import torchrun
+from mpkit.runtime.devices import check_world_size, cuda_count
 from mpkit.runtime.env import in_torchrun
 from mpkit.runtime.lifeline import Guardian
 from mpkit.runtime.result import LaunchResult
-from mpkit.errors import LaunchError, LaunchTimeout, RankOutOfMemory
-from mpkit.observe.memory import parse_bytes
 from mpkit.runtime.worker import run_rank
 
 BACKENDS = ("gloo", "nccl")
@@ -81,8 +83,6 @@ def choose_backend(world_size, backend=None) -> str:
 def _start_method(backend, fn):
     if backend == "gloo":
         return "fork"
-    import torch
-
     if not torch.cuda.is_initialized():
         return "fork"  # children initialise CUDA themselves; the parent never did
     try:

@@ -19,7 +19,12 @@ import sys
 import traceback
 from datetime import timedelta
 
+import torch
+import torch.distributed as dist
+
 from mpkit.errors import DeviceOutOfMemory
+from mpkit.observe.active import recording
+from mpkit.runtime.context import make_context
 from mpkit.runtime.lifeline import die_with_parent
 
 
@@ -32,7 +37,6 @@ def _message(kind, **payload) -> bytes:
 
 def _store(rank, world_size, port, listen_fd, timeout):
     """Rank 0 serves the store on the socket the parent is already listening on (when forked)."""
-    import torch.distributed as dist
 
     if listen_fd is not None and rank != 0:
         os.close(listen_fd)  # inherited by fork; only rank 0 serves it
@@ -52,18 +56,11 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
     die_with_parent(options["parent_pid"])
     if options["guardian_fd"] is not None:
         os.close(options["guardian_fd"])  # inherited by fork: only the caller may hold the guardian's pipe
-    import torch
-
     torch.set_num_threads(1)  # GNU OpenMP after fork hangs without this (the parent ran threaded torch ops)
     captured = io.StringIO()
     sys.stdout = sys.stderr = captured  # a forked Jupyter kernel's streams must not be touched
     code, sent = 0, False
     try:
-        import torch.distributed as dist
-
-        from mpkit.observe.active import recording
-        from mpkit.runtime.context import make_context
-
         # The caller enforces ``timeout`` and kills the world; the group's own timeout is a later
         # backstop, so a deadlock reads as LaunchTimeout and not as a gloo error racing it.
         group_timeout = timedelta(seconds=options["timeout"] + _BACKSTOP_S)
