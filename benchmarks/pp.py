@@ -1,7 +1,7 @@
 """Pipeline parallel on 4 simulated (CPU/gloo) ranks.
 
-(a) our ``pp`` 1F1B executor against ``torch.distributed.pipelining``'s ``Schedule1F1B`` on the
-    same model, split and micro-batches; runs alternate so machine noise hits both alike; a
+(a) ``mpkit.parallel.pipeline`` (the ``pp`` strategy) 1F1B against ``torch.distributed.pipelining``'s
+    ``Schedule1F1B`` on the same model, split and micro-batches; runs alternate so machine noise hits both alike; a
     run's step time is the median of its steps after the first, the reported time the median
     over runs. Memory tracking off, trace on (``step_times`` reads it).
 (b) the measured bubble against (p-1)/(m+p-1) for m = 1..16 on balanced stages (an mlp of 8
@@ -57,7 +57,7 @@ def versus_torch(runs, steps) -> dict:
         times["torch"].append(torch_1f1b(steps, **VERSUS_TORCH))
     a, b = (statistics.median(times[k]) for k in ("ours", "torch"))
     return {"benchmark": f"pp 1f1b vs torch Schedule1F1B, m={VERSUS_TORCH['micro_batches']}",
-            "ours_ms": a * 1e3, "baseline_ms": b * 1e3, "ratio": a / b, "target": "<= 1.10"}
+            "ours_ms": a * 1e3, "baseline_ms": b * 1e3, "ratio": a / b, "target": "<= 1.05"}
 
 
 def bubble_rows(steps, schedule="1f1b") -> list[dict]:

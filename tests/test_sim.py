@@ -156,7 +156,8 @@ def test_dp_overlap_hides_communication():
 
 def test_dp_communication_is_the_ring_formula():
     hw = GPU_PRESETS["8xA100-nvlink"]
-    pred = predict("dp", hardware=hw, world_size=8, model="mlp", hidden=1024, batch_size=64, bucket_mb=1000)
+    pred = predict("dp", hardware=hw, world_size=8, model="mlp", hidden=1024, batch_size=64, bucket_mb=1000,
+                   first_bucket_mb=1000)
     size = parameter_count(ModelConfig(kind="mlp", hidden=1024)) * 2  # one bf16 bucket
     comm = [e for e in pred.trace.of_rank(0) if e.kind == "all_reduce"]
     assert len(comm) == 1 and comm[0].bytes == size

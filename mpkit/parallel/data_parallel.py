@@ -10,7 +10,8 @@ The mechanics, in order:
 3. gradients are all-reduced and divided by the group size, packed in flat *buckets* of at most
    ``bucket_mb`` MiB (fewer, larger messages: latency is paid per message; DDP's
    ``bucket_cap_mb``, counted as ``bucket_mb * 1024 * 1024`` bytes). Buckets follow reverse
-   parameter order because backward produces gradients last layer first. With ``overlap=True`` a
+   parameter order because backward produces gradients last layer first; as in DDP, the first
+   bucket holds at most ``first_bucket_mb`` (1 MiB), so the first all-reduce starts early. With ``overlap=True`` a
    post-accumulate-grad hook counts each bucket's gradients and starts its all-reduce the moment
    the last one lands, while autograd still computes earlier layers; with ``overlap=False`` the
    all-reduces run in ``finish_gradient_synchronization()``;
@@ -44,12 +45,18 @@ from mpkit.observe import active
 
 MiB = 2**20  # DDP's bucket_cap_mb counts MiB (bucket_cap_mb * 1024 * 1024 bytes); so does bucket_mb
 DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
+FIRST_BUCKET_MB = 1.0  # DDP caps its first bucket at 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 
 
-def check_bucket_mb(bucket_mb) -> float:
+def bucket_caps(bucket_mb: float, first_bucket_mb: float = FIRST_BUCKET_MB) -> tuple[int, int]:
+    """(bytes cap of every bucket, of the first one) for ``plan_buckets``: the first is never larger."""
+    return int(bucket_mb * MiB), int(min(first_bucket_mb, bucket_mb) * MiB)
+
+
+def check_bucket_mb(bucket_mb, name="bucket_mb") -> float:
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb >= 0 \
             or math.isinf(bucket_mb):
-        raise ValueError(f"bucket_mb={bucket_mb!r} must be a number of MiB >= 0 (0 = one all-reduce per parameter "
+        raise ValueError(f"{name}={bucket_mb!r} must be a number of MiB >= 0 (0 = one all-reduce per parameter "
                          f"tensor, 25 = DDP's default)")
     return float(bucket_mb)
 
@@ -138,7 +145,7 @@ class DataParallel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True, group=None,
-                 find_unused_parameters: bool = False):
+                 find_unused_parameters: bool = False, first_bucket_mb: float = FIRST_BUCKET_MB):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"DataParallel wraps an nn.Module; got {type(module).__name__}")
@@ -150,6 +157,7 @@ class DataParallel(nn.Module):
                                "torch.distributed.init_process_group(...)")
         self.module = module
         self.bucket_mb = check_bucket_mb(bucket_mb)
+        self.first_bucket_mb = check_bucket_mb(first_bucket_mb, "first_bucket_mb")
         self.overlap = overlap
         self.group = group
         self.find_unused_parameters = bool(find_unused_parameters)
@@ -158,7 +166,7 @@ class DataParallel(nn.Module):
         names = {p: n for n, p in module.named_parameters() if p.requires_grad}
         broadcast_module(module, group)
         self.buckets = [_Bucket(i, ps, [names[p] for p in ps])
-                        for i, ps in enumerate(plan_buckets(params, int(self.bucket_mb * MiB)))]
+                        for i, ps in enumerate(plan_buckets(params, *bucket_caps(self.bucket_mb, self.first_bucket_mb)))]
         self._slot = {p: (b, k) for b in self.buckets for k, p in enumerate(b.params)}
         self._sync = True
         self._reset()

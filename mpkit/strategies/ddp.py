@@ -10,13 +10,12 @@ bucket: start when DDP hands the bucket over, end when its future completes.
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from mpkit.parallel.data_parallel import MiB, check_bucket_mb
+from mpkit.parallel.data_parallel import FIRST_BUCKET_MB, MiB, check_bucket_mb
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
 from mpkit.strategies.dp import bucket_program, validate_batch
 from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
 
 OPTIONS = {"bucket_mb": 25.0}
-DDP_FIRST_BUCKET = 1 * MiB  # torch DDP caps its first bucket at 1 MiB so communication starts early
 
 
 def validate(cfg):
@@ -66,7 +65,8 @@ def run_rank(ctx, cfg):
 
 
 def program(pricer):
-    return bucket_program(pricer, int(pricer.options["bucket_mb"] * MiB), True, first_cap=DDP_FIRST_BUCKET)
+    # torch DDP caps its first bucket at 1 MiB whatever bucket_cap_mb is (larger or smaller)
+    return bucket_program(pricer, int(pricer.options["bucket_mb"] * MiB), int(FIRST_BUCKET_MB * MiB), True)
 
 
 STRATEGY = Strategy("ddp", OPTIONS, validate, run_rank, program)

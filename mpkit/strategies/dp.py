@@ -4,18 +4,19 @@ rank takes the same step as one big device. world_size=1 is allowed: the all-red
 no-ops and this is exactly ``single``.
 
 Options: ``bucket_mb`` (MiB per all-reduce, as DDP's ``bucket_cap_mb``; 0 = one per parameter
-tensor) and ``overlap`` (start each bucket's all-reduce from a backward hook the moment it is
-full, or all after backward).
+tensor), ``first_bucket_mb`` (the first bucket's cap, 1 MiB as in DDP, so the first all-reduce
+starts early) and ``overlap`` (start each bucket's all-reduce from a backward hook the moment it
+is full, or all after backward).
 """
 from __future__ import annotations
 
-from mpkit.parallel.data_parallel import MiB, DataParallel, check_bucket_mb, plan_buckets
+from mpkit.parallel.data_parallel import DataParallel, bucket_caps, check_bucket_mb, plan_buckets
 from mpkit.sim.engine import Compute, Wait
 from mpkit.sim.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible, state_of
 from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
 
-OPTIONS = {"bucket_mb": 25.0, "overlap": False}
+OPTIONS = {"bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": False}
 
 
 def validate_batch(cfg) -> None:
@@ -26,6 +27,7 @@ def validate_batch(cfg) -> None:
 def validate(cfg):
     validate_batch(cfg)
     check_bucket_mb(cfg.option("bucket_mb"))
+    check_bucket_mb(cfg.option("first_bucket_mb"), "first_bucket_mb")
     if not isinstance(cfg.option("overlap"), bool):
         raise ValueError(f"overlap={cfg.option('overlap')!r} must be True (all-reduce buckets during backward) "
                          f"or False (after backward)")
@@ -33,7 +35,8 @@ def validate(cfg):
 
 def run_rank(ctx, cfg):
     model = cfg.model.build(cfg.seed).to(ctx.device)
-    dp = DataParallel(model, bucket_mb=cfg.option("bucket_mb"), overlap=cfg.option("overlap"))
+    dp = DataParallel(model, bucket_mb=cfg.option("bucket_mb"), overlap=cfg.option("overlap"),
+                      first_bucket_mb=cfg.option("first_bucket_mb"))
     opt = make_optimizer(model.parameters(), cfg)
 
     def step(x, y):
@@ -51,7 +54,7 @@ def run_rank(ctx, cfg):
                       extra=extra)
 
 
-def bucket_program(pricer, cap_bytes, overlap, first_cap=None):
+def bucket_program(pricer, cap_bytes, first_cap, overlap):
     """One data-parallel step (dp, ddp): forward, backward (layer by layer when buckets start
     from backward hooks), the buckets of ``plan_buckets`` on the model's real parameters, each
     all-reduced once the backward of the earliest layer it holds is done, then the optimizer."""
@@ -79,7 +82,8 @@ def bucket_program(pricer, cap_bytes, overlap, first_cap=None):
 
 
 def program(pricer):
-    return bucket_program(pricer, int(pricer.options["bucket_mb"] * MiB), pricer.options["overlap"])
+    o = pricer.options
+    return bucket_program(pricer, *bucket_caps(o["bucket_mb"], o["first_bucket_mb"]), o["overlap"])
 
 
 STRATEGY = Strategy("dp", OPTIONS, validate, run_rank, program)

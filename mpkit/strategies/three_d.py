@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from mpkit.parallel.data_parallel import DEFAULT_BUCKET_MB, MiB, DataParallel, plan_buckets
+from mpkit.parallel.data_parallel import DEFAULT_BUCKET_MB, DataParallel, bucket_caps, plan_buckets
 from mpkit.parallel.layout import DIMS, Layout
 from mpkit.parallel.pipeline import check_schedule_args, pipeline, schedule
 from mpkit.parallel.pipeline.schedules import engine_program
@@ -186,7 +186,7 @@ def program(pricer):
                         pricer.collective("all_gather", dp_group, flat, ("params", dp_group), name="params")]
             with torch.device("meta"):
                 params = [torch.empty(sh) for sh in shapes]
-            buckets = plan_buckets(params, int(DEFAULT_BUCKET_MB * MiB))  # DataParallel's default, as the run uses
+            buckets = plan_buckets(params, *bucket_caps(DEFAULT_BUCKET_MB))  # DataParallel's defaults, as the run uses
             out = [pricer.collective("all_reduce", dp_group, sum(t.numel() * 4 for t in b), ("bucket", k, dp_group),
                                      True, f"bucket {k}") for k, b in enumerate(buckets)]
             out += [Wait(("bucket", k, dp_group)) for k in range(len(buckets))]
