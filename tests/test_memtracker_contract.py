@@ -53,3 +53,9 @@ def test_a_run_trains_without_the_tracker(monkeypatch):
     monkeypatch.setattr(memory, "_warned", True)  # the warning itself is tested above
     run = mpkit.train("dp", 2, steps=2)  # forked ranks inherit the patched gate
     assert len(run.losses) == 2 and all(m.peak_total == 0 for m in run.memory)
+
+
+def test_the_snapshot_keys_are_memtrackers_categories():
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    assert {m.value for m in _MemRefType} == set(torch_memtracker.SNAPSHOT_KEYS)

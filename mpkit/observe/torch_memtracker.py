@@ -136,10 +136,9 @@ if PROBLEM is None:
             dev = self._curr_mem_snap.get(self._owner.device)
             if dev is None:
                 return None
-            out = [0] * 5
-            for key, index in SNAPSHOT_KEYS.items():
-                out[index] += dev.get(key, 0)
-            return tuple(out)
+            get = dev.get  # spelled out (SNAPSHOT_KEYS): this runs after every op that changed memory
+            return (get("Parameter", 0) + get("Buffer", 0), get("Gradient", 0), get("Optstate", 0),
+                    get("Activation", 0), get("Temp", 0) + get("Other", 0))
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
