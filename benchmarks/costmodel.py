@@ -10,14 +10,23 @@ and measured ms, abs % error, memory per category predicted vs measured — and 
 Memory compares parameters/gradients/activations with the measured maxima and optimizer with
 the steady state after the last step (see ``mpkit.sim.memory``).
 
-Strategies that are not in this checkout are skipped. Usage: ``python benchmarks/costmodel.py``
-(``--quick`` for a smaller grid, ``--steps K``, ``--runs R``). Takes about a minute on 2 cores.
+Two conditions side by side: the machine as it is, then with ``--load N`` (default 2) busy
+background processes that the benchmark starts itself (each spins until the benchmark is done,
+and stops by itself after ``--load-seconds`` at the latest). Each condition calibrates cpu-sim
+under its own load first (``mpkit.sim.calibrate(refresh=True)``, not cached), then predicts and
+measures the grid; the MAPE of both is printed at the end.
+
+Usage: ``python benchmarks/costmodel.py`` (``--quick`` for a smaller grid, ``--steps K``,
+``--runs R``, ``--load N``, ``--load 0`` for the first condition only). A few minutes on 2 cores.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -61,22 +70,33 @@ def measure(strategy, world, kwargs, steps, runs):
     return step_time, memory
 
 
+@contextlib.contextmanager
+def background_load(processes: int, seconds: float):
+    """``processes`` busy loops on this machine (a bounded load: each ends after ``seconds`` even if
+    the benchmark dies), stopped when the block ends."""
+    spin = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def pct(pred, meas):
     return abs(pred - meas) / meas * 100 if meas else (0.0 if pred == 0 else float("inf"))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--steps", type=int, default=14)
-    parser.add_argument("--runs", type=int, default=3, help="timed runs per configuration, periods pooled")
-    args = parser.parse_args(argv)
-    started = time.time()
-    hw = calibrate()
+def condition(args) -> tuple[float, float]:
+    """Calibrate, predict and measure the grid under the current load; (MAPE step time, MAPE memory)."""
+    hw = calibrate(refresh=True, cache_file=None)
     print(f"cpu-sim: {hw.flops / 1e9:.1f} GFLOP/s, mem {hw.mem_bw / 1e9:.1f} GB/s, op overhead "
           + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in hw.op_overhead.items())
           + f"; p2p alpha {hw.p2p.alpha * 1e6:.1f} us {hw.p2p.bandwidth / 1e9:.2f} GB/s; collective alpha "
-          f"{hw.collective.alpha * 1e6:.1f} us {hw.collective.bandwidth / 1e9:.2f} GB/s; {hw.cores} cores")
+          f"{hw.collective.alpha * 1e6:.1f} us {hw.collective.bandwidth / 1e9:.2f} GB/s; {hw.cores} cores, "
+          f"background {hw.background:.1f} busy processes; load average "
+          + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     time_errors, memory_errors = [], []
     header = f"{'config':46s} {'pred ms':>8s} {'meas ms':>8s} {'err%':>6s}  memory KiB pred/meas (err%) per category"
     print(header)
@@ -84,7 +104,7 @@ def main(argv=None):
     for strategy, world, model_name, kwargs in grid(args.quick):
         options = {k: v for k, v in kwargs.items() if k in ("schedule", "micro_batches")}
         label = f"{strategy} N={world} {model_name} " + " ".join(f"{k}={v}" for k, v in options.items())
-        pred = predict(strategy, world_size=world, **kwargs)
+        pred = predict(strategy, hardware=hw, world_size=world, **kwargs)
         step_time, memory = measure(strategy, world, kwargs, args.steps, args.runs)
         err = pct(pred.step_time, step_time)
         time_errors.append(err)
@@ -98,11 +118,30 @@ def main(argv=None):
             cells.append(f"{c[:5]} {p / 1024:.1f}/{q / 1024:.1f} ({e:.0f})")
         print(f"{label:46s} {pred.step_time * 1e3:8.3f} {step_time * 1e3:8.3f} {err:6.1f}  " + ", ".join(cells),
               flush=True)
-    if time_errors:
-        print(f"\nMAPE step time: {statistics.mean(time_errors):.1f}% over {len(time_errors)} configurations "
-              f"(median {statistics.median(time_errors):.1f}%)")
-        print(f"MAPE memory (parameters, gradients, optimizer, activations; max rank): "
-              f"{statistics.mean(memory_errors):.1f}%")
+    print(f"MAPE step time: {statistics.mean(time_errors):.1f}% over {len(time_errors)} configurations "
+          f"(median {statistics.median(time_errors):.1f}%); MAPE memory (parameters, gradients, optimizer, "
+          f"activations; max rank): {statistics.mean(memory_errors):.1f}%\n")
+    return statistics.mean(time_errors), statistics.mean(memory_errors)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per configuration, periods pooled")
+    parser.add_argument("--load", type=int, default=2, help="busy background processes in the second condition")
+    parser.add_argument("--load-seconds", type=float, default=900.0, help="the background load's time limit")
+    args = parser.parse_args(argv)
+    started = time.time()
+    print("== condition 1: the machine as it is")
+    results = {"as is": condition(args)}
+    if args.load:
+        print(f"== condition 2: with {args.load} busy background processes started by this benchmark")
+        with background_load(args.load, args.load_seconds):
+            results[f"+{args.load} busy"] = condition(args)
+    print("| condition | MAPE step time | MAPE memory |\n|---|---:|---:|")
+    for name, (t, m) in results.items():
+        print(f"| {name} | {t:.1f}% | {m:.1f}% |")
     print(f"took {time.time() - started:.0f} s")
 
 

@@ -314,33 +314,30 @@ def regression_batch(step, size=BATCH):
     return torch.randn(size, 6, generator=g), torch.randint(0, 5, (size,), generator=g)
 
 
-def single_deep():
-    model = deep_net()
+def train_deep(model, steps=3):
+    """AdamW with weight decay on the whole batch of each step; the losses."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     losses = []
-    for step in range(3):
+    for step in range(steps):
         x, y = regression_batch(step)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses, state(model)
+    return losses
+
+
+def single_deep():
+    model = deep_net()
+    return train_deep(model), state(model)
 
 
 def _tp_rank(ctx):
     from mpkit.parallel import full_parameters, tensor_parallel
 
     model = tensor_parallel(deep_net(), {"*.mlp.up": "column", "*.mlp.down": "row"})
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    losses = []
-    for step in range(3):
-        x, y = regression_batch(step)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses = train_deep(model)  # every rank sees the whole batch; only the split layers differ
     kinds = sorted({(e.kind, e.name.split(" ")[0]) for e in ctx.trace.events})
     return losses, full_parameters(model), sum(p.numel() for p in model.parameters()), kinds
 

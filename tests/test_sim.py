@@ -386,7 +386,7 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
     assert all(0 < v < 1e-3 for v in hw.op_overhead.values())
     assert 0 < hw.p2p.alpha < 0.05 and hw.p2p.bandwidth > 1e7
     assert 0 < hw.collective.alpha < 0.05 and hw.collective.bandwidth > 1e6
-    assert 0 < hw.step_overhead < 0.05
+    assert 0 < hw.step_overhead < 0.05 and hw.background >= 0
     assert set(hw.stage_overhead) == {"forward", "backward"} and all(0 <= v < 0.01 for v in hw.stage_overhead.values())
     expected = {f"{kind}/{world}" for kind in ("all_reduce", "reduce_scatter", "all_gather", "p2p") for world in (2, 4)}
     assert set(hw.measured) == expected
@@ -401,3 +401,14 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
     assert again == hw and json.loads(path.read_text())
     pred = predict("dp", hardware=again, world_size=2)
     assert pred.step_time > 0 and pred.breakdown["comm"] > 0
+
+
+def test_compute_stretch_is_processor_sharing_with_the_background():
+    two = Hardware(name="two cores", flops=1e9, mfu=1.0, mem_bw=1e9, cores=2)
+    assert [two.compute_stretch(c) for c in (1, 2, 4)] == [1.0, 1.0, 2.0]  # idle machine: c/cores past 2
+    loaded = Hardware(name="two cores, two spinners", flops=1e9, mfu=1.0, mem_bw=1e9, cores=2, background=2.0)
+    # calibrated at share 2/3 (1 rank + 2 spinners on 2 cores); 2 ranks get 2/4, 4 ranks 2/6
+    assert loaded.compute_stretch(1) == 1.0
+    assert loaded.compute_stretch(2) == pytest.approx(4 / 3)
+    assert loaded.compute_stretch(4) == pytest.approx(2.0)
+    assert Hardware(name="gpu", flops=1e9, mfu=1.0, mem_bw=1e9).compute_stretch(8) == 1.0  # own devices

@@ -11,7 +11,7 @@ import mpkit
 from mpkit.models import ModelConfig, build_model, parameter_count
 from mpkit.parallel.data_parallel import plan_buckets
 from mpkit.strategies.base import state_of
-from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
+from mpkit.strategies.loop import group_mean, local_batch, plain_step, run_steps
 from mpkit.strategies import make_config
 
 # Float32 reduction-order differences only: each rank's mean over b/N samples, summed over ranks
@@ -163,13 +163,8 @@ def _zero_redundancy_rank(ctx, cfg):
     ddp = DistributedDataParallel(model)
     optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=cfg.lr,
                                         foreach=True)
-
-    def step(x, y):
-        loss = forward_backward(ctx, cfg, ddp, x, y)
-        optimizer_step(ctx, optimizer)
-        return loss.item()
-
-    return group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg))), state_of(model)
+    return group_mean(ctx, run_steps(ctx, cfg, plain_step(ctx, cfg, ddp, optimizer), local_batch(ctx, cfg))), \
+        state_of(model)
 
 
 @pytest.mark.timeout(120)

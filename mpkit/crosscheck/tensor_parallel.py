@@ -21,7 +21,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from mpkit.models import Block
 from mpkit.parallel.tensor_parallel import head_split
 from mpkit.strategies.base import RankOutput, make_optimizer
-from mpkit.strategies.loop import forward_backward, full_batch, optimizer_step, run_steps
+from mpkit.strategies.loop import full_batch, plain_step, run_steps
 
 
 def _permute_rows(linear, order):
@@ -51,12 +51,7 @@ def run_rank(ctx, cfg):
               {"params": [p for p in params if not isinstance(p, DTensor)]}]
     opt = make_optimizer(groups, cfg)
 
-    def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, y)
-        optimizer_step(ctx, opt)
-        return loss.item()
-
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
+    losses = run_steps(ctx, cfg, plain_step(ctx, cfg, model, opt), full_batch(ctx, cfg), track=(model, opt))
     full = {}
     for name, p in model.named_parameters():
         value = (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()

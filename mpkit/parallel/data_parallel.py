@@ -103,6 +103,12 @@ def trainable_parameters(module: nn.Module, what: str) -> list[nn.Parameter]:
     return params
 
 
+def require_process_group(what: str) -> None:
+    if not dist.is_initialized():
+        raise RuntimeError(f"{what} needs a process group: run inside mpkit.launch, torchrun, or after "
+                           f"torch.distributed.init_process_group(...)")
+
+
 def group_ranks(group):
     """(this rank in ``group``, the group's size, the global rank of its first member)."""
     return dist.get_rank(group), dist.get_world_size(group), dist.get_global_rank(group or dist.group.WORLD, 0)
@@ -152,9 +158,7 @@ class DataParallel(nn.Module):
         if not isinstance(overlap, bool):
             raise ValueError(f"overlap={overlap!r} must be True (all-reduce buckets during backward) or False "
                              f"(after backward, in finish_gradient_synchronization)")
-        if not dist.is_initialized():
-            raise RuntimeError("DataParallel needs a process group: run inside mpkit.launch, torchrun, or after "
-                               "torch.distributed.init_process_group(...)")
+        require_process_group("DataParallel")
         self.module = module
         self.bucket_mb = check_bucket_mb(bucket_mb)
         self.first_bucket_mb = check_bucket_mb(first_bucket_mb, "first_bucket_mb")

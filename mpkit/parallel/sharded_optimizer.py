@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mpkit.observe import active
-from mpkit.parallel.data_parallel import broadcast_module, flat_views
+from mpkit.parallel.data_parallel import broadcast_module, flat_views, require_process_group
 
 # Optimizers whose update of an element depends on other elements of the same tensor.
 NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor")
@@ -106,9 +106,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{optimizer_cls.__name__} updates a tensor as a whole, so a flat slice of it would "
                              f"change the math; ShardedOptimizer needs an elementwise optimizer "
                              f"(SGD, Adam, AdamW, RMSprop, Adagrad, ...)")
-        if not dist.is_initialized():
-            raise RuntimeError("ShardedOptimizer needs a process group: run inside mpkit.launch, torchrun, or after "
-                               "torch.distributed.init_process_group(...)")
+        require_process_group("ShardedOptimizer")
         self.group = group
         self.average_gradients = bool(average_gradients)
         self.world_size = dist.get_world_size(group)

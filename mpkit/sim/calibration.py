@@ -12,7 +12,10 @@ Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each
   on 2 and 4 ranks measures a hop per world size; all-reduce, reduce-scatter and all-gather
   sweeps on 2 and 4 ranks, each after a short and after a long stretch of compute, are kept as
   tables (``Hardware.measured``, what ``predict`` uses for those sizes); the all-reduce rows fit
-  the ring model 2(N-1)·(alpha + S/N·beta) for other group sizes.
+  the ring model 2(N-1)·(alpha + S/N·beta) for other group sizes;
+- the machine's other work: as many ranks as cores spin at once and each one's share of a core
+  says how many other busy processes the cores are shared with (``Hardware.background``), so
+  ``predict`` stretches compute by processor sharing among ranks *and* that load.
 Results are kept per process and in ``~/.cache/mpkit/cpu-sim.json`` (keyed by host, CPU count,
 torch version and calibration method) so a notebook pays the measurement once.
 """
@@ -58,6 +61,7 @@ _HOP_MESSAGES = 4  # micro-batches per relay
 # a few ms on 4 ranks), one that computed for ~0.1 ms mostly does not. Both are measured and
 # ``Hardware.measured_time`` interpolates by the compute an operation follows.
 _GAPS = {"warm": (8, 4), "cold": (160, 80)}
+_SPIN_SECONDS = 0.6  # long next to the scheduler's time slices, short next to the calibration
 
 
 def _steady(events, kind):
@@ -222,6 +226,8 @@ def _fit(rows) -> Link:
 def measure(max_world: int = 4) -> Hardware:
     """Run the measurement now (about 12 s on 2 cores) and return the calibrated ``cpu-sim`` Hardware."""
     opts = dict(timeout=60, trace=False, memory=False)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    background = background_load(cores, opts)  # before the rest: what every measurement below shares the cores with
     samples = [_phase_samples(kwargs) for kwargs in _CALIBRATION_MODELS]
     flops, mem_bw, overhead = _fit_compute([s for phases, _ in samples for s in phases])
     step_overhead = statistics.median(outside for _, outside in samples)
@@ -237,14 +243,31 @@ def measure(max_world: int = 4) -> Hardware:
             if when == "warm":
                 rows += [(2 * (world - 1), 2 * (world - 1) / world * size, t) for size, t in tables["all_reduce"]["rows"]]
     collective = _fit(rows)  # ring all-reduce alpha/beta: for group sizes without a table
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     hw = Hardware(
         name="cpu-sim", flops=flops, mfu=1.0, mem_bw=mem_bw, op_overhead=overhead, p2p=p2p,
-        collective=collective, devices_per_node=1 << 20, cores=cores, precision="fp32", allreduce="ring",
+        collective=collective, devices_per_node=1 << 20, cores=cores, background=background,
+        precision="fp32", allreduce="ring",
         measured=measured, step_overhead=step_overhead,
         source=f"measured on {socket.gethostname()} ({cores} cores, torch {torch.__version__}) "
                f"by mpkit.sim.calibrate at {time.strftime('%Y-%m-%d %H:%M')}")
     return replace(hw, stage_overhead=_stage_overhead(hw))
+
+
+def _spin_share(ctx, seconds):
+    """Share of one core this rank got while spinning for ``seconds`` (CPU time / wall time)."""
+    ctx.comm.barrier()
+    wall, cpu = time.perf_counter(), time.process_time()
+    while time.perf_counter() - wall < seconds:
+        pass
+    return (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+
+def background_load(cores: int, opts) -> float:
+    """How many other busy processes share this machine's cores now: ``cores`` ranks spin at once,
+    each gets min(1, cores/(cores + B)) of a core, so B = cores/share - cores (0 on an idle machine)."""
+    shares = launch(_spin_share, world_size=cores, args=(_SPIN_SECONDS,), **opts)
+    share = statistics.median(shares)
+    return max(0.0, cores / share - cores) if share > 0 else 0.0
 
 
 def _stage_overhead(hw: Hardware) -> dict:

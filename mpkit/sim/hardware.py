@@ -42,7 +42,8 @@ class Hardware:
     per-step alpha/beta of ring algorithms); ``inter_node`` for groups that span nodes.
     ``nodes``: how many nodes of ``devices_per_node`` the machine has (None: as many as a job
     asks for); ``inter_node`` is then the per-GPU share of a node's network bandwidth.
-    ``cores``: CPU cores the ranks share (None: every rank has its own device).
+    ``cores``: CPU cores the ranks share (None: every rank has its own device); ``background``:
+    how many other busy processes shared them while the machine was measured (cpu-sim).
     ``step_overhead``: seconds each rank spends per step outside its phases (making the batch,
     ``loss.item()``, the loop itself); measured on cpu-sim, 0 for the GPU presets.
     ``stage_overhead``: seconds the pp executor adds to each micro-batch's forward/backward
@@ -63,6 +64,7 @@ class Hardware:
     devices_per_node: int = 8
     nodes: int | None = None
     cores: int | None = None
+    background: float = 0.0
     memory_bytes: float | None = None
     precision: str = "fp32"
     allreduce: str = "auto"
@@ -126,6 +128,14 @@ class Hardware:
         if self.inter_node is not None and a // self.devices_per_node != b // self.devices_per_node:
             return self.inter_node
         return self.p2p
+
+    def compute_stretch(self, concurrency: float) -> float:
+        """How much slower compute runs when ``concurrency`` ranks compute at once than it ran in
+        the calibration (one rank), on ``cores`` shared with ``background`` other busy processes
+        (processor sharing: each of n runnable processes gets min(1, cores/n) of a core)."""
+        if not self.cores:
+            return 1.0
+        return max(1.0, (concurrency + self.background) / self.cores) / max(1.0, (1 + self.background) / self.cores)
 
     def with_bandwidth(self, gb_per_s: float) -> "Hardware":
         """The same machine with every link's bandwidth set to ``gb_per_s`` GB/s (what-if slider)."""

@@ -7,9 +7,9 @@ as per-rank instruction lists (``programs``), priced from the real model's op co
 
 Shared CPU cores: on ``cpu-sim`` N ranks may share fewer cores. We first simulate without
 contention, measure how many ranks a second of compute shares the machine with on average
-(``compute_concurrency``), and stretch compute by that number over the core count when it is
-larger (processor sharing): four data-parallel ranks that compute together on two cores run at
-half speed, even though they all wait in the all-reduce afterwards.
+(``compute_concurrency``), and stretch compute by processor sharing (``Hardware.compute_stretch``):
+four data-parallel ranks that compute together on two cores run at half speed, even though they
+all wait in the all-reduce afterwards; other busy processes the calibration saw share the cores too.
 """
 from __future__ import annotations
 
@@ -157,9 +157,8 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
     trace = simulate(_programs(plan, build))
     slowdown = 1.0
     if hw.cores:
-        concurrency = compute_concurrency(trace)
-        if concurrency > hw.cores:
-            slowdown = concurrency / hw.cores
+        slowdown = hw.compute_stretch(compute_concurrency(trace))
+        if slowdown > 1.0:
             plan.slowdown = slowdown
             trace = simulate(_programs(plan, build))
     return Prediction(cfg, hw, trace, predict_memory(strategy, plan), slowdown)

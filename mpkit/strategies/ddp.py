@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mpkit.parallel.data_parallel import FIRST_BUCKET_MB, MiB, check_bucket_mb
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
 from mpkit.strategies.dp import bucket_program, validate_batch
-from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
+from mpkit.strategies.loop import group_mean, local_batch, plain_step, run_steps
 
 OPTIONS = {"bucket_mb": 25.0}
 
@@ -52,12 +52,7 @@ def run_rank(ctx, cfg):
     ddp.register_comm_hook(hook_state, traced_allreduce_hook)
     opt = make_optimizer(ddp.parameters(), cfg)
 
-    def step(x, y):
-        loss = forward_backward(ctx, cfg, ddp, x, y)
-        optimizer_step(ctx, opt)
-        return loss.item()
-
-    losses = group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt)))
+    losses = group_mean(ctx, run_steps(ctx, cfg, plain_step(ctx, cfg, ddp, opt), local_batch(ctx, cfg), track=(model, opt)))
     buckets = hook_state.bucket_bytes[cfg.steps - 1]  # after DDP's rebuild at the end of step 0
     extra = {"buckets": len(buckets), "bucket_bytes": buckets, "all_reduce_bytes_per_step": sum(buckets)}
     return RankOutput(losses=losses if ctx.rank == 0 else None, params=state_of(model) if ctx.rank == 0 else {},

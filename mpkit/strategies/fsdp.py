@@ -23,7 +23,7 @@ from mpkit.sim.engine import Compute, Wait
 from mpkit.sim.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
 from mpkit.strategies.dp import validate_batch
-from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
+from mpkit.strategies.loop import group_mean, local_batch, plain_step, run_steps
 
 OPTIONS = {}
 
@@ -90,12 +90,7 @@ def run_rank(ctx, cfg):
     model = shard_model(ctx, cfg, cfg.model.build(cfg.seed).to(ctx.device))
     opt = make_optimizer(model.parameters(), cfg)
 
-    def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, y)
-        optimizer_step(ctx, opt)
-        return loss.item()
-
-    losses = group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt)))
+    losses = group_mean(ctx, run_steps(ctx, cfg, plain_step(ctx, cfg, model, opt), local_batch(ctx, cfg), track=(model, opt)))
     local = {name: p.to_local() for name, p in model.named_parameters()}
     full = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}  # collective
     extra = {"local_numel": sum(t.numel() for t in local.values()),

@@ -68,6 +68,16 @@ def optimizer_step(ctx, optimizer, set_to_none: bool = True) -> None:
         optimizer.zero_grad(set_to_none=set_to_none)
 
 
+def plain_step(ctx, cfg: TrainConfig, model, optimizer):
+    """``step`` for a strategy whose communication lives inside the model (DDP's hooks, FSDP's
+    units, tensor-parallel layers) or that has none (single): forward, backward, optimizer."""
+    def step(x, y):
+        loss = forward_backward(ctx, cfg, model, x, y)
+        optimizer_step(ctx, optimizer)
+        return loss.item()
+    return step
+
+
 def group_mean(ctx, losses, group=None) -> list[float]:
     """The mean over ``group`` of each step's loss (equal shards: the mean of shard means is the
     global mean): one all-reduce for all steps, outside the timed steps."""

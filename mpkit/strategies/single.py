@@ -2,7 +2,7 @@
 strategy is tested against this run."""
 from mpkit.sim.pricing import fwd_bwd, optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
-from mpkit.strategies.loop import forward_backward, full_batch, optimizer_step, run_steps
+from mpkit.strategies.loop import full_batch, plain_step, run_steps
 
 OPTIONS = {}
 
@@ -16,12 +16,7 @@ def run_rank(ctx, cfg):
     model = cfg.model.build(cfg.seed).to(ctx.device)
     opt = make_optimizer(model.parameters(), cfg)
 
-    def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, y)
-        optimizer_step(ctx, opt)
-        return loss.item()
-
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
+    losses = run_steps(ctx, cfg, plain_step(ctx, cfg, model, opt), full_batch(ctx, cfg), track=(model, opt))
     return RankOutput(losses=losses, params=state_of(model))
 
 

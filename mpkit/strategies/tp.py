@@ -22,7 +22,7 @@ from mpkit.parallel.tensor_parallel import Split, full_parameters, head_split, s
 from mpkit.sim.engine import Compute
 from mpkit.sim.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
-from mpkit.strategies.loop import forward_backward, full_batch, optimizer_step, run_steps
+from mpkit.strategies.loop import full_batch, plain_step, run_steps
 
 OPTIONS = {"plan": None}
 
@@ -100,12 +100,7 @@ def run_rank(ctx, cfg):
     model = model.to(ctx.device)
     opt = make_optimizer(model.parameters(), cfg)
 
-    def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, y)
-        optimizer_step(ctx, opt)
-        return loss.item()
-
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
+    losses = run_steps(ctx, cfg, plain_step(ctx, cfg, model, opt), full_batch(ctx, cfg), track=(model, opt))
     return RankOutput(losses=losses, params=full_parameters(model), extra={
         "parameters_per_rank": sum(p.numel() for p in model.parameters()),
         "sharded_layers": list(sharded_layers(model)),
