@@ -77,14 +77,15 @@ def pins(paths) -> dict[str, str]:
     """``{normalised name: exact version}`` of the files' requirements; each must be pinned with ``==``.
 
     A package named twice (the CPU file names torch 2.13.0 and 2.13.0+cpu) must agree on the public
-    version and keeps its most exact pin.
-    Packages behind environment markers (TensorFlow's two spellings) are keyed with their marker.
+    version and keeps its most exact pin. Packages behind environment markers (TensorFlow's two
+    spellings) are keyed with their marker.
     """
     out: dict[str, str] = {}
     for path in paths:
         for req in read_requirements(path)[0]:
-            (spec,) = req.specifier
-            assert spec.operator == "==", f"{path.name}: {req} is not pinned with =="
+            specs = list(req.specifier)
+            assert len(specs) == 1 and specs[0].operator == "==", f"{path.name}: {req} is not pinned with =="
+            spec = specs[0]
             key = canonicalize_name(req.name) + (f"; {req.marker}" if req.marker else "")
             if key in out:
                 assert public(out[key]) == public(spec.version), f"{key} is pinned to {out[key]} and {spec.version}"
