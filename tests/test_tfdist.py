@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,15 +24,15 @@ def test_import_does_not_load_tensorflow():
     assert out.stdout.strip() == "False"
 
 
-def test_install_hint_is_bilingual_and_pinned():
+def test_install_hint_is_bilingual_and_names_the_requirement_file():
     hint = tfdist.install_hint()
-    assert f"pip install {tfdist.TF_PIN}" in hint and "설치" in hint and "Install" in hint
-    assert tfdist.TF_PIN == "tensorflow-cpu==2.21.0"
+    assert "%pip install -r ../requirements-tf.txt" in hint and "설치" in hint and "Run" in hint
+    assert (Path(__file__).resolve().parents[1] / tfdist.TF_REQUIREMENTS).is_file()
 
 
 def test_require_names_the_package(monkeypatch):
     monkeypatch.setattr(tfdist, "available", lambda: False)
-    with pytest.raises(ModuleNotFoundError, match="pip install tensorflow-cpu==2.21.0"):
+    with pytest.raises(ModuleNotFoundError, match="pip install -r ../requirements-tf.txt"):
         tfdist.require()
 
 

@@ -24,7 +24,7 @@ def register(subparsers):
                                  description="Tools for the O/X quiz item bank (quizzes/*.yaml).")
     commands = quiz.add_subparsers(dest="quiz_command", required=True, metavar="COMMAND")
     bank = argparse.ArgumentParser(add_help=False)
-    bank.add_argument("--bank", metavar="DIR", help="item bank folder (default: $MPKIT_QUIZ_DIR or quizzes/)")
+    bank.add_argument("--bank", metavar="DIR", help="item bank folder (default: $MPKIT_QUIZ_DIR, else the bank installed with mpkit)")
 
     p = commands.add_parser("lint", parents=[bank], help="check the item bank; exit 1 on errors")
     p.set_defaults(handler=cmd_lint)

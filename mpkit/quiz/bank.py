@@ -1,10 +1,14 @@
 """Load and validate the O/X item bank (``quizzes/<topic>.yaml`` + ``quizzes/pitfalls.yaml``).
 
+The bank ships inside the package as ``mpkit.quizzes`` (pyproject maps the repository's top-level
+``quizzes/`` folder there), so an installed lab finds it without a source checkout.
+
 Loading and linting share one reader, :func:`read_bank`, so a notebook and ``mpkit quiz lint``
 report the same problems, each pinned to ``file:line`` and item id (line numbers come from the
 YAML node marks). :func:`load_bank` refuses a bank with errors; :mod:`mpkit.quiz.lint` adds the
 quality checks (duplicates, O/X balance) that do not stop a quiz from running.
 """
+import importlib.resources
 import os
 import random
 import re
@@ -13,7 +17,6 @@ from pathlib import Path
 
 import yaml
 
-import mpkit
 from mpkit.i18n import LANGS
 
 TOPICS = ("overview", "data_parallel", "model_parallel", "tensor_parallel",
@@ -128,10 +131,20 @@ class Bank:
 
 
 def resolve_bank_dir(bank_dir=None):
-    """``bank_dir`` argument, else ``$MPKIT_QUIZ_DIR``, else ``<repo>/quizzes``."""
+    """``bank_dir`` argument, else ``$MPKIT_QUIZ_DIR``, else the bank shipped with the package."""
     if bank_dir is None:
-        bank_dir = os.environ.get("MPKIT_QUIZ_DIR") or Path(mpkit.__file__).resolve().parent.parent / "quizzes"
+        bank_dir = os.environ.get("MPKIT_QUIZ_DIR") or shipped_bank_dir()
     return Path(bank_dir)
+
+
+def shipped_bank_dir():
+    """The ``mpkit.quizzes`` package data: in a wheel install ``site-packages/mpkit/quizzes``, in an
+    editable install the checkout's ``quizzes/``. A checkout that is only on ``sys.path`` (never
+    installed) has no ``mpkit.quizzes``; its bank is the ``quizzes/`` folder beside ``mpkit/``."""
+    try:
+        return Path(str(importlib.resources.files("mpkit.quizzes")))  # pip installs unpacked, so a real folder
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "quizzes"
 
 
 def load_bank(bank_dir=None):

@@ -31,7 +31,7 @@ import traceback
 
 from mpkit.plot.staleness import staleness
 
-TF_PIN = "tensorflow-cpu==2.21.0"
+TF_REQUIREMENTS = "requirements-tf.txt"  # at the repository root: tensorflow-cpu, or tensorflow where it has no wheel
 RESULT_MARK = "MPKIT_TFDIST_RESULT "
 QUIET_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "3",      # C++ INFO/WARNING/ERROR lines (incl. gRPC 'Failed to remove function remotely')
@@ -59,9 +59,13 @@ def available() -> bool:
 
 
 def install_hint() -> str:
-    """What to run when TensorFlow is missing, in Korean and English."""
-    return (f"TensorFlow가 설치되어 있지 않습니다. 설치한 뒤 커널을 재시작하세요: pip install {TF_PIN}\n"
-            f"TensorFlow is not installed. Install it, then restart the kernel: pip install {TF_PIN}")
+    """What to run when TensorFlow is missing, in Korean and English (a notebook runs in ``labs/``,
+    one folder below the requirement file)."""
+    notebook, terminal = f"%pip install -r ../{TF_REQUIREMENTS}", f"pip install -r {TF_REQUIREMENTS}"
+    return (f"TensorFlow가 설치되어 있지 않습니다. 노트북 셀에서 {notebook} 를 실행한 뒤 커널을 재시작하세요 "
+            f"(터미널에서는 저장소 폴더에서 {terminal}).\n"
+            f"TensorFlow is not installed. Run {notebook} in a notebook cell, then restart the kernel "
+            f"(from a terminal, in the repository folder: {terminal}).")
 
 
 def require() -> None:
@@ -381,4 +385,4 @@ def _child_main(demo, kwargs_json):
 
 __all__ = ["available", "install_hint", "require", "quiet", "logical_cpus", "replica_values", "replica_devices",
            "tpu_strategy_or_default", "free_ports", "in_process_cluster", "LocalCluster", "ps_train", "ps_demo",
-           "run_isolated", "plot_ps", "PSResult", "TFDistError", "TFDistTimeout", "TF_PIN"]
+           "run_isolated", "plot_ps", "PSResult", "TFDistError", "TFDistTimeout", "TF_REQUIREMENTS"]
