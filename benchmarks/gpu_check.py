@@ -34,6 +34,7 @@ import torch.distributed as dist  # noqa: E402
 
 import mpkit  # noqa: E402
 from mpkit.runtime.devices import cuda_count  # noqa: E402
+from mpkit.cli.tour import strategy_options  # noqa: E402  (the tour's grid for 3d, pp's micro-batches)
 from mpkit.strategies import STRATEGIES, make_config  # noqa: E402
 
 TOLERANCE = 1e-4  # loss/parameter difference from single; float32 reduction order gives ~1e-7
@@ -146,13 +147,14 @@ def check_strategies(plan, check):
             if check.over_budget(what):
                 continue
             try:
-                make_config(strategy, world)
+                options = strategy_options(strategy, world)
+                make_config(strategy, world, **options)
             except ValueError as exc:
                 print(f"| {strategy} | {world} | does not apply: {exc} | | | | |")
                 continue
             start = time.perf_counter()
             try:
-                run = mpkit.train(strategy, world_size=world, backend=plan.backend, timeout=120)
+                run = mpkit.train(strategy, world_size=world, backend=plan.backend, timeout=120, **options)
                 diff = run.compare_to_reference(reference)
             except Exception as exc:  # noqa: BLE001 - one failing strategy must not hide the others
                 print(f"| {strategy} | {world} | FAILED: {' '.join(str(exc).split())[:160]} | | | | |")

@@ -42,7 +42,9 @@ def test_every_strategy_gets_simulated_device_time_and_pp_its_micro_batches():
     settings = tour.tour_settings(4)
     assert settings["layer_ms"] == tour.LAYER_MS > 0
     assert settings["batch_size"] % tour.MICRO_BATCHES == 0
-    assert tour.OPTIONS["pp"]["micro_batches"] == tour.MICRO_BATCHES
+    assert tour.strategy_options("pp", 4)["micro_batches"] == tour.MICRO_BATCHES
+    assert tour.strategy_options("3d", 4) == {"dp": 2, "pp": 2, "tp": 1, "micro_batches": 4}
+    assert tour.strategy_options("3d", 8) == {"dp": 2, "pp": 2, "tp": 2, "micro_batches": 4}
 
 
 def test_table_aligns_wide_characters():
