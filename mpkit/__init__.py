@@ -4,7 +4,7 @@ The public names below are the contract notebooks and tests rely on (see README 
 ARCHITECTURE.md). Everything but the error types loads on first use, so ``import mpkit`` and
 ``from mpkit import quiz`` do not import torch (an nbgrader kernel grading a quiz never needs it).
 """
-from importlib import import_module
+from mpkit.lazy import lazy_getattr
 
 from mpkit.errors import DeviceOutOfMemory, LaunchError, LaunchTimeout
 
@@ -26,11 +26,4 @@ _LAZY = {
 __all__ = ["LaunchError", "LaunchTimeout", "DeviceOutOfMemory", *_LAZY]
 
 
-def __getattr__(name):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'mpkit' has no attribute {name!r}")
-    module_name, attr = _LAZY[name]
-    module = import_module(module_name)
-    value = module if attr is None else getattr(module, attr)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr('mpkit', _LAZY, globals())

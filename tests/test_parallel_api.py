@@ -67,17 +67,22 @@ def state(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def single_run(steps=STEPS):
-    model = make_net()
-    opt = torch.optim.AdamW(param_groups(model), lr=1e-2)
+def plain_loop(model, opt, make_batch, steps):
+    """The single-device loop every parity test compares with; the losses."""
     losses = []
     for step in range(steps):
-        x, y = batch(step)
+        x, y = make_batch(step)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
+    return losses
+
+
+def single_run(steps=STEPS):
+    model = make_net()
+    losses = plain_loop(model, torch.optim.AdamW(param_groups(model), lr=1e-2), batch, steps)
     return losses, state(model)
 
 
@@ -316,16 +321,7 @@ def regression_batch(step, size=BATCH):
 
 def train_deep(model, steps=3):
     """AdamW with weight decay on the whole batch of each step; the losses."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    losses = []
-    for step in range(steps):
-        x, y = regression_batch(step)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
+    return plain_loop(model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1), regression_batch, steps)
 
 
 def single_deep():

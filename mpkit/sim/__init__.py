@@ -10,7 +10,7 @@ the front end (``predict``, ``calibration``, ``analytic``, ``plan``, ``whatif``,
 ``planwidget``), which reads the strategies. Names load on first use, so importing the
 simulator does not import the front end.
 """
-from importlib import import_module
+from mpkit.lazy import lazy_getattr
 
 _LAZY = {
     "formulas": ("mpkit.sim.formulas", None),
@@ -35,11 +35,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'mpkit.sim' has no attribute {name!r}")
-    module_name, attr = _LAZY[name]
-    module = import_module(module_name)
-    value = module if attr is None else getattr(module, attr)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr('mpkit.sim', _LAZY, globals())
