@@ -24,6 +24,7 @@ import mpkit  # noqa: E402
 
 CONFIG = dict(model="mlp", hidden=256, layers=4, batch_size=64, schedule="gpipe", micro_batches=4)
 KINDS = ("forward", "backward", "send", "recv")
+WORLD = 2
 STEPS = 14
 
 
@@ -31,14 +32,14 @@ def probe(runs: int) -> dict:
     """Median step period and {kind: (median ms, ms per step)} over the steady second half of runs."""
     periods, durations = [], {k: [] for k in KINDS}
     for _ in range(runs):
-        run = mpkit.train("pp", world_size=2, steps=STEPS, memory=False, **CONFIG)
+        run = mpkit.train("pp", world_size=WORLD, steps=STEPS, memory=False, **CONFIG)
         periods += run.step_periods()[STEPS // 2:]
         for e in run.trace.events:
             if e.kind in durations and e.step is not None and e.step >= STEPS // 2:
                 durations[e.kind].append(e.duration)
-    steady_steps = runs * (STEPS - STEPS // 2) * 2  # per rank-step
+    rank_steps = runs * (STEPS - STEPS // 2) * WORLD  # events are summed over ranks: per rank and step
     return {"step": statistics.median(periods) * 1e3,
-            **{k: (statistics.median(v) * 1e3, sum(v) / steady_steps * 1e3) for k, v in durations.items()}}
+            **{k: (statistics.median(v) * 1e3, sum(v) / rank_steps * 1e3) for k, v in durations.items()}}
 
 
 def main(argv=None):
@@ -53,7 +54,7 @@ def main(argv=None):
         results[f"+{args.load} busy, fresh"] = probe(args.runs)
         time.sleep(args.age)
         results[f"+{args.load} busy, after {args.age:.0f} s"] = probe(args.runs)
-    print(f"pp 2 ranks {CONFIG}; load average " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+    print(f"pp {WORLD} ranks {CONFIG}; load average " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     print("| condition | step ms | " + " | ".join(f"{k} median / per step ms" for k in KINDS) + " |")
     print("|---|---:|" + "---:|" * len(KINDS))
     for name, r in results.items():
