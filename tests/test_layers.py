@@ -2,6 +2,8 @@
 lower ones, the import graph has no cycle, and imports inside functions are kept for heavy
 optional dependencies (never to dodge a cycle)."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mpkit"
@@ -25,8 +27,9 @@ LAYERS = [
     ("package", ["mpkit"]),
 ]
 # Imports a function may make on first use: heavy and needed by few callers, or not on every
-# platform (``resource`` is POSIX only).
-LAZY_OK = {"tensorflow", "nbformat", "matplotlib", "matplotlib.pyplot", "nbclient", "IPython.display", "resource"}
+# platform (``resource`` is POSIX only). ``mpkit.plot`` stands for matplotlib in the command line.
+LAZY_OK = {"tensorflow", "nbformat", "matplotlib", "matplotlib.pyplot", "nbclient", "IPython.display", "resource",
+           "mpkit.plot"}
 
 
 def module_name(path: Path) -> str:
@@ -109,3 +112,11 @@ def test_function_local_imports_are_only_heavy_optional_dependencies():
     local = sorted({f"{name}: {dep}" for name, deps in GRAPH.items() for dep, inside in deps
                     if inside and dep not in LAZY_OK and not dep.startswith("tensorflow")})
     assert local == []
+
+
+def test_the_command_line_loads_matplotlib_only_to_draw():
+    probe = ("import sys\nfrom mpkit.cli import build_parser\nbuild_parser().parse_args(['quiz', 'lint'])\n"
+             "print(sorted(m for m in ('matplotlib', 'mpkit.plot') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=PACKAGE.parent, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

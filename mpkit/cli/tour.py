@@ -19,7 +19,6 @@ import time
 import unicodedata
 from pathlib import Path
 
-from mpkit import plot
 from mpkit.errors import LaunchError
 from mpkit.i18n import LANGS, t
 from mpkit.strategies import STRATEGIES
@@ -129,7 +128,10 @@ def table(header, rows) -> str:
 
 
 def save_plots(runs, out: Path, lang: str = "en") -> list[str]:
-    """A timeline per strategy and one memory chart of all."""
+    """A timeline per strategy and one memory chart of all (matplotlib is imported here, on first
+    use, so ``mpkit quiz ...`` and ``--no-plots`` never load it)."""
+    from mpkit import plot
+
     saved = []
     for name, run in runs.items():
         fig = plot.timeline(run, lang=lang)

@@ -19,8 +19,10 @@ traffic. Flat equal slices (not whole tensors balanced greedily, as torch's
 step counter. Elementwise optimizers do the same math on a slice as on whole tensors; optimizers
 that look at a whole tensor at once (Adafactor's factored moments, LBFGS) do not, and are refused.
 
-Frozen parameters are never sharded or touched. A parameter with no gradient in a step keeps its
-value and optimizer state, as the optimizer would skip it on one device. (The slice has one step
+Frozen parameters are never sharded or touched. With ``average_gradients=False`` a parameter with
+no gradient in a step keeps its value and optimizer state, as the optimizer would skip it on one
+device; with ``average_gradients=True`` the reduce-scatter needs every trainable parameter's
+gradient, so a missing one is a ``RuntimeError`` that names it and says what to use. (The slice has one step
 counter: a parameter that gets gradients only in *some* steps sees Adam's bias correction of the
 slice's count, not its own; a warning says so when that happens.)
 """
