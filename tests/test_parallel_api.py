@@ -446,6 +446,29 @@ def test_bad_input_is_a_clear_error(case, message):
         assert message in reply, reply
 
 
+def _unused_branch_rank(ctx):
+    model = make_net()
+    opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, average_gradients=True, lr=1e-2)
+    opt.name_parameters(model)
+    x, y = batch(0)
+    F.cross_entropy(model(shard(x, ctx.rank, 2)), shard(y, ctx.rank, 2)).backward()
+    try:
+        opt.step()
+    except RuntimeError as exc:
+        return str(exc)
+    return "accepted"
+
+
+@pytest.mark.timeout(60)
+def test_sharded_optimizer_averaging_itself_names_a_parameter_without_gradient():
+    # average_gradients=True reduce-scatters every trainable gradient: Net's unused branch has none
+    # (its .grad is only the flat buffer's view, which no backward reached), which must be an error
+    # naming it, not a silent AdamW step on a zero gradient that one device would have skipped
+    for reply in mpkit.launch(_unused_branch_rank, 2, timeout=50):
+        assert reply.startswith("parameter(s) 'unused.weight', 'unused.bias' have no gradient this step"), reply
+        assert "find_unused_parameters=True" in reply
+
+
 def test_needs_a_process_group():
     with pytest.raises(RuntimeError, match="needs a process group"):
         DataParallel(nn.Linear(2, 2))

@@ -67,10 +67,16 @@ class _GroupShard:
             self.offsets.append(offset)
             offset += p.numel()
         self.grads = self.grad_views = None
+        self.unreached = set()
         if average_gradients:  # the reduce-scatter's input: the model's .grad are views of it
             self.grads, self.grad_views = flat_views((p.detach() for p in params), padded)
             for p, view in zip(params, self.grad_views):
                 p.grad = view
+            # A view set here is not a gradient yet (on one device p.grad is None until a backward
+            # reaches p): until autograd accumulates into it, the parameter counts as having none.
+            self.unreached = set(range(len(params)))
+            for index, p in enumerate(params):
+                p.register_post_accumulate_grad_hook(lambda _, index=index: self.unreached.discard(index))
         # This rank's slice as the inner optimizer's only parameter: a view, so it updates the model.
         self.shard = nn.Parameter(self.flat[self.lo:self.hi])
         self.shard.grad = self.flat.new_zeros(self.shard_numel)
@@ -174,8 +180,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if shard is None:
                 continue
             missing = []
-            for p, name, view in zip(shard.params, shard.names, shard.grad_views):
-                if p.grad is None:
+            for index, (p, name, view) in enumerate(zip(shard.params, shard.names, shard.grad_views)):
+                if p.grad is None or (p.grad is view and index in shard.unreached):
                     missing.append(name)
                 elif p.grad is not view:  # after zero_grad(set_to_none=True): a fresh tensor
                     view.copy_(p.grad)
