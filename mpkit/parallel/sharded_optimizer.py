@@ -74,9 +74,9 @@ class _GroupShard:
                 p.grad = view
             # A view set here is not a gradient yet (on one device p.grad is None until a backward
             # reaches p): until autograd accumulates into it, the parameter counts as having none.
-            self.unreached = set(range(len(params)))
+            self.unreached = unreached = set(range(len(params)))  # the hooks hold this set, not the shard
             for index, p in enumerate(params):
-                p.register_post_accumulate_grad_hook(lambda _, index=index: self.unreached.discard(index))
+                p.register_post_accumulate_grad_hook(lambda _, index=index: unreached.discard(index))
         # This rank's slice as the inner optimizer's only parameter: a view, so it updates the model.
         self.shard = nn.Parameter(self.flat[self.lo:self.hi])
         self.shard.grad = self.flat.new_zeros(self.shard_numel)
