@@ -2,8 +2,8 @@
 
 (a) ``mpkit.parallel.DataParallel`` (the ``dp`` strategy: bucketed, overlapped) against torch
     ``DistributedDataParallel`` with the same bucket size, on the same model and data; (b) ``dp`` with overlap on against off, on a model
-    cut into many buckets. Runs of the compared variants alternate, so machine noise hits both
-    alike; a run's step time is the median of its steps after the first (warm-up, and DDP's
+    cut into many buckets. Runs of the compared variants take turns (``benchmarks/turns.py``), so
+    machine noise hits both alike; a run's step time is the median of its steps after the first (warm-up, and DDP's
     bucket rebuild), the reported time the median over runs. Memory tracking is off (its
     per-op dispatch would dominate); the trace is on, it is what ``Run.step_times`` reads.
 
@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from functools import partial
 
 import mpkit
+from turns import medians_taking_turns  # benchmarks/turns.py
 
 WORLD = 4
 MODEL = dict(model="gpt", hidden=128, layers=4, seq_len=32, batch_size=32)
@@ -29,12 +31,9 @@ def step_time(strategy, steps, **options) -> float:
 
 
 def compare(variants: dict[str, dict], runs: int, steps: int) -> dict[str, float]:
-    """{label: median step time} over ``runs`` alternating runs of each variant."""
-    times = {label: [] for label in variants}
-    for _ in range(runs):
-        for label, (strategy, options) in variants.items():
-            times[label].append(step_time(strategy, steps, **options))
-    return {label: statistics.median(ts) for label, ts in times.items()}
+    """{label: median step time} over ``runs`` runs of each variant, taking turns."""
+    return medians_taking_turns({label: partial(step_time, strategy, steps, **options)
+                                 for label, (strategy, options) in variants.items()}, runs)
 
 
 def rows(runs: int = 5, steps: int = 6) -> list[dict]:

@@ -28,12 +28,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/turns.py, also when loaded by path
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import mpkit  # noqa: E402
 from mpkit.runtime.devices import cuda_count  # noqa: E402
+from turns import medians_taking_turns  # noqa: E402
 from mpkit.cli.tour import strategy_options  # noqa: E402  (the tour's grid for 3d, pp's micro-batches)
 from mpkit.strategies import STRATEGIES, make_config  # noqa: E402
 
@@ -54,7 +56,7 @@ class Plan:
             self.worlds = [1, 2]
         self.sizes = [2**20, 2**23] if rehearsal else [2**20, 2**26, 2**30]
         self.reps = 3 if rehearsal else 20
-        self.rounds = 5  # raw and ctx.comm all-reduce take turns this many times (see _side_by_side)
+        self.rounds = 5  # raw and ctx.comm all-reduce take turns this many times (see benchmarks/turns.py)
 
 
 def _sync(device):
@@ -75,18 +77,6 @@ def _seconds(fn, device, reps) -> float:
     return (time.perf_counter() - start) / reps
 
 
-def _side_by_side(fns, device, reps, rounds) -> list[float]:
-    """Median over ``rounds`` of each function's ``_seconds``, the functions taking turns (and
-    turning the order around every round), so a busy machine slows them alike: their ratio is
-    the cost of what differs between them, not of when each happened to run."""
-    times = [[] for _ in fns]
-    for r in range(rounds):
-        order = list(range(len(fns)))[:: 1 if r % 2 == 0 else -1]
-        for i in order:
-            times[i].append(_seconds(fns[i], device, reps))
-    return [statistics.median(t) for t in times]
-
-
 def _identity(ctx):
     t = torch.full((4,), float(ctx.rank + 1), device=ctx.device)
     dist.all_reduce(t)
@@ -102,10 +92,11 @@ def _bandwidth(ctx, sizes, reps, rounds):
         dst = torch.empty_like(src)
         copy = _seconds(lambda: dst.copy_(src), ctx.device, reps)
         before = len(ctx.trace.events)
-        raw, traced = _side_by_side([lambda: dist.all_reduce(src), lambda: ctx.comm.all_reduce(src)],
-                                    ctx.device, reps, rounds)
+        times = medians_taking_turns({"raw": lambda: _seconds(lambda: dist.all_reduce(src), ctx.device, reps),
+                                      "comm": lambda: _seconds(lambda: ctx.comm.all_reduce(src), ctx.device, reps)},
+                                     rounds)
         events = [e for e in ctx.trace.events[before:] if e.kind == "all_reduce"][2:]  # after the first warm-ups
-        rows.append({"bytes": size, "copy": copy, "raw": raw, "comm": traced,
+        rows.append({"bytes": size, "copy": copy, "raw": times["raw"], "comm": times["comm"],
                      "trace": statistics.mean(e.end - e.start for e in events)})
         del src, dst
     host = {}

@@ -1,7 +1,7 @@
 """Pipeline parallel on 4 simulated (CPU/gloo) ranks.
 
 (a) ``mpkit.parallel.pipeline`` (the ``pp`` strategy) 1F1B against ``torch.distributed.pipelining``'s
-    ``Schedule1F1B`` on the same model, split and micro-batches; runs alternate so machine noise hits both alike; a
+    ``Schedule1F1B`` on the same model, split and micro-batches; runs take turns (``benchmarks/turns.py``) so machine noise hits both alike; a
     run's step time is the median of its steps after the first, the reported time the median
     over runs. Memory tracking off, trace on (``step_times`` reads it).
 (b) the measured bubble against (p-1)/(m+p-1) for m = 1..16 on balanced stages (an mlp of 8
@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from functools import partial
 
 import mpkit
 from mpkit.models import ModelConfig, describe
 from mpkit.crosscheck import pipelining as torch_pipelining
 from mpkit.strategies import make_config
+from turns import medians_taking_turns  # benchmarks/turns.py
 
 WORLD = 4
 VERSUS_TORCH = dict(model="gpt", hidden=128, layers=4, seq_len=32, batch_size=32, micro_batches=8)
@@ -51,11 +53,9 @@ def torch_1f1b(steps, **kwargs) -> float:
 
 
 def versus_torch(runs, steps) -> dict:
-    times = {"ours": [], "torch": []}
-    for _ in range(runs):
-        times["ours"].append(ours(steps, **VERSUS_TORCH))
-        times["torch"].append(torch_1f1b(steps, **VERSUS_TORCH))
-    a, b = (statistics.median(times[k]) for k in ("ours", "torch"))
+    times = medians_taking_turns({"ours": partial(ours, steps, **VERSUS_TORCH),
+                                  "torch": partial(torch_1f1b, steps, **VERSUS_TORCH)}, runs)
+    a, b = times["ours"], times["torch"]
     return {"benchmark": f"pp 1f1b vs torch Schedule1F1B, m={VERSUS_TORCH['micro_batches']}",
             "ours_ms": a * 1e3, "baseline_ms": b * 1e3, "ratio": a / b, "target": "<= 1.05"}
 
