@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = '''
-import json, os
+import json, os, sys
 import torch
 import mpkit
 
@@ -41,8 +41,12 @@ if one_host is not None:
               "t0": min(e.start for e in one_host.trace.events),
               "offsets": [one_host.clock_offsets, two_hosts.clock_offsets],
               "params": [m.rank for m in one_host.memory]}
-print("MPKIT " + json.dumps({"rank": int(os.environ["RANK"]), "report": report,
-                             "others_none": two_hosts is None, "wrong": wrong, "nested": nested}), flush=True)
+# One write per line: both ranks share torchrun's stdout, and under PYTHONUNBUFFERED (as CI runners set it)
+# print() writes the text and its newline separately, so two ranks' lines can interleave.
+line = "MPKIT " + json.dumps({"rank": int(os.environ["RANK"]), "report": report,
+                             "others_none": two_hosts is None, "wrong": wrong, "nested": nested})
+sys.stdout.write(line + "\\n")
+sys.stdout.flush()
 '''
 
 
