@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launch import machine_info  # noqa: E402  (also puts the checkout on sys.path)
+from machine import machine_info  # noqa: E402  (benchmarks/machine.py; also puts the checkout on sys.path)
 
 import mpkit  # noqa: E402
 

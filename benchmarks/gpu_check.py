@@ -35,6 +35,7 @@ import torch.distributed as dist  # noqa: E402
 
 import mpkit  # noqa: E402
 from mpkit.runtime.devices import cuda_count  # noqa: E402
+from machine import load  # noqa: E402
 from turns import medians_taking_turns  # noqa: E402
 from mpkit.cli.tour import strategy_options  # noqa: E402  (the tour's grid for 3d, pp's micro-batches)
 from mpkit.strategies import STRATEGIES, make_config  # noqa: E402
@@ -224,7 +225,7 @@ def main(argv=None) -> int:
     print(f"# mpkit gpu_check{' (CPU rehearsal, gloo)' if opts.cpu_rehearsal else ''}\n{mpkit.devices()}; "
           f"torch {torch.__version__} (CUDA {torch.version.cuda}), Python {platform.python_version()}, "
           f"{os.cpu_count()} CPU cores; {datetime.datetime.now():%Y-%m-%d %H:%M}; "
-          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+          f"{load()}")
     check = Check(opts.budget)
     for step in (check_world_one, check_strategies, check_bandwidth):
         try:

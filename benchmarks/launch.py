@@ -8,40 +8,17 @@ from scratch, which is what a notebook pays per cell without fork.
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import socket
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+from machine import load, machine_info  # benchmarks/machine.py (also puts the checkout on sys.path)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing  # noqa: E402
 
 import mpkit  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
-
-
-def machine_info() -> str:
-    return (f"machine: {os.cpu_count()} cores, {cpu_model()}; torch {torch.__version__}, "
-            f"Python {platform.python_version()}; {datetime.datetime.now():%Y-%m-%d %H:%M}; {load()}")
-
-
-def load() -> str:
-    """Load average: on a shared machine, numbers taken under load are not comparable."""
-    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def _reduce_once(ctx):

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launch import load, machine_info  # noqa: E402  (also puts the checkout on sys.path)
+from machine import load, machine_info  # noqa: E402  (benchmarks/machine.py; also puts the checkout on sys.path)
 
 import torch  # noqa: E402
 

@@ -27,7 +27,9 @@ import time
 from dataclasses import dataclass, field, replace
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
 
+from machine import load  # noqa: E402
 from mpkit.sim import formulas  # noqa: E402
 from mpkit.sim.analytic import MODELS, Transformer  # noqa: E402
 from mpkit.sim.hardware import MATMUL_BEST, MATMUL_SUSTAINED  # noqa: E402
@@ -196,9 +198,8 @@ def main():
         print("MATMUL_SUSTAINED =", calibrate())
         return
     start = time.time()
-    load = open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
     print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, "
-          f"load average {load}; matmul efficiency {MATMUL_SUSTAINED} (sustained, calibrated) vs "
+          f"{load()}; matmul efficiency {MATMUL_SUSTAINED} (sustained, calibrated) vs "
           f"{ {k: round(v, 3) for k, v in MATMUL_BEST.items()} } (best-case MAMF)")
     print("| source | run | GPUs | layout (dp x pp x tp), micro-batches, recompute | metric | published | "
           "predicted | error | error at MAMF | plan's choice | published family | plan's family |")

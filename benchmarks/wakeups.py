@@ -11,7 +11,6 @@ or the waits in send/recv (what a rank pays when it wakes behind a busy loop).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from costmodel import background_load  # noqa: E402
+from machine import load  # noqa: E402
 
 import mpkit  # noqa: E402
 
@@ -54,7 +54,7 @@ def main(argv=None):
         results[f"+{args.load} busy, fresh"] = probe(args.runs)
         time.sleep(args.age)
         results[f"+{args.load} busy, after {args.age:.0f} s"] = probe(args.runs)
-    print(f"pp {WORLD} ranks {CONFIG}; load average " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+    print(f"pp {WORLD} ranks {CONFIG}; {load()}")
     print("| condition | step ms | " + " | ".join(f"{k} median / per step ms" for k in KINDS) + " |")
     print("|---|---:|" + "---:|" * len(KINDS))
     for name, r in results.items():
