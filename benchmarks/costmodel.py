@@ -6,13 +6,14 @@ over the second half of K steps, pooled over ``--runs`` runs, since the first st
 warming up (allocator, gloo buffers: step times fall for ~5 steps here); timed with the memory
 tracker off, since its per-op bookkeeping is not part of what we model, then a short tracked
 run for memory). Prints each row — predicted
-and measured ms, abs % error, memory per category predicted vs measured — and the MAPE.
+and measured ms, abs % error, how far the first half of the runs and the second disagree (the
+measurement's own reproducibility), memory per category predicted vs measured — and the MAPE.
 Memory compares parameters/gradients/activations with the measured maxima and optimizer with
 the steady state after the last step (see ``mpkit.sim.memory``).
 
 Two conditions side by side: the machine as it is, then with ``--load N`` (default 2) busy
-background processes that the benchmark starts itself (each spins until the benchmark is done,
-and stops by itself after ``--load-seconds`` at the latest). Each condition calibrates cpu-sim
+background processes that the benchmark starts itself, each pinned to one core (each spins until
+the benchmark is done, and stops by itself after ``--load-seconds`` at the latest). Each condition calibrates cpu-sim
 under its own load first (``mpkit.sim.calibrate(refresh=True)``, not cached), then predicts and
 measures the grid; the MAPE of both is printed at the end.
 
@@ -31,6 +32,7 @@ import sys
 import time
 
 import mpkit
+from machine import load  # benchmarks/machine.py
 from mpkit.observe.memory import CATEGORIES
 from mpkit.sim import predict
 from mpkit.sim.calibration import calibrate
@@ -60,22 +62,34 @@ def grid(quick: bool):
 
 
 def measure(strategy, world, kwargs, steps, runs):
-    steady = []
-    for _ in range(runs):  # step times vary by +-30 % from run to run here: pool several runs
+    """(steady step time, the two halves' disagreement in %, memory per rank). ``runs`` timed runs,
+    periods pooled: step times vary by +-30 % from run to run here. The median of the first half of
+    the runs against that of the second says how far the measurement itself reproduces: an error
+    below that cannot be told from noise."""
+    per_run = []
+    for _ in range(runs):
         periods = mpkit.train(strategy, world_size=world, steps=steps, memory=False, **kwargs).step_periods()
-        steady += periods[len(periods) // 2:]
-    step_time = statistics.median(steady)
+        per_run.append(periods[len(periods) // 2:])
+    step_time = statistics.median(p for run in per_run for p in run)
+    half = max(len(per_run) // 2, 1)
+    first, second = ([p for run in part for p in run] for part in (per_run[:half], per_run[half:] or per_run[:half]))
+    spread = abs(statistics.median(first) - statistics.median(second)) / step_time * 100
     tracked = mpkit.train(strategy, world_size=world, steps=2, **kwargs)
     memory = [{c: getattr(m, MEMORY_KIND.get(c, "max_by_category"))[c] for c in CATEGORIES} for m in tracked.memory]
-    return step_time, memory
+    return step_time, spread, memory
 
 
 @contextlib.contextmanager
 def background_load(processes: int, seconds: float):
     """``processes`` busy loops on this machine (a bounded load: each ends after ``seconds`` even if
-    the benchmark dies), stopped when the block ends."""
-    spin = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
-    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(processes)]
+    the benchmark dies), stopped when the block ends. Loop k is pinned to core k mod cores where
+    the OS allows it: free to migrate, two loops on two cores sometimes shared one core and left
+    the other to the ranks (a 2-rank pp step measured 7.9-20.2 ms over 90 s; pinned 11.2-16.3)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    spin = (f"import os, sys, time\nif len(sys.argv) > 1:\n    os.sched_setaffinity(0, {{int(sys.argv[1])}})\n"
+            f"end = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n")
+    procs = [subprocess.Popen([sys.executable, "-c", spin, *([str(cores[k % len(cores)])] if cores else [])])
+             for k in range(processes)]
     try:
         yield
     finally:
@@ -88,26 +102,28 @@ def pct(pred, meas):
     return abs(pred - meas) / meas * 100 if meas else (0.0 if pred == 0 else float("inf"))
 
 
-def condition(args) -> tuple[float, float]:
-    """Calibrate, predict and measure the grid under the current load; (MAPE step time, MAPE memory)."""
+def condition(args) -> tuple[float, float, float]:
+    """Calibrate, predict and measure the grid under the current load; (MAPE step time, MAPE memory,
+    mean disagreement of the measurement's two halves)."""
     hw = calibrate(refresh=True, cache_file=None)
     print(f"cpu-sim: {hw.flops / 1e9:.1f} GFLOP/s, mem {hw.mem_bw / 1e9:.1f} GB/s, op overhead "
           + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in hw.op_overhead.items())
           + f"; p2p alpha {hw.p2p.alpha * 1e6:.1f} us {hw.p2p.bandwidth / 1e9:.2f} GB/s; collective alpha "
           f"{hw.collective.alpha * 1e6:.1f} us {hw.collective.bandwidth / 1e9:.2f} GB/s; {hw.cores} cores, "
-          f"background {hw.background:.1f} busy processes; load average "
-          + " ".join(f"{x:.1f}" for x in os.getloadavg()))
-    time_errors, memory_errors = [], []
-    header = f"{'config':46s} {'pred ms':>8s} {'meas ms':>8s} {'err%':>6s}  memory KiB pred/meas (err%) per category"
+          f"background {hw.background:.1f} busy processes; {load()}")
+    time_errors, memory_errors, spreads = [], [], []
+    header = (f"{'config':46s} {'pred ms':>8s} {'meas ms':>8s} {'err%':>6s} {'halves%':>7s}  "
+              "memory KiB pred/meas (err%) per category")
     print(header)
     print("-" * len(header))
     for strategy, world, model_name, kwargs in grid(args.quick):
         options = {k: v for k, v in kwargs.items() if k in ("schedule", "micro_batches")}
         label = f"{strategy} N={world} {model_name} " + " ".join(f"{k}={v}" for k, v in options.items())
         pred = predict(strategy, hardware=hw, world_size=world, **kwargs)
-        step_time, memory = measure(strategy, world, kwargs, args.steps, args.runs)
+        step_time, spread, memory = measure(strategy, world, kwargs, args.steps, args.runs)
         err = pct(pred.step_time, step_time)
         time_errors.append(err)
+        spreads.append(spread)
         cells = []
         for c in CATEGORIES:
             p = max(m[c] for m in pred.memory)
@@ -116,19 +132,21 @@ def condition(args) -> tuple[float, float]:
             if c != "other":
                 memory_errors.append(e)
             cells.append(f"{c[:5]} {p / 1024:.1f}/{q / 1024:.1f} ({e:.0f})")
-        print(f"{label:46s} {pred.step_time * 1e3:8.3f} {step_time * 1e3:8.3f} {err:6.1f}  " + ", ".join(cells),
+        print(f"{label:46s} {pred.step_time * 1e3:8.3f} {step_time * 1e3:8.3f} {err:6.1f} {spread:7.1f}  "
+              + ", ".join(cells),
               flush=True)
     print(f"MAPE step time: {statistics.mean(time_errors):.1f}% over {len(time_errors)} configurations "
-          f"(median {statistics.median(time_errors):.1f}%); MAPE memory (parameters, gradients, optimizer, "
+          f"(median {statistics.median(time_errors):.1f}%); the measurement's two halves disagree by "
+          f"{statistics.mean(spreads):.1f}% on average; MAPE memory (parameters, gradients, optimizer, "
           f"activations; max rank): {statistics.mean(memory_errors):.1f}%\n")
-    return statistics.mean(time_errors), statistics.mean(memory_errors)
+    return statistics.mean(time_errors), statistics.mean(memory_errors), statistics.mean(spreads)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=14)
-    parser.add_argument("--runs", type=int, default=3, help="timed runs per configuration, periods pooled")
+    parser.add_argument("--runs", type=int, default=4, help="timed runs per configuration, periods pooled")
     parser.add_argument("--load", type=int, default=2, help="busy background processes in the second condition")
     parser.add_argument("--load-seconds", type=float, default=900.0, help="the background load's time limit")
     args = parser.parse_args(argv)
@@ -139,9 +157,9 @@ def main(argv=None):
         print(f"== condition 2: with {args.load} busy background processes started by this benchmark")
         with background_load(args.load, args.load_seconds):
             results[f"+{args.load} busy"] = condition(args)
-    print("| condition | MAPE step time | MAPE memory |\n|---|---:|---:|")
-    for name, (t, m) in results.items():
-        print(f"| {name} | {t:.1f}% | {m:.1f}% |")
+    print("| condition | MAPE step time | measurement's halves disagree | MAPE memory |\n|---|---:|---:|---:|")
+    for name, (t, m, spread) in results.items():
+        print(f"| {name} | {t:.1f}% | {spread:.1f}% | {m:.1f}% |")
     print(f"took {time.time() - started:.0f} s")
 
 
