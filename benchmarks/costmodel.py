@@ -70,10 +70,11 @@ def measure(strategy, world, kwargs, steps, runs):
     for _ in range(runs):
         periods = mpkit.train(strategy, world_size=world, steps=steps, memory=False, **kwargs).step_periods()
         per_run.append(periods[len(periods) // 2:])
-    step_time = statistics.median(p for run in per_run for p in run)
-    half = max(len(per_run) // 2, 1)
-    first, second = ([p for run in part for p in run] for part in (per_run[:half], per_run[half:] or per_run[:half]))
-    spread = abs(statistics.median(first) - statistics.median(second)) / step_time * 100
+    def pooled(runs_):
+        return statistics.median(p for run in runs_ for p in run)
+
+    step_time, half = pooled(per_run), len(per_run) // 2
+    spread = abs(pooled(per_run[:half]) - pooled(per_run[half:])) / step_time * 100 if half else 0.0
     tracked = mpkit.train(strategy, world_size=world, steps=2, **kwargs)
     memory = [{c: getattr(m, MEMORY_KIND.get(c, "max_by_category"))[c] for c in CATEGORIES} for m in tracked.memory]
     return step_time, spread, memory
