@@ -99,6 +99,18 @@ def background_load(processes: int, seconds: float):
             proc.wait()
 
 
+def both_conditions(condition, args) -> dict:
+    """{"as is": condition(args), "+N busy": condition(args) under ``args.load`` pinned busy loops
+    (bounded by ``args.load_seconds``)}; the second only where ``args.load``."""
+    print("== condition 1: the machine as it is")
+    results = {"as is": condition(args)}
+    if args.load:
+        print(f"== condition 2: with {args.load} busy background processes started by this benchmark")
+        with background_load(args.load, args.load_seconds):
+            results[f"+{args.load} busy"] = condition(args)
+    return results
+
+
 def pct(pred, meas):
     return abs(pred - meas) / meas * 100 if meas else (0.0 if pred == 0 else float("inf"))
 
@@ -152,12 +164,7 @@ def main(argv=None):
     parser.add_argument("--load-seconds", type=float, default=900.0, help="the background load's time limit")
     args = parser.parse_args(argv)
     started = time.time()
-    print("== condition 1: the machine as it is")
-    results = {"as is": condition(args)}
-    if args.load:
-        print(f"== condition 2: with {args.load} busy background processes started by this benchmark")
-        with background_load(args.load, args.load_seconds):
-            results[f"+{args.load} busy"] = condition(args)
+    results = both_conditions(condition, args)
     print("| condition | MAPE step time | measurement's halves disagree | MAPE memory |\n|---|---:|---:|---:|")
     for name, (t, m, spread) in results.items():
         print(f"| {name} | {t:.1f}% | {spread:.1f}% | {m:.1f}% |")

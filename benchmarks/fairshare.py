@@ -25,7 +25,7 @@ import argparse
 import statistics
 import time
 
-from costmodel import background_load, grid, pct  # benchmarks/costmodel.py
+from costmodel import both_conditions, grid, pct  # benchmarks/costmodel.py
 from machine import load  # benchmarks/machine.py
 from mpkit.runtime.launch import launch
 from mpkit.sim import predict
@@ -90,13 +90,9 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=2, help="run pairs per configuration")
     parser.add_argument("--load", type=int, default=2, help="pinned busy loops in the second condition (0: none)")
     args = parser.parse_args(argv)
+    args.load_seconds = 900.0
     started = time.time()
-    print("== the machine as it is")
-    results = {"as is": condition(args)}
-    if args.load:
-        print(f"== with {args.load} busy loops started by this benchmark, one per core")
-        with background_load(args.load, 900.0):
-            results[f"+{args.load} busy"] = condition(args)
+    results = both_conditions(condition, args)
     print("| condition | MAPE k*CPU (measured CPU) | MAPE engine |\n|---|---:|---:|")
     for name, (bound, engine) in results.items():
         print(f"| {name} | {bound:.1f}% | {engine:.1f}% |")
