@@ -73,12 +73,15 @@ class _Server:
 _server: _Server | None = None  # set on rank 0 only
 
 
-def _pull(worker):
-    """Runs on the server: a consistent copy of the parameters and their version."""
+def _pull(worker, step):
+    """Runs on the server: a consistent copy of the parameters and their version. ``step`` is the
+    worker's step the pull starts: this runs on an rpc thread, and the server's main loop may
+    already be on another step (``ctx.set_step``), so the event is tagged with the request's."""
     trace, start = _server.ctx.trace, _server.ctx.trace.now()
     with _server.lock:
         version, params = _server.version, [p.detach().cpu().clone() for p in _server.params]
-    trace.record("rpc", start, trace.now(), bytes=sum(map(nbytes, params)), name=f"pull reply to rank {worker}")
+    trace.record("rpc", start, trace.now(), bytes=sum(map(nbytes, params)), name=f"pull reply to rank {worker}",
+                 step=step)
     return version, params
 
 
@@ -135,10 +138,10 @@ def _serve(ctx, cfg, model, optimizer):
                     "pushes_per_worker": {w: sum(o[0] == w for o in order) for w in range(1, ctx.world_size)}}
 
 
-def _pull_into(ctx, model) -> int:
-    """Copy the server's current parameters into ``model``; returns their version."""
+def _pull_into(ctx, model, step) -> int:
+    """Copy the server's current parameters into ``model`` at the start of ``step``; returns their version."""
     start = ctx.trace.now()
-    version, params = rpc.rpc_sync(SERVER, _pull, args=(ctx.rank,))
+    version, params = rpc.rpc_sync(SERVER, _pull, args=(ctx.rank, step))
     ctx.trace.record("rpc", start, ctx.trace.now(), name=f"pull version {version}")
     with torch.no_grad():
         for p, new in zip(model.parameters(), params):
@@ -163,7 +166,7 @@ def _work(ctx, cfg, model):
 
     def step(x, y):
         if state["step"]:
-            state["version"] = _pull_into(ctx, model)
+            state["version"] = _pull_into(ctx, model, state["step"])
         loss = forward_backward(ctx, cfg, model, x, y).item()
         _push_from(ctx, model, state["step"], state["version"], loss)
         state["step"] += 1
