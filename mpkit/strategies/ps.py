@@ -21,7 +21,6 @@ tensors, so TensorPipe needs no device maps on GPUs either.
 from __future__ import annotations
 
 import queue
-import socket
 import threading
 from dataclasses import dataclass
 
@@ -176,25 +175,24 @@ def _work(ctx, cfg, model):
     return {"pushes": cfg.steps}
 
 
-def _free_port() -> int:
-    # Free now; rank 0's rpc store binds it a moment later (rpc takes an address, not a socket).
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _init_rpc(ctx):
     """Join an rpc world next to the process group. Under torchrun, its agent's store (env://)
-    serves rpc too (rpc prefixes its keys); in our own worlds rank 0 picks a port for a new
-    store and tells the others over the process group."""
+    serves rpc too (rpc prefixes its keys). In our own worlds rank 0 starts the rpc store on a
+    port the OS picks as it binds (port 0: nobody can take it in between, as with a port chosen
+    free and bound later), tells the others over the process group, and rpc's rendezvous on rank
+    0 then shares that server: multi-tenant TCPStores in one process share one server per port."""
+    server = None
     if ctx.launcher == "torchrun":
         init_method = "env://"
     else:
-        port = [_free_port() if ctx.rank == 0 else None]
+        if ctx.rank == 0:
+            server = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+        port = [server.port if server is not None else None]
         dist.broadcast_object_list(port, src=0)
         init_method = f"tcp://127.0.0.1:{port[0]}"
     rpc.init_rpc(f"rank{ctx.rank}", rank=ctx.rank, world_size=ctx.world_size,
                  rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method=init_method))
+    # ``server`` may go now: rpc's own store on rank 0 holds the shared server from here on
 
 
 def run_rank(ctx, cfg):
