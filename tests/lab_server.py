@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -15,6 +16,14 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+
+# The server must listen on the port its config names (the URL and token are known before it
+# answers), so the port is chosen first and can be taken by another process before the server
+# binds it. jupyter_server cannot be handed a bound socket, and its own port=0 mode has the same
+# window (it binds, closes, then listens), so a server that exits because its port was taken is
+# started again on a fresh port, at most this many times in all.
+PORT_ATTEMPTS = 3
+PORT_TAKEN = re.compile(rb"port \d+ is (already in use|not available)|no available port could be found")
 
 
 def free_port() -> int:
@@ -80,38 +89,47 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
+def start(command: str, cwd: Path, workdir: Path, env, timeout: float):
+    """Start ``command`` with a config for a fresh port and token; return (process, base URL,
+    token, log path) once it answers. A server whose port was taken is started again (PORT_ATTEMPTS)."""
+    token = secrets.token_hex(16)
+    log_path = workdir / "jupyter.log"
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = free_port()
+        config_dir = write_config(workdir / "jupyter-config", port, token)
+        full_env = {**os.environ, **(env or {}), "JUPYTER_CONFIG_DIR": str(config_dir),
+                    "JUPYTER_RUNTIME_DIR": str(workdir / "jupyter-runtime")}
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=full_env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_answering(f"{base_url}/api/status?token={token}", proc, timeout)
+        except BaseException as exc:
+            stop(proc)
+            # RuntimeError: it exited before answering; the log says whether its port was taken
+            if not (isinstance(exc, RuntimeError) and attempt < PORT_ATTEMPTS
+                    and PORT_TAKEN.search(log_path.read_bytes())):
+                print_log(log_path)
+                raise
+        else:
+            return proc, base_url, token, log_path
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def print_log(log_path: Path) -> None:
+    print(f"--- JupyterLab log ({log_path}) ---\n{log_path.read_text(errors='replace')[-6000:]}")
+
+
 @contextmanager
 def jupyter_lab(command: str, cwd: Path, workdir: Path, *, env=None, timeout: float = 120.0):
     """Run ``command`` (a shell command that starts JupyterLab) and yield (base_url, token, log path)."""
-    port, token = free_port(), secrets.token_hex(16)
-    config_dir = write_config(workdir / "jupyter-config", port, token)
-    log_path = workdir / "jupyter.log"
-    full_env = {**os.environ, **(env or {}), "JUPYTER_CONFIG_DIR": str(config_dir),
-                "JUPYTER_RUNTIME_DIR": str(workdir / "jupyter-runtime")}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=full_env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    base_url = f"http://127.0.0.1:{port}"
+    proc, base_url, token, log_path = start(command, cwd, workdir, env, timeout)
     try:
-        wait_until_answering(f"{base_url}/api/status?token={token}", proc, timeout)
         yield base_url, token, log_path
     except BaseException:
-        print(f"--- JupyterLab log ({log_path}) ---\n{log_path.read_text(errors='replace')[-6000:]}")
+        print_log(log_path)
         raise
     finally:
         shutdown_kernels(base_url, token)
         stop(proc)
-
-
-def listening_ports() -> set[int]:
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "0A":  # LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports

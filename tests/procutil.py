@@ -79,6 +79,12 @@ def socket_inodes(pids) -> set[int]:
     return inodes
 
 
+def listening_sockets_of(pids) -> dict[int, int]:
+    """{socket inode: port} of the TCP sockets in LISTEN state that the given processes hold."""
+    held = socket_inodes(pids)
+    return {inode: port for inode, port in listening_sockets().items() if inode in held}
+
+
 def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -108,9 +114,8 @@ class Snapshot:
             problems.append(f"multiprocessing children alive: {children}")
         if tree := descendants():
             problems.append(f"descendant processes left: {sorted(tree)}")
-        ours = socket_inodes({os.getpid(), *tree})
-        if ports := sorted(port for inode, port in listening_sockets().items()
-                           if inode in ours and inode not in self.listening):
+        if ports := sorted(port for inode, port in listening_sockets_of({os.getpid(), *tree}).items()
+                           if inode not in self.listening):
             problems.append(f"ports still listening: {ports}")
         if shm := set(os.listdir("/dev/shm")) - self.shm:
             problems.append(f"new /dev/shm entries: {sorted(shm)}")

@@ -16,7 +16,8 @@ from pathlib import Path
 import playwright.sync_api as sync_api
 import pytest
 
-from lab_server import jupyter_lab, listening_ports
+from lab_server import jupyter_lab
+from procutil import descendants, listening_sockets_of
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts" / "browser"
@@ -40,13 +41,17 @@ def lab_server(tmp_path_factory):
     shutil.copytree(REPO / "labs", work / "labs")
     results = work / "quiz_results"
     env = {"MPKIT_RESULTS_DIR": str(results), "MPKIT_STUDENT": STUDENT, "MPKIT_QUIZ_DIR": str(REPO / "quizzes")}
-    ports_before = listening_ports()
     with jupyter_lab("python -m jupyter lab", cwd=work / "labs", workdir=work, env=env) as (url, token, log):
         yield {"url": url, "token": token, "results": results, "log": log}
+        # The server and its kernels, while they run: this fixture's process tree (the browser
+        # fixture, set up after this one, is closed by now). A kernel that outlives the server is
+        # reparented away from us, so the pids are taken here, not after the stop.
+        server_tree = descendants()
+    # Only sockets these processes hold count: other work on the host opens and closes ports of its own.
     deadline = time.monotonic() + 30  # kernels close their five ZMQ ports shortly after shutdown
-    while (leaked := listening_ports() - ports_before) and time.monotonic() < deadline:
+    while (leaked := listening_sockets_of(server_tree)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not leaked, f"ports still listening 30 s after the server stopped: {sorted(leaked)}"
+    assert not leaked, f"ports still listening 30 s after the server stopped: {sorted(leaked.values())}"
 
 
 @pytest.fixture(scope="module")

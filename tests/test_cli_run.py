@@ -91,8 +91,10 @@ def _raise(exc):
 RUN_FAILURES = {  # what train ends with -> (exit code, the one line on stderr)
     "rank raises": (lambda **kw: mpkit.launch(_rank_1_raises, 2, timeout=20),
                     1, "mpkit run: error: rank 1 failed: KeyError: 'boom-cli'"),
-    "deadlock": (lambda **kw: mpkit.launch(_recv_nobody_sends, 2, timeout=1),
-                 1, "mpkit run: error: ranks [0] had not finished after timeout=1s"),
+    # 6 s: the timeout counts from the fork and must cover starting the world (over 1 s under
+    # load), or it would fire while the ranks had "not joined" and print another line
+    "deadlock": (lambda **kw: mpkit.launch(_recv_nobody_sends, 2, timeout=6),
+                 1, "mpkit run: error: ranks [0] had not finished after timeout=6s"),
     "write fails": (_raise(PermissionError(13, "Permission denied", "/x/trace.json")),
                     1, "mpkit run: error: Permission denied: /x/trace.json"),
     "ctrl-c": (_raise(KeyboardInterrupt()), 130, "mpkit run: error: interrupted"),

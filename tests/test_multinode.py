@@ -15,16 +15,57 @@ from pathlib import Path
 
 import pytest
 
-from procutil import descendants
+from procutil import descendants, listening_sockets, socket_inodes
 
 ROOT = Path(__file__).resolve().parents[1]
 ATOL = 1e-5  # float32 reduction order only, as in test_cli_run
+# torchrun's c10d rendezvous takes an endpoint (host:port), not a socket, so the port is chosen free
+# here and bound seconds later by the agent that hosts the store. Should another process take it
+# in between, that bind fails (address already in use), both agents fall back to being clients of
+# the stranger and the run fails or hangs until the rendezvous times out. So the test waits until
+# one of our agents listens on the port (from then on it is ours) and starts both nodes again on a
+# fresh port if another process holds it, at most this many times in all.
+PORT_ATTEMPTS = 3
 
 
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _port_holder(port, nodes):
+    """"ours" once one of the nodes' processes listens on ``port``, "other" while only another
+    process does, None while nobody does."""
+    listeners = {inode for inode, p in listening_sockets().items() if p == port}
+    if not listeners:
+        return None
+    tree = set().union(*(descendants(node.pid) | {node.pid} for node in nodes))
+    return "ours" if listeners & socket_inodes(tree) else "other"
+
+
+def _start_nodes(strategy, logs, env, deadline):
+    """Both nodes, started on rendezvous ports until our store holds one (see PORT_ATTEMPTS)."""
+    for _ in range(PORT_ATTEMPTS):
+        port = _free_port()
+        command = node_command(port, f"mpkit-test-{strategy}-{os.getpid()}-{port}", "--strategy", strategy,
+                               "--world-size", "4", "--steps", "3", "--json", "--compare")
+        nodes = []
+        try:
+            for out, err in logs:  # files, not pipes: a node blocked on a full pipe would stall both
+                with open(out, "w") as out_fh, open(err, "w") as err_fh:
+                    nodes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out_fh, stderr=err_fh))
+            holder = None
+            while holder is None and all(node.poll() is None for node in nodes) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                holder = _port_holder(port, nodes)
+        except BaseException:
+            _stop(nodes)
+            raise
+        if holder != "other":
+            return nodes  # ours, or the nodes ended or ran out of time: the caller reports which
+        _stop(nodes)
+    pytest.fail(f"another process took the rendezvous port before our store bound it, {PORT_ATTEMPTS} times")
 
 
 def node_command(port, run_id, *mpkit_args):
@@ -52,15 +93,11 @@ def _stop(nodes):
 @pytest.mark.parametrize("strategy", ["dp", "pp"])
 def test_two_torchrun_nodes_with_c10d_rendezvous_match_single(strategy, tmp_path, no_leftovers):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    command = node_command(_free_port(), f"mpkit-test-{strategy}-{os.getpid()}", "--strategy", strategy,
-                           "--world-size", "4", "--steps", "3", "--json", "--compare")
     logs = [(tmp_path / f"node{n}.out", tmp_path / f"node{n}.err") for n in range(2)]
     nodes = []
     try:
-        for out, err in logs:  # files, not pipes: a node blocked on a full pipe would stall both
-            with open(out, "w") as out_fh, open(err, "w") as err_fh:
-                nodes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out_fh, stderr=err_fh))
         deadline = time.monotonic() + 120
+        nodes = _start_nodes(strategy, logs, env, deadline)
         for node in nodes:
             node.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:

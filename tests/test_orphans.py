@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from procutil import descendants, is_running, listening_sockets, socket_inodes
+from procutil import descendants, is_running, listening_sockets, listening_sockets_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def test_killing_the_caller_stops_every_rank_child_and_port_within_2s(sig, tmp_p
         tree = descendants(caller.pid)  # 3 ranks, rank 0's child (and the launch's guardian)
         child = int((tmp_path / "child.pid").read_text())
         assert child in tree and len(tree) >= 4, tree
-        ports = {inode: port for inode, port in listening_sockets().items() if inode in socket_inodes(tree)}
+        ports = listening_sockets_of(tree)
         assert ports, "rank 0 should be serving the store"
 
         os.kill(caller.pid, sig)

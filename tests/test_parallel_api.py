@@ -176,8 +176,18 @@ def test_torch_implementations_agree_with_ours(zero):
 
 # ---- a world mpkit did not make -------------------------------------------------------------
 
-def _plain_world_child(rank, world_size, port, queue):
+def _plain_world_child(rank, world_size, ports, queue):
     torch.set_num_threads(1)  # forked after the parent ran torch ops: OpenMP would hang without it
+    if rank == 0:
+        # The store's port: bound on port 0 as the OS picks it, so no other process can take it
+        # between choosing and binding; the tcp:// rendezvous below then shares this server
+        # (multi-tenant TCPStores in one process share one server per port).
+        server = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+        port = server.port
+        for _ in range(world_size - 1):
+            ports.put(port)
+    else:
+        port = ports.get(timeout=60)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
         out = _data_parallel_rank(type("Ctx", (), {"rank": rank, "world_size": world_size}), 25.0, True, True)
@@ -189,14 +199,10 @@ def _plain_world_child(rank, world_size, port, queue):
 @pytest.mark.timeout(120)
 def test_works_in_a_plain_init_process_group_world():
     import multiprocessing
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    procs = [context.Process(target=_plain_world_child, args=(r, 2, port, queue)) for r in range(2)]
+    queue, ports = context.Queue(), context.Queue()
+    procs = [context.Process(target=_plain_world_child, args=(r, 2, ports, queue)) for r in range(2)]
     for proc in procs:
         proc.start()
     try:

@@ -27,9 +27,9 @@ def model_sizes(model, schedule_name):
 
 
 @lru_cache(maxsize=None)
-def run(model, world_size, name, micro_batches=4, optimizer=None):
+def run(model, world_size, name, micro_batches=4, optimizer=None, layer_ms=0.0):
     return mpkit.train("pp", world_size, model=model, steps=3, schedule=name, micro_batches=micro_batches,
-                       optimizer=optimizer or OPTIMIZER[model], **model_sizes(model, name))
+                       optimizer=optimizer or OPTIMIZER[model], layer_ms=layer_ms, **model_sizes(model, name))
 
 
 def assert_close(losses, params, ref_losses, ref_params, atol):
@@ -97,7 +97,11 @@ def test_micro_batches_let_ranks_compute_at_once():
     # m=1 is layer-wise MP: one rank computes at a time, bubble >= (p-1)/p; with m=8 the next
     # micro-batch's forward runs while the following rank works on the previous one. (How big
     # the bubble gets is timing; benchmarks/pp.py measures it on balanced stages.)
-    one, eight = run("mlp", 4, "gpipe", micro_batches=1), run("mlp", 4, "gpipe", micro_batches=8)
+    # layer_ms=5 gives each rank's (one-layer) stage 5 ms of slept device time per forward: rank 0
+    # runs 8 forwards back to back for >= 40 ms while rank 1 may start micro-batch 0 after 5 ms, so
+    # m=8 shows no overlap only if rank 1 woke > 35 ms late; a blocked receive under load wakes in
+    # 0.6-3.2 ms (BENCHMARKS.md). Without it a forward takes ~0.1 ms and one wake-up hides it all.
+    one, eight = (run("mlp", 4, "gpipe", micro_batches=m, layer_ms=5.0) for m in (1, 8))
     assert one.losses == pytest.approx(eight.losses, abs=ATOL)
     assert overlapping_compute(one.trace, 2) == []
     assert one.trace.pipeline_bubble(2) >= 0.75

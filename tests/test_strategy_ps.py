@@ -56,6 +56,11 @@ def test_sync_roles_trace_and_memory():
     replies = [e for e in rpc if e.name.startswith("pull reply")]
     assert len(pushes) == 9 and {e.bytes for e in pushes} == {param_bytes}  # a gradient per parameter
     assert len(replies) == 6 and {e.bytes for e in replies} == {param_bytes}  # steps 1, 2 of each worker
+    # The server answers pulls on rpc threads while its loop may be on another step: each reply
+    # carries the step of the worker's pull it answers, never the server's current one.
+    for w in (1, 2, 3):
+        pulls = sorted(e.step for e in rpc if e.rank == w and e.name.startswith("pull version"))
+        assert pulls == [1, 2] and sorted(e.step for e in replies if e.name == f"pull reply to rank {w}") == pulls
     server, worker = run.memory[0].max_by_category, run.memory[1].max_by_category
     assert server["parameters"] == server["gradients"] == param_bytes
     assert server["optimizer"] >= 2 * param_bytes and server["activations"] == 0  # the server never runs the model

@@ -40,6 +40,7 @@ if one_host is not None:
               "events": sorted((e.rank, e.kind) for e in one_host.trace.events),
               "t0": min(e.start for e in one_host.trace.events),
               "offsets": [one_host.clock_offsets, two_hosts.clock_offsets],
+              "errors": [one_host.clock_errors, two_hosts.clock_errors],
               "params": [m.rank for m in one_host.memory]}
 # One write per line: both ranks share torchrun's stdout, and under PYTHONUNBUFFERED (as CI runners set it)
 # print() writes the text and its newline separately, so two ranks' lines can interleave.
@@ -73,8 +74,13 @@ def test_launch_under_torchrun(tmp_path):
     assert report["events"] == [[0, "all_reduce"], [0, "compute"], [1, "all_reduce"], [1, "compute"]]
     assert report["t0"] == 0.0 and report["params"] == [0, 1]
     one_host, two_hosts = report["offsets"]
-    assert one_host == [0.0, 0.0]  # one host: one perf_counter, nothing to align
-    assert two_hosts[0] == 0.0 and abs(two_hosts[1]) < 0.005  # estimated, and these clocks agree
+    assert one_host == [0.0, 0.0] and report["errors"][0] == [0.0, 0.0]  # one host: one perf_counter, nothing to align
+    # Estimated (NTP-style, see clock_offset): the true offset lies within +-error of the estimate,
+    # and here both ranks read the same clock (true offset 0), so |estimate| <= error however slow
+    # the exchange was under load; error is the best round trip over 2, not a fixed 5 ms bound.
+    error = report["errors"][1][1]
+    assert two_hosts[0] == 0.0 and report["errors"][1][0] == 0.0
+    assert 0.0 < error < 1.0 and abs(two_hosts[1]) <= error, (two_hosts, error)
     for rank in (0, 1):
         assert "WORLD_SIZE=2" in lines[rank]["wrong"] and "world_size=2" in lines[rank]["wrong"]
         assert f"called inside rank {rank} of a running launch" in lines[rank]["nested"]

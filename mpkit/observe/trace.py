@@ -81,11 +81,14 @@ class Trace:
     t0: float = 0.0  # clock value subtracted by merge(), to align memory samples with events
 
     # ---- recording (inside a rank) ----
-    def record(self, kind, start, end, *, stage=None, micro_batch=None, bytes=0, name="", rank=None, group=""):
+    def record(self, kind, start, end, *, stage=None, micro_batch=None, bytes=0, name="", rank=None, group="",
+               step=None):
+        """One event; ``step`` defaults to the current one (``set_step``). Code on another thread
+        than the rank's loop (an rpc handler) passes the step its work belongs to instead."""
         if self.enabled:
             category(kind)
             self.events.append(Event(self.rank if rank is None else rank, kind, start, end,
-                                     stage, micro_batch, int(bytes), name, self.step, group))
+                                     stage, micro_batch, int(bytes), name, self.step if step is None else step, group))
 
     @contextmanager
     def span(self, kind, *, stage=None, micro_batch=None, bytes=0, name=""):

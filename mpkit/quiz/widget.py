@@ -3,7 +3,8 @@
 State lives in plain Python (each item's choice and whether it is revealed); widget values are
 re-rendered from that state and the current language, so a real button click, ``Quiz.answer()``
 and the language toggle all take one path. Feedback is written into ``HTML`` widget values and
-never printed through an ``Output`` widget, because nbval compares printed output.
+never printed through an ``Output`` widget, so what a cell prints does not depend on what was
+clicked (the labs check their claims with asserts; nbval compares no printed output).
 
 Every answer is recorded the moment its key is shown: a drill answer at once, an exam on Submit
 (items left blank included), so graders can tell a first answer from a retake. While nbgrader

@@ -10,7 +10,6 @@ without one) and hide the wrong program.
 from __future__ import annotations
 
 import atexit
-import statistics
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -25,7 +24,7 @@ from mpkit.runtime.context import make_context
 from mpkit.runtime.env import env_int
 from mpkit.runtime.result import LaunchResult
 
-_CLOCK_ROUNDS = 7
+_CLOCK_ROUNDS = 10  # exchanges per rank; the shortest round trip is kept
 _runtime_group = None  # the private group of this process's torchrun world (see the module docstring)
 
 
@@ -36,21 +35,39 @@ def torchrun_backend(local_rank: int) -> str:
     return "gloo"
 
 
-def clock_offset(group) -> float:
-    """This rank's ``perf_counter`` minus rank 0's, in seconds (``group``: a gloo group of all ranks).
+def clock_offset(group) -> tuple[float, float]:
+    """(offset, error): this rank's ``perf_counter`` minus rank 0's, in seconds, and a bound on how
+    far the estimate can be off (``group``: a gloo group of all ranks; rank 0 gets (0, 0)).
 
-    Every round all ranks leave a barrier together and read their clock; rank 0 broadcasts its
-    reading. The error is the barrier's exit skew (microseconds on one switch); the median of
-    several rounds drops rounds where a rank was descheduled.
+    NTP's symmetric estimate: the rank sends at t0 (its clock), rank 0 receives at t1 and replies
+    at t2 (rank 0's clock), the reply arrives at t3. With a = t1 - t0 and b = t3 - t2 (each one
+    way's delay plus or minus the offset), the offset is (b - a) / 2, off by at most (a + b) / 2,
+    the round trip minus rank 0's turnaround, halved: exact if both ways took equally long, and
+    never wrong by more than that whatever the delays were. Of several exchanges the one with the
+    shortest round trip is kept (a rank descheduled mid-exchange only lengthens its round trip).
     """
-    samples = []
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    ping, reply = torch.zeros(1, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+    if rank == 0:
+        for peer in range(1, world_size):  # one rank at a time: the others wait in their first recv
+            for _ in range(_CLOCK_ROUNDS):
+                dist.recv(ping, peer, group=group)
+                reply[0] = time.perf_counter()
+                reply[1] = time.perf_counter()
+                dist.send(reply, peer, group=group)
+        return 0.0, 0.0
+    best = None
     for _ in range(_CLOCK_ROUNDS):
-        dist.barrier(group=group)
-        now = torch.tensor([time.perf_counter()], dtype=torch.float64)
-        mine = now.item()
-        dist.broadcast(now, 0, group=group)
-        samples.append(mine - now.item())
-    return statistics.median(samples)
+        t0 = time.perf_counter()
+        dist.send(ping, 0, group=group)
+        dist.recv(reply, 0, group=group)
+        t3 = time.perf_counter()
+        t1, t2 = reply.tolist()
+        a, b = t1 - t0, t3 - t2
+        if best is None or a + b < best[0] + best[1]:
+            best = (a, b)
+    a, b = best
+    return (b - a) / 2, (a + b) / 2
 
 
 def _shifted(events, memory, offset):
@@ -90,7 +107,8 @@ def run_in_torchrun(fn, args=(), device_memory=None, trace=True, memory=True, *,
     """Run ``fn(ctx, *args)`` on this rank of the torchrun world.
 
     Returns a ``LaunchResult`` on rank 0 (``.clock_offsets``: seconds subtracted per rank, all 0
-    on one host) and ``None`` on the others; ``.output`` is empty, as prints already went to
+    on one host; ``.clock_errors``: how far each offset can be off, see ``clock_offset``) and
+    ``None`` on the others; ``.output`` is empty, as prints already went to
     torchrun's console. A rank that raises lets the exception propagate: torchrun then stops
     the world and reports it.
     """
@@ -103,14 +121,15 @@ def run_in_torchrun(fn, args=(), device_memory=None, trace=True, memory=True, *,
         result = fn(ctx, *args)
     # One host shares one perf_counter; across hosts, move every rank onto rank 0's clock.
     multi_host = env_int("LOCAL_WORLD_SIZE", world_size) != world_size
-    offset = clock_offset(_runtime_group) if multi_host else 0.0
+    offset, error = clock_offset(_runtime_group) if multi_host else (0.0, 0.0)
     events, report = _shifted(ctx.trace.events, ctx.memory.report(), offset)
     gathered = [None] * world_size if rank == 0 else None
-    dist.gather_object((result, events, report, offset), gathered, dst=0, group=_runtime_group)
+    dist.gather_object((result, events, report, offset, error), gathered, dst=0, group=_runtime_group)
     if rank != 0:
         return None
-    results, traces, reports, offsets = zip(*gathered)
+    results, traces, reports, offsets, errors = zip(*gathered)
     merged = Trace.merge(Trace(events=list(ev)) for ev in traces)
     out = LaunchResult(list(results), merged, list(reports), [""] * world_size, backend)
     out.clock_offsets = list(offsets)
+    out.clock_errors = list(errors)
     return out

@@ -79,9 +79,13 @@ def _phase_samples(kwargs):
     costs = {"forward": prof.cost("forward"), "backward": prof.cost("backward"), "optimizer": prof.optimizer}
     phases = [(phase, statistics.median(e.duration for e in _steady(run.trace.events, phase)), costs[phase])
               for phase in PHASES]
-    # what a step spends outside its phases: the batch, loss.item(), the loop's bookkeeping
-    outside = statistics.median(run.step_periods()[_CAL_WARMUP:]) - sum(t for _, t, _ in phases)
-    return phases, max(outside, 0.0)
+    # what a step spends outside its phases (the batch, loss.item(), the loop's bookkeeping): per
+    # step, its period less its own phase spans, which lie inside it one after another, so every
+    # sample is positive; a median period less the phases' separate medians could come out < 0
+    periods = run.step_periods()  # [k]: start of step k to start of step k+1
+    outside = [periods[k] - sum(e.duration for e in run.trace.events if e.step == k and e.kind in PHASES)
+               for k in range(_CAL_WARMUP, len(periods))]
+    return phases, statistics.median(outside)
 
 
 def _fit_compute(samples):
@@ -238,7 +242,8 @@ def measure(max_world: int = 4) -> Hardware:
             tables = launch(_collective_rank, world_size=world, args=(collective_work,), **opts)[0]
             tables["p2p"] = launch(_pipeline_rank, world_size=world, args=(hop_work,), **opts)[0]
             for kind, table in tables.items():
-                measured.setdefault(f"{kind}/{world}", {})[when] = {"gap": table["gap"],
+                matmuls = hop_work if kind == "p2p" else collective_work
+                measured.setdefault(f"{kind}/{world}", {})[when] = {"gap": table["gap"], "matmuls": matmuls,
                                                                     "rows": monotone(table["rows"])}
             if when == "warm":
                 rows += [(2 * (world - 1), 2 * (world - 1) / world * size, t) for size, t in tables["all_reduce"]["rows"]]

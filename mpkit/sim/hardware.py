@@ -89,8 +89,9 @@ class Hardware:
     def measured_time(self, kind: str, nbytes: float, group_size: int, gap: float = 0.0) -> float | None:
         """Seconds of a collective (or a ``"p2p"`` hop in a world of ``group_size`` ranks) from
         tables measured on this machine, or None where this kind and size were not measured.
-        ``measured["all_reduce/4"] = {"warm": {"gap": s, "rows": [[bytes, seconds], ...]},
-        "cold": {...}}``: the same sweep after a short and after a long stretch of compute;
+        ``measured["all_reduce/4"] = {"warm": {"gap": s, "matmuls": n, "rows": [[bytes, seconds], ...]},
+        "cold": {...}}``: the same sweep after a short and after a long stretch of compute (``n``
+        96x96 matmuls, measured to take ``gap`` seconds);
         an operation that follows ``gap`` seconds of compute is priced between the two (linear
         in gap, clamped; never below the warm price), each table linear between sizes and along
         its last segment beyond.

@@ -21,7 +21,6 @@ tensors, so TensorPipe needs no device maps on GPUs either.
 from __future__ import annotations
 
 import queue
-import socket
 import threading
 from dataclasses import dataclass
 
@@ -73,12 +72,15 @@ class _Server:
 _server: _Server | None = None  # set on rank 0 only
 
 
-def _pull(worker):
-    """Runs on the server: a consistent copy of the parameters and their version."""
+def _pull(worker, step):
+    """Runs on the server: a consistent copy of the parameters and their version. ``step`` is the
+    worker's step the pull starts: this runs on an rpc thread, and the server's main loop may
+    already be on another step (``ctx.set_step``), so the event is tagged with the request's."""
     trace, start = _server.ctx.trace, _server.ctx.trace.now()
     with _server.lock:
         version, params = _server.version, [p.detach().cpu().clone() for p in _server.params]
-    trace.record("rpc", start, trace.now(), bytes=sum(map(nbytes, params)), name=f"pull reply to rank {worker}")
+    trace.record("rpc", start, trace.now(), bytes=sum(map(nbytes, params)), name=f"pull reply to rank {worker}",
+                 step=step)
     return version, params
 
 
@@ -135,10 +137,10 @@ def _serve(ctx, cfg, model, optimizer):
                     "pushes_per_worker": {w: sum(o[0] == w for o in order) for w in range(1, ctx.world_size)}}
 
 
-def _pull_into(ctx, model) -> int:
-    """Copy the server's current parameters into ``model``; returns their version."""
+def _pull_into(ctx, model, step) -> int:
+    """Copy the server's current parameters into ``model`` at the start of ``step``; returns their version."""
     start = ctx.trace.now()
-    version, params = rpc.rpc_sync(SERVER, _pull, args=(ctx.rank,))
+    version, params = rpc.rpc_sync(SERVER, _pull, args=(ctx.rank, step))
     ctx.trace.record("rpc", start, ctx.trace.now(), name=f"pull version {version}")
     with torch.no_grad():
         for p, new in zip(model.parameters(), params):
@@ -163,7 +165,7 @@ def _work(ctx, cfg, model):
 
     def step(x, y):
         if state["step"]:
-            state["version"] = _pull_into(ctx, model)
+            state["version"] = _pull_into(ctx, model, state["step"])
         loss = forward_backward(ctx, cfg, model, x, y).item()
         _push_from(ctx, model, state["step"], state["version"], loss)
         state["step"] += 1
@@ -173,25 +175,24 @@ def _work(ctx, cfg, model):
     return {"pushes": cfg.steps}
 
 
-def _free_port() -> int:
-    # Free now; rank 0's rpc store binds it a moment later (rpc takes an address, not a socket).
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _init_rpc(ctx):
     """Join an rpc world next to the process group. Under torchrun, its agent's store (env://)
-    serves rpc too (rpc prefixes its keys); in our own worlds rank 0 picks a port for a new
-    store and tells the others over the process group."""
+    serves rpc too (rpc prefixes its keys). In our own worlds rank 0 starts the rpc store on a
+    port the OS picks as it binds (port 0: nobody can take it in between, as with a port chosen
+    free and bound later), tells the others over the process group, and rpc's rendezvous on rank
+    0 then shares that server: multi-tenant TCPStores in one process share one server per port."""
+    server = None
     if ctx.launcher == "torchrun":
         init_method = "env://"
     else:
-        port = [_free_port() if ctx.rank == 0 else None]
+        if ctx.rank == 0:
+            server = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+        port = [server.port if server is not None else None]
         dist.broadcast_object_list(port, src=0)
         init_method = f"tcp://127.0.0.1:{port[0]}"
     rpc.init_rpc(f"rank{ctx.rank}", rank=ctx.rank, world_size=ctx.world_size,
                  rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method=init_method))
+    # ``server`` may go now: rpc's own store on rank 0 holds the shared server from here on
 
 
 def run_rank(ctx, cfg):
