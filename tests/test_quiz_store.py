@@ -247,3 +247,72 @@ def test_the_first_save_into_the_default_folder_says_where_once(tmp_path, monkey
     ResultStore("lee").record([("pp-001", "O", True)], lang="ko", mode="drill")
     store.record([("pp-002", "O", True)], lang="ko", mode="drill")
     assert capsys.readouterr().out == ""                         # once per kernel
+
+
+def _first_version_file(folder, student, answers):
+    """A results file as mpkit's first version wrote it: ``<folder>/quiz_results/<stem>.json``,
+    version 1, one history entry per answer (``answers``: (item, answer, correct, at))."""
+    items = {}
+    for item_id, answer, correct, at in answers:
+        entry = items.setdefault(item_id, {"answer": answer, "correct": False, "at": at, "box": 1, "history": []})
+        entry["history"].append({"answer": answer, "correct": correct, "at": at, "lang": "ko", "mode": "drill",
+                                 "session": "old"})
+        entry.update(answer=answer, correct=correct, at=at, box=min(5, entry["box"] + 1) if correct else 1)
+    path = store_module.legacy_path(student, folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": FORMAT, "version": 1, "student": student, "created": "x",
+                                "updated": "x", "items": items}), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def default_folder(tmp_path, monkeypatch):
+    """The default results folder under tmp_path, the kernel's folder (cwd) tmp_path/labs."""
+    monkeypatch.delenv("MPKIT_RESULTS_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(store_module, "_announced", True)
+    (tmp_path / "labs").mkdir()
+    monkeypatch.chdir(tmp_path / "labs")
+    return tmp_path / "xdg" / "mpkit" / "quiz_results"
+
+
+def test_answers_of_the_first_version_are_moved_in_once_in_time_order(default_folder, capsys):
+    old = _first_version_file(".", "kim", [("pp-001", "X", False, "2026-11-01T09:00:00.000+00:00"),
+                                           ("pp-001", "O", True, "2026-11-01T09:01:00.000+00:00"),
+                                           ("dp-002", "O", True, "2026-11-01T09:02:00.000+00:00")])
+    # answered in the new folder before the upgrade's first quiz found the old file: both kept
+    new = default_folder / "kim.json"
+    ResultStore("kim", default_folder).record([("pp-001", "O", True)], lang="en", mode="drill")
+    store = ResultStore("kim")
+    assert [h["answer"] for h in store.data["items"]["pp-001"]["history"]] == ["X", "O", "O"]
+    assert store.box("pp-001") == 3 and store.box("dp-002") == 2  # replayed: wrong, right, right
+    assert store_module.answers(read_results(new)) == {"pp-001": ["X", "O", "O"], "dp-002": ["O"]}
+    assert not old.exists()
+    kept = list(old.parent.glob("kim.json.imported-*"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text(encoding="utf-8"))["items"]["dp-002"]["answer"] == "O"
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"Moved 3 answers an earlier mpkit saved in {old.resolve()} to {new} (the old file is kept, renamed {kept[0].name})")
+    # the same file back again (a student restores it): nothing counted twice
+    kept[0].rename(old)
+    ResultStore("kim")
+    assert store_module.answers(read_results(new))["pp-001"] == ["X", "O", "O"]
+
+
+def test_an_old_file_of_another_name_or_unreadable_stays_where_it_is(default_folder):
+    other = _first_version_file(".", "lee#1", [("pp-001", "O", True, "2026-11-01T09:00:00.000+00:00")])
+    assert other == store_module.legacy_path("lee@1", ".")  # the first version's stems were lossy
+    ResultStore("lee@1").record([("pp-002", "X", False)], lang="ko", mode="drill")
+    assert other.exists() and set(read_results(default_folder / "lee%401.json")["items"]) == {"pp-002"}
+    broken = store_module.legacy_path("park", ".")
+    broken.write_text("{not json", encoding="utf-8")
+    with pytest.warns(UserWarning, match="not moved"):
+        ResultStore("park")
+    assert broken.read_text(encoding="utf-8") == "{not json"
+
+
+def test_a_chosen_folder_never_takes_old_answers(default_folder, tmp_path, monkeypatch):
+    old = _first_version_file(".", "kim", [("pp-001", "O", True, "2026-11-01T09:00:00.000+00:00")])
+    assert ResultStore("kim", tmp_path / "chosen").data["items"] == {}
+    monkeypatch.setenv("MPKIT_RESULTS_DIR", str(tmp_path / "env"))
+    assert ResultStore("kim").data["items"] == {}
+    assert old.exists()

@@ -3,7 +3,9 @@
 Where: ``results_dir`` argument, else ``$MPKIT_RESULTS_DIR``, else the user data directory
 (``$XDG_DATA_HOME/mpkit/quiz_results``, by default ``~/.local/share/mpkit/quiz_results``), so
 answers never land in the folder a student browses and commits. The first save of a kernel into
-that default folder prints where it is, in Korean and English.
+that default folder prints where it is, in Korean and English. mpkit's first version kept answers
+in ``./quiz_results`` (beside the notebook); a store opened on the default folder moves that
+student's old file in (each answer once, in time order) and keeps the old file renamed.
 
 Safety, each for a reason seen in practice:
 
@@ -62,6 +64,7 @@ BOXES = 5
 ANSWERS = ("O", "X")
 MAX_NAME = 64
 _announced = False  # the first save of this kernel into the default folder says where it is
+LEGACY_DIR = "quiz_results"  # where mpkit's first version saved, relative to the kernel's folder
 
 
 class ResultsFileError(ValueError):
@@ -113,6 +116,13 @@ def results_path(student=None, results_dir=None):
     return resolve_results_dir(results_dir) / f"{file_stem(resolve_student(student))}.json"
 
 
+def legacy_path(student, folder=None):
+    """Where mpkit's first version kept ``student``'s answers: ``<folder or cwd>/quiz_results/<stem>.json``
+    with the stem it made (other characters as '_', so two names could share it)."""
+    stem = re.sub(r"[^\w.-]+", "_", student).strip("._")[:64] or "student"
+    return Path(folder if folder is not None else Path.cwd()) / LEGACY_DIR / f"{stem}.json"
+
+
 def now():
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
@@ -152,6 +162,42 @@ def answers(data, assignment=None):
     return {item_id: [e["answer"] for e in entry["history"]
                       if assignment is None or e.get("assignment") == assignment]
             for item_id, entry in data["items"].items()}
+
+
+def rename_aside(path, why):
+    """Rename ``path`` to ``<name>.<why>-<time>`` (``-1``, ``-2``... when taken) and return the new path."""
+    stem = f"{path.name}.{why}-{datetime.now().strftime('%Y%m%dT%H%M%S')}"
+    aside, counter = path.with_name(stem), 1
+    while os.path.lexists(aside):
+        aside, counter = path.with_name(f"{stem}-{counter}"), counter + 1
+    path.rename(aside)
+    return aside
+
+
+def _replay(entry):
+    """Set an item's latest answer and Leitner box from its history (the rule of ``_append``)."""
+    box = 1
+    for event in entry["history"]:
+        box = min(BOXES, box + 1) if event.get("correct") else 1
+    last = entry["history"][-1]
+    entry.update(answer=last["answer"], correct=bool(last.get("correct")), at=last.get("at", entry["at"]), box=box)
+
+
+def merge_answers(data, other):
+    """Add the answers recorded in ``other`` to ``data``: each history entry once (an entry equal in
+    every field is the same answer), every item's history in time order, its box replayed.
+    Returns how many answers were new."""
+    added = 0
+    for item_id, entry in other["items"].items():
+        mine = data["items"].setdefault(item_id, {"answer": None, "correct": False, "at": entry["at"],
+                                                  "box": 1, "history": []})
+        seen = {json.dumps(e, sort_keys=True) for e in mine["history"]}
+        new = [e for e in entry["history"] if json.dumps(e, sort_keys=True) not in seen]
+        if new:
+            added += len(new)
+            mine["history"] = sorted(mine["history"] + new, key=lambda e: e.get("at", ""))
+            _replay(mine)
+    return added
 
 
 @contextlib.contextmanager
@@ -216,6 +262,8 @@ class ResultStore:
         self.announce = results_dir is None and not os.environ.get("MPKIT_RESULTS_DIR")
         self.path = results_path(self.student, results_dir)
         self.session = uuid.uuid4().hex[:12]  # groups the answers given in one quiz widget
+        if self.announce:
+            self._move_in_legacy_answers()
         self.data = self._load()
 
     def _load(self, have_lock=False):
@@ -242,15 +290,36 @@ class ResultStore:
                              "choose a different student name")
         return data
 
+    def _move_in_legacy_answers(self):
+        """Bring this student's answers from mpkit's first version (:func:`legacy_path`) into this
+        file, under its lock, then rename the old file ``<name>.imported-<time>`` (nothing deleted)
+        and say so in Korean and English. A file holding another name (whose stem is the same) or
+        one we cannot read stays where it is."""
+        old = legacy_path(self.student)
+        if not os.path.isfile(old):
+            return
+        try:
+            legacy = read_results(old)
+        except ResultsFileError as exc:
+            warnings.warn(f"{exc}; its answers were not moved to {self.path} (the file is left as it is)",
+                          stacklevel=3)
+            return
+        if unicodedata.normalize("NFC", legacy["student"].strip()) != self.student:
+            return
+        with locked(self.path):
+            if not os.path.isfile(old):  # another kernel moved it in meanwhile
+                return
+            remove_stale_temps(self.path)
+            data = self._load(have_lock=True)
+            count = merge_answers(data, legacy)
+            data.update(version=VERSION, updated=now())
+            atomic_write_text(self.path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
+            aside = rename_aside(old, "imported")
+        values = dict(count=count, old=old, new=self.path, aside=aside.name)
+        print(f"{t('moved_in', 'ko', **values)}\n{t('moved_in', 'en', **values)}", file=sys.stdout)
+
     def _move_aside(self):
-        stem = f"{self.path.name}.corrupt-{datetime.now().strftime('%Y%m%dT%H%M%S')}"
-        aside = self.path.with_name(stem)
-        counter = 1
-        while os.path.lexists(aside):
-            aside = self.path.with_name(f"{stem}-{counter}")
-            counter += 1
-        self.path.rename(aside)
-        return aside
+        return rename_aside(self.path, "corrupt")
 
     def record(self, answers, *, lang, mode, assignment=None):
         """Persist ``answers``, a list of ``(item_id, "O"|"X"|None, correct)``, with one atomic write.
