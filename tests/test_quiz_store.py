@@ -271,48 +271,81 @@ def default_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("MPKIT_RESULTS_DIR", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr(store_module, "_announced", True)
+    monkeypatch.setenv("MPKIT_STUDENT", "kim")
     (tmp_path / "labs").mkdir()
     monkeypatch.chdir(tmp_path / "labs")
     return tmp_path / "xdg" / "mpkit" / "quiz_results"
 
 
-def test_answers_of_the_first_version_are_moved_in_once_in_time_order(default_folder, capsys):
+def test_answers_of_the_first_version_are_copied_in_once_in_time_order(default_folder, capsys):
     old = _first_version_file(".", "kim", [("pp-001", "X", False, "2026-11-01T09:00:00.000+00:00"),
                                            ("pp-001", "O", True, "2026-11-01T09:01:00.000+00:00"),
                                            ("dp-002", "O", True, "2026-11-01T09:02:00.000+00:00")])
+    before = old.read_bytes()
     # answered in the new folder before the upgrade's first quiz found the old file: both kept
     new = default_folder / "kim.json"
     ResultStore("kim", default_folder).record([("pp-001", "O", True)], lang="en", mode="drill")
-    store = ResultStore("kim")
+    store = ResultStore()
     assert [h["answer"] for h in store.data["items"]["pp-001"]["history"]] == ["X", "O", "O"]
+    assert store.data["items"]["pp-001"]["history"][-1]["lang"] == "en"  # the new one stays last
     assert store.box("pp-001") == 3 and store.box("dp-002") == 2  # replayed: wrong, right, right
     assert store_module.answers(read_results(new)) == {"pp-001": ["X", "O", "O"], "dp-002": ["O"]}
-    assert not old.exists()
-    kept = list(old.parent.glob("kim.json.imported-*"))
-    assert len(kept) == 1 and json.loads(kept[0].read_text(encoding="utf-8"))["items"]["dp-002"]["answer"] == "O"
+    assert old.read_bytes() == before                               # only read
     assert capsys.readouterr().out.splitlines()[-1] == (
-        f"Moved 3 answers an earlier mpkit saved in {old.resolve()} to {new} (the old file is kept, renamed {kept[0].name})")
-    # the same file back again (a student restores it): nothing counted twice
-    kept[0].rename(old)
-    ResultStore("kim")
-    assert store_module.answers(read_results(new))["pp-001"] == ["X", "O", "O"]
+        f"Copied 3 answers an earlier mpkit saved in {old.resolve()} to {new} (the old file is left as it is)")
+    # opened again: nothing counted twice, nothing said
+    ResultStore().record([("dp-002", "X", False)], lang="ko", mode="drill")
+    assert store_module.answers(read_results(new)) == {"pp-001": ["X", "O", "O"], "dp-002": ["O", "X"]}
+    assert capsys.readouterr().out == ""
+    # a kernel still running the first version wrote one more: the next open copies just that
+    _first_version_file(".", "kim", [("pp-001", "X", False, "2026-11-01T09:00:00.000+00:00"),
+                                     ("pp-001", "O", True, "2026-11-01T09:01:00.000+00:00"),
+                                     ("dp-002", "O", True, "2026-11-01T09:02:00.000+00:00"),
+                                     ("tp-003", "X", True, "2026-12-05T09:00:00.000+00:00")])
+    assert ResultStore().box("tp-003") == 2 and "Copied 1 answers" in capsys.readouterr().out
 
 
-def test_an_old_file_of_another_name_or_unreadable_stays_where_it_is(default_folder):
+def test_old_files_that_are_not_this_students_are_left_alone(default_folder, monkeypatch):
     other = _first_version_file(".", "lee#1", [("pp-001", "O", True, "2026-11-01T09:00:00.000+00:00")])
     assert other == store_module.legacy_path("lee@1", ".")  # the first version's stems were lossy
-    ResultStore("lee@1").record([("pp-002", "X", False)], lang="ko", mode="drill")
-    assert other.exists() and set(read_results(default_folder / "lee%401.json")["items"]) == {"pp-002"}
+    monkeypatch.setenv("MPKIT_STUDENT", "lee@1")
+    ResultStore().record([("pp-002", "X", False)], lang="ko", mode="drill")
+    assert set(read_results(default_folder / "lee%401.json")["items"]) == {"pp-002"}
+    # a name given (an instructor reviewing kim beside collected files): never copied
+    _first_version_file(".", "kim", [("pp-001", "O", True, "2026-11-01T09:00:00.000+00:00")])
+    assert ResultStore("kim").data["items"] == {}
+    monkeypatch.setattr(store_module.os, "getuid", lambda: os.stat(".").st_uid + 1)  # another user's file
+    monkeypatch.setenv("MPKIT_STUDENT", "kim")
+    assert ResultStore().data["items"] == {}
+
+
+def test_an_unreadable_old_file_or_folder_warns_and_the_quiz_works_on(default_folder, monkeypatch):
+    monkeypatch.setenv("MPKIT_STUDENT", "park")
     broken = store_module.legacy_path("park", ".")
+    broken.parent.mkdir()
     broken.write_text("{not json", encoding="utf-8")
-    with pytest.warns(UserWarning, match="not moved"):
-        ResultStore("park")
+    with pytest.warns(UserWarning, match="not copied"):
+        store = ResultStore()
+    store.record([("pp-001", "O", True)], lang="ko", mode="drill")
     assert broken.read_text(encoding="utf-8") == "{not json"
+    monkeypatch.setattr(store_module.Path, "cwd", classmethod(lambda cls: (_ for _ in ()).throw(
+        FileNotFoundError("the kernel's folder was deleted"))))
+    with pytest.warns(UserWarning, match="folder was deleted"):
+        assert set(ResultStore().data["items"]) == {"pp-001"}
+
+
+def test_a_legacy_folder_linked_to_the_data_folder_is_this_file(default_folder, monkeypatch):
+    monkeypatch.setenv("MPKIT_STUDENT", "kim")
+    ResultStore().record([("pp-001", "O", True)], lang="ko", mode="drill")
+    os.symlink(default_folder, "quiz_results")               # labs/quiz_results -> the data folder
+    store = ResultStore()
+    assert store_module.answers(store.data) == {"pp-001": ["O"]} and (default_folder / "kim.json").is_file()
 
 
 def test_a_chosen_folder_never_takes_old_answers(default_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("MPKIT_STUDENT", "kim")
     old = _first_version_file(".", "kim", [("pp-001", "O", True, "2026-11-01T09:00:00.000+00:00")])
-    assert ResultStore("kim", tmp_path / "chosen").data["items"] == {}
+    assert ResultStore(None, tmp_path / "chosen").data["items"] == {}
     monkeypatch.setenv("MPKIT_RESULTS_DIR", str(tmp_path / "env"))
-    assert ResultStore("kim").data["items"] == {}
+    assert ResultStore().data["items"] == {}
     assert old.exists()

@@ -4,8 +4,9 @@ Where: ``results_dir`` argument, else ``$MPKIT_RESULTS_DIR``, else the user data
 (``$XDG_DATA_HOME/mpkit/quiz_results``, by default ``~/.local/share/mpkit/quiz_results``), so
 answers never land in the folder a student browses and commits. The first save of a kernel into
 that default folder prints where it is, in Korean and English. mpkit's first version kept answers
-in ``./quiz_results`` (beside the notebook); a store opened on the default folder moves that
-student's old file in (each answer once, in time order) and keeps the old file renamed.
+in ``./quiz_results`` (beside the notebook); a store opened on the default folder for the
+student of this login copies that student's old answers in (each answer once; the old file is
+never changed).
 
 Safety, each for a reason seen in practice:
 
@@ -36,6 +37,7 @@ Version 1 files (no blanks, no ``assignment``) are read as they are.
 """
 import contextlib
 import getpass
+import heapq
 import json
 import os
 import re
@@ -164,16 +166,6 @@ def answers(data, assignment=None):
             for item_id, entry in data["items"].items()}
 
 
-def rename_aside(path, why):
-    """Rename ``path`` to ``<name>.<why>-<time>`` (``-1``, ``-2``... when taken) and return the new path."""
-    stem = f"{path.name}.{why}-{datetime.now().strftime('%Y%m%dT%H%M%S')}"
-    aside, counter = path.with_name(stem), 1
-    while os.path.lexists(aside):
-        aside, counter = path.with_name(f"{stem}-{counter}"), counter + 1
-    path.rename(aside)
-    return aside
-
-
 def _replay(entry):
     """Set an item's latest answer and Leitner box from its history (the rule of ``_append``)."""
     box = 1
@@ -183,9 +175,13 @@ def _replay(entry):
     entry.update(answer=last["answer"], correct=bool(last.get("correct")), at=last.get("at", entry["at"]), box=box)
 
 
+def _when(event):
+    return event.get("at", "")
+
+
 def merge_answers(data, other):
     """Add the answers recorded in ``other`` to ``data``: each history entry once (an entry equal in
-    every field is the same answer), every item's history in time order, its box replayed.
+    every field is the same answer), put in by time among the existing ones, the box replayed.
     Returns how many answers were new."""
     added = 0
     for item_id, entry in other["items"].items():
@@ -195,7 +191,8 @@ def merge_answers(data, other):
         new = [e for e in entry["history"] if json.dumps(e, sort_keys=True) not in seen]
         if new:
             added += len(new)
-            mine["history"] = sorted(mine["history"] + new, key=lambda e: e.get("at", ""))
+            # existing entries stay as they are (and in their order); new ones go in by time
+            mine["history"] = list(heapq.merge(mine["history"], sorted(new, key=_when), key=_when))
             _replay(mine)
     return added
 
@@ -262,8 +259,8 @@ class ResultStore:
         self.announce = results_dir is None and not os.environ.get("MPKIT_RESULTS_DIR")
         self.path = results_path(self.student, results_dir)
         self.session = uuid.uuid4().hex[:12]  # groups the answers given in one quiz widget
-        if self.announce:
-            self._move_in_legacy_answers()
+        if self.announce and student is None:  # not for a name given (an instructor reviewing kim)
+            self._copy_in_legacy_answers()
         self.data = self._load()
 
     def _load(self, have_lock=False):
@@ -290,36 +287,43 @@ class ResultStore:
                              "choose a different student name")
         return data
 
-    def _move_in_legacy_answers(self):
-        """Bring this student's answers from mpkit's first version (:func:`legacy_path`) into this
-        file, under its lock, then rename the old file ``<name>.imported-<time>`` (nothing deleted)
-        and say so in Korean and English. A file holding another name (whose stem is the same) or
-        one we cannot read stays where it is."""
-        old = legacy_path(self.student)
-        if not os.path.isfile(old):
-            return
+    def _copy_in_legacy_answers(self):
+        """Copy this student's answers from mpkit's first version (:func:`legacy_path`) into this
+        file, under its lock, each once (so opening again adds only what that version wrote since),
+        and say so in Korean and English when there were new ones. The old file is only read. Left
+        alone: a file holding another name (the first version's stems could collide), one owned by
+        another user, this very file (a folder linked to the data folder), one we cannot read (a
+        warning: the quiz works on)."""
         try:
-            legacy = read_results(old)
-        except ResultsFileError as exc:
-            warnings.warn(f"{exc}; its answers were not moved to {self.path} (the file is left as it is)",
-                          stacklevel=3)
-            return
-        if unicodedata.normalize("NFC", legacy["student"].strip()) != self.student:
-            return
-        with locked(self.path):
-            if not os.path.isfile(old):  # another kernel moved it in meanwhile
+            old = legacy_path(self.student)
+            if not old.is_file() or (old.exists() and self.path.exists() and os.path.samefile(old, self.path)):
                 return
-            remove_stale_temps(self.path)
-            data = self._load(have_lock=True)
-            count = merge_answers(data, legacy)
-            data.update(version=VERSION, updated=now())
-            atomic_write_text(self.path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
-            aside = rename_aside(old, "imported")
-        values = dict(count=count, old=old, new=self.path, aside=aside.name)
-        print(f"{t('moved_in', 'ko', **values)}\n{t('moved_in', 'en', **values)}", file=sys.stdout)
+            if hasattr(os, "getuid") and old.stat().st_uid != os.getuid():
+                return
+            with locked(self.path):
+                legacy = read_results(old)
+                if unicodedata.normalize("NFC", legacy["student"].strip()) != self.student:
+                    return
+                remove_stale_temps(self.path)
+                data = self._load(have_lock=True)
+                count = merge_answers(data, legacy)
+                if count:
+                    data.update(version=VERSION, updated=now())
+                    atomic_write_text(self.path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
+        except (OSError, ResultsFileError) as exc:
+            warnings.warn(f"answers of an earlier mpkit were not copied to {self.path}: {exc}", stacklevel=3)
+            return
+        if count:
+            values = dict(count=count, old=old, new=self.path)
+            print(f"{t('copied_in', 'ko', **values)}\n{t('copied_in', 'en', **values)}", file=sys.stdout)
 
     def _move_aside(self):
-        return rename_aside(self.path, "corrupt")
+        stem = f"{self.path.name}.corrupt-{datetime.now().strftime('%Y%m%dT%H%M%S')}"
+        aside, counter = self.path.with_name(stem), 1
+        while os.path.lexists(aside):
+            aside, counter = self.path.with_name(f"{stem}-{counter}"), counter + 1
+        self.path.rename(aside)
+        return aside
 
     def record(self, answers, *, lang, mode, assignment=None):
         """Persist ``answers``, a list of ``(item_id, "O"|"X"|None, correct)``, with one atomic write.
