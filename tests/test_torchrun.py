@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import mpkit
+
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = '''
@@ -84,3 +86,31 @@ def test_launch_under_torchrun(tmp_path):
     for rank in (0, 1):
         assert "WORLD_SIZE=2" in lines[rank]["wrong"] and "world_size=2" in lines[rank]["wrong"]
         assert f"called inside rank {rank} of a running launch" in lines[rank]["nested"]
+
+
+class _ShiftedClock:
+    """A ``time`` module whose perf_counter runs ``shift`` seconds ahead of the real one."""
+
+    def __init__(self, shift):
+        import time
+        self._real, self.shift = time.perf_counter, shift
+
+    def perf_counter(self):
+        return self._real() + self.shift
+
+
+def _estimate_known_offset(ctx, shift):
+    from mpkit.runtime import torchrun
+    if ctx.rank == 1:
+        torchrun.time = _ShiftedClock(shift)  # this forked rank only: its host's clock runs ahead
+    return torchrun.clock_offset(None)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shift", [250.0, -3.5])
+def test_clock_offset_finds_a_known_shift_with_its_sign(shift):
+    """The NTP-style estimate on two ranks whose clocks differ by a known ``shift``: within its own
+    error bound of the truth (which a flipped sign or a wrong half would miss by ~2x the shift)."""
+    (zero, zero_error), (offset, error) = mpkit.launch(_estimate_known_offset, 2, args=(shift,), timeout=30)
+    assert (zero, zero_error) == (0.0, 0.0)
+    assert 0.0 < error < 1.0 and abs(offset - shift) <= error, (offset, error)

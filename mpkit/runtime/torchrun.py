@@ -49,7 +49,7 @@ def clock_offset(group) -> tuple[float, float]:
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     ping, reply = torch.zeros(1, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
     if rank == 0:
-        for peer in range(1, world_size):  # one rank at a time: the others wait in their first recv
+        for peer in range(1, world_size):  # one rank at a time: the others wait for their turn
             for _ in range(_CLOCK_ROUNDS):
                 dist.recv(ping, peer, group=group)
                 reply[0] = time.perf_counter()
