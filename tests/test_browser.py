@@ -48,6 +48,8 @@ def lab_server(tmp_path_factory):
         # reparented away from us, so the pids are taken here, not after the stop.
         server_tree = descendants()
     # Only sockets these processes hold count: other work on the host opens and closes ports of its own.
+    # The price: a kernel child already reparented to init before this point is not seen here;
+    # tests/test_orphans.py checks that no rank outlives its kernel.
     deadline = time.monotonic() + 30  # kernels close their five ZMQ ports shortly after shutdown
     while (leaked := listening_sockets_of(server_tree)) and time.monotonic() < deadline:
         time.sleep(0.5)
