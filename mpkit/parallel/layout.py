@@ -2,9 +2,11 @@
 
 Megatron-LM, torchtitan's ``ParallelDims`` and picotron's process-group grid all put tensor
 parallel innermost: the ranks of one TP group are adjacent (rank r and r+1 share a node and its
-fastest links), because TP communicates inside every layer, forward and backward. Pipeline
-stages come next (one activation per micro-batch per stage boundary), data parallel outermost
-(one gradient reduction per step, the cheapest to stretch across nodes). So
+fastest links), because TP communicates inside every layer, forward and backward. Around it,
+mpkit follows picotron: pipeline stages next (one activation per micro-batch per stage
+boundary), data parallel outermost (one gradient reduction per step, which can overlap with
+backward). Megatron-LM and torchtitan put pipeline outermost instead (tp, dp, pp); in large
+runs one TP group fills a node, so DP and PP cross nodes either way. So
 
     rank = (dp_index * pp + pp_index) * tp + tp_index
 
