@@ -14,8 +14,10 @@ gloo's threads spend while a rank waits cannot make the estimate agree by constr
 For each grid configuration of ``benchmarks/costmodel.py`` and each condition (the machine as it
 is, then ``--load`` pinned busy loops): the engine's prediction (calibrated under that condition),
 the measured step (median step period of the second halves, ``--runs`` run pairs pooled), C of the
-busiest rank (process, main thread), k, and the signed errors of k·C (process), k·C (main thread),
-the engine and max(engine, k·C); MAPE per condition, for all rows and the pp rows, at the end.
+busiest rank (process, main thread), Cpred (C predicted without running the step from CPU costs
+per operation measured under the same load: ``benchmarks/cpu_tables.py``), k, and the signed
+errors of k·C (process), k·C (main thread), the engine, max(engine, k·C), k·Cpred and
+max(engine, k·Cpred); MAPE per condition, for all rows and the pp rows, at the end.
 
     python benchmarks/fairshare.py [--runs 2] [--load 2] [--quick]   # about 3-4 minutes on 2 cores
 """
@@ -26,6 +28,7 @@ import statistics
 import time
 
 from costmodel import both_conditions, grid  # benchmarks/costmodel.py
+from cpu_tables import measure_tables, program_cpu  # benchmarks/cpu_tables.py
 from machine import load  # benchmarks/machine.py
 from mpkit.runtime.launch import launch
 from mpkit.sim import predict
@@ -71,8 +74,9 @@ def condition(args) -> dict:
     hw = calibrate(refresh=True, cache_file=None)
     print(f"cpu-sim calibrated: {hw.flops / 1e9:.1f} GFLOP/s, background {hw.background:.1f} busy processes, "
           f"{hw.cores} cores; {load()}")
-    names = ("k*C", "k*C main", "engine", "max")
-    header = (f"{'config':44s} {'meas ms':>8s} {'C ms':>6s} {'main':>6s} {'k':>5s} {'engine':>7s}  "
+    tables = measure_tables()
+    names = ("k*C", "k*C main", "engine", "max", "k*Cpred", "max pred")
+    header = (f"{'config':44s} {'meas ms':>8s} {'C ms':>6s} {'main':>6s} {'Cpred':>6s} {'k':>5s} {'engine':>7s}  "
               + " ".join(f"{n + ' err%':>13s}" for n in names))
     print(header + "\n" + "-" * len(header))
     errors = {n: [] for n in names}
@@ -80,12 +84,14 @@ def condition(args) -> dict:
         options = " ".join(f"{k}={v}" for k, v in kwargs.items() if k in ("schedule", "micro_batches"))
         engine = predict(strategy, hardware=hw, world_size=world, **kwargs).step_time
         step, (cpu, main_cpu) = measure(strategy, world, kwargs, args.runs)
+        cpu_pred = program_cpu(strategy, world, kwargs, hw, tables)
         k = max(1.0, (world + hw.background) / hw.cores)
-        row = dict(zip(names, (k * cpu, k * main_cpu, engine, max(engine, k * cpu))))
+        row = dict(zip(names, (k * cpu, k * main_cpu, engine, max(engine, k * cpu), k * cpu_pred,
+                               max(engine, k * cpu_pred))))
         for name, value in row.items():
             errors[name].append((strategy, signed(value, step)))
         print(f"{f'{strategy} N={world} {model_name} {options}':44s} {step * 1e3:8.2f} {cpu * 1e3:6.2f} "
-              f"{main_cpu * 1e3:6.2f} {k:5.2f} {engine * 1e3:7.2f}  "
+              f"{main_cpu * 1e3:6.2f} {cpu_pred * 1e3:6.2f} {k:5.2f} {engine * 1e3:7.2f}  "
               + " ".join(f"{errors[n][-1][1]:+13.1f}" for n in names), flush=True)
     summary = {n: (statistics.fmean(abs(e) for _, e in rows), statistics.fmean(abs(e) for s_, e in rows if s_ == "pp"))
                for n, rows in errors.items()}
@@ -104,7 +110,8 @@ def main(argv=None):
     args.load_seconds = 900.0
     started = time.time()
     results = both_conditions(condition, args)
-    print("| condition | k·C | k·C main thread | engine | max(engine, k·C) |\n|---|---:|---:|---:|---:|")
+    print("| condition | k·C | k·C main thread | engine | max(engine, k·C) | k·Cpred | max(engine, k·Cpred) |\n"
+          "|---|---:|---:|---:|---:|---:|---:|")
     for condition_name, summary in results.items():
         print(f"| {condition_name} | " + " | ".join(f"{a:.1f}% ({p:.1f}%)" for a, p in summary.values()) + " |")
     print("(MAPE over all rows; pp rows in parentheses)")
