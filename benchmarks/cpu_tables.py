@@ -2,8 +2,9 @@
 
 ``benchmarks/fairshare.py`` estimates a loaded step as k·C, C the busiest rank's CPU seconds per
 step. This predicts C without running the step: the compute instructions' seconds as the cost
-model prices them (``strategy.program``, calibrated under the same load, not stretched), the
-step's work outside its phases, plus for every collective and message the CPU of the whole
+model prices them (``strategy.program``) and the step's work outside its phases, both divided by
+the share of a core the calibration's lone rank had beside the load (its times are wall times),
+plus for every collective and message the CPU of the whole
 process (gloo runs the work on its own threads) that one such operation costs. Those costs are
 measured here, under the current load: collectives on 2 and 4 ranks, each after a stretch of
 compute as training calls them; sends and receives in a 2-rank relay.
@@ -48,7 +49,7 @@ def _collective_rank(ctx):
             full = torch.zeros(size // 4)
             part = full[: full.numel() // world].clone()
             call = {"all_reduce": lambda: dist.all_reduce(full),
-                    "reduce_scatter": lambda: dist.reduce_scatter_tensor(full[: full.numel() // world], full),
+                    "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full),
                     "all_gather": lambda: dist.all_gather_into_tensor(full, part)}[kind]
             call()  # warm-up
             dist.barrier()
@@ -100,12 +101,13 @@ def program_cpu(strategy, world, kwargs, hw, tables) -> float:
     and each message (by side and size)."""
     cfg = make_config(strategy, world, **kwargs)
     plan = Pricer(hw, cfg.model, cfg.world_size, cfg.batch_size, cfg.options)
+    calibration_stretch = max(1.0, (1 + hw.background) / hw.cores) if hw.cores else 1.0
     per_rank = []
     for program in get_strategy(strategy).program(plan):
-        cpu = hw.step_overhead
+        cpu = hw.step_overhead / calibration_stretch
         for ins in program:
             if isinstance(ins, Compute):
-                cpu += ins.seconds
+                cpu += ins.seconds / calibration_stretch
             elif isinstance(ins, Collective):
                 group = tables[min((2, 4), key=lambda n: abs(n - len(ins.group)))]
                 cpu += interpolate(group.get(ins.kind, group["all_reduce"]), ins.nbytes)

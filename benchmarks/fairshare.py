@@ -17,7 +17,8 @@ the measured step (median step period of the second halves, ``--runs`` run pairs
 busiest rank (process, main thread), Cpred (C predicted without running the step from CPU costs
 per operation measured under the same load: ``benchmarks/cpu_tables.py``), k, and the signed
 errors of k·C (process), k·C (main thread), the engine, max(engine, k·C), k·Cpred and
-max(engine, k·Cpred); MAPE per condition, for all rows and the pp rows, at the end.
+max(engine, k·Cpred) against the step, and of Cpred against C; MAPE per condition, for all rows
+and the pp rows, at the end.
 
     python benchmarks/fairshare.py [--runs 2] [--load 2] [--quick]   # about 3-4 minutes on 2 cores
 """
@@ -75,7 +76,7 @@ def condition(args) -> dict:
     print(f"cpu-sim calibrated: {hw.flops / 1e9:.1f} GFLOP/s, background {hw.background:.1f} busy processes, "
           f"{hw.cores} cores; {load()}")
     tables = measure_tables()
-    names = ("k*C", "k*C main", "engine", "max", "k*Cpred", "max pred")
+    names = ("k*C", "k*C main", "engine", "max", "k*Cpred", "max pred", "Cpred vs C")
     header = (f"{'config':44s} {'meas ms':>8s} {'C ms':>6s} {'main':>6s} {'Cpred':>6s} {'k':>5s} {'engine':>7s}  "
               + " ".join(f"{n + ' err%':>13s}" for n in names))
     print(header + "\n" + "-" * len(header))
@@ -90,6 +91,7 @@ def condition(args) -> dict:
                                max(engine, k * cpu_pred))))
         for name, value in row.items():
             errors[name].append((strategy, signed(value, step)))
+        errors["Cpred vs C"].append((strategy, signed(cpu_pred, cpu)))  # the prediction of C itself
         print(f"{f'{strategy} N={world} {model_name} {options}':44s} {step * 1e3:8.2f} {cpu * 1e3:6.2f} "
               f"{main_cpu * 1e3:6.2f} {cpu_pred * 1e3:6.2f} {k:5.2f} {engine * 1e3:7.2f}  "
               + " ".join(f"{errors[n][-1][1]:+13.1f}" for n in names), flush=True)
@@ -110,8 +112,8 @@ def main(argv=None):
     args.load_seconds = 900.0
     started = time.time()
     results = both_conditions(condition, args)
-    print("| condition | k·C | k·C main thread | engine | max(engine, k·C) | k·Cpred | max(engine, k·Cpred) |\n"
-          "|---|---:|---:|---:|---:|---:|---:|")
+    print("| condition | k·C | k·C main thread | engine | max(engine, k·C) | k·Cpred | max(engine, k·Cpred) "
+          "| Cpred vs C |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for condition_name, summary in results.items():
         print(f"| {condition_name} | " + " | ".join(f"{a:.1f}% ({p:.1f}%)" for a, p in summary.values()) + " |")
     print("(MAPE over all rows; pp rows in parentheses)")

@@ -5,7 +5,7 @@ parallel innermost: the ranks of one TP group are adjacent (rank r and r+1 share
 fastest links), because TP communicates inside every layer, forward and backward. Around it,
 mpkit follows picotron: pipeline stages next (one activation per micro-batch per stage
 boundary), data parallel outermost (one gradient reduction per step, which can overlap with
-backward). Megatron-LM and torchtitan put pipeline outermost instead (tp, dp, pp); in large
+backward). Megatron-LM (by default) and torchtitan put pipeline outermost instead (tp, dp, pp from the inside out); in large
 runs one TP group fills a node, so DP and PP cross nodes either way. So
 
     rank = (dp_index * pp + pp_index) * tp + tp_index
