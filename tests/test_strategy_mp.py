@@ -1,10 +1,11 @@
-"""Layer-wise model parallel (``mp``): parity with ``single``, the split, and the trace that
-shows only one device computing at a time."""
+"""Layer-wise model parallel (``mp``): parity with ``single``, the split, the trace that shows
+only one device computing at a time, and the same split with PyTorch's RPC framework."""
 from functools import lru_cache
 
 import pytest
 
 import mpkit
+from mpkit.crosscheck import rpc_model_parallel
 from mpkit.models import ModelConfig, build_model
 
 # mp runs exactly the single model's ops on the whole batch, just on different processes:
@@ -74,3 +75,17 @@ def test_more_ranks_than_layers_is_refused():
         mpkit.train("mp", 5)
     with pytest.raises(ValueError, match=r"more than the 6 layers .* \(layers=5\)"):
         mpkit.train("mp", 7, model="gpt")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("model, optimizer, world_size", [("mlp", "adam", 2), ("gpt", "sgd", 4)])
+def test_rpc_model_parallel_matches_mp(model, optimizer, world_size):
+    """rpc_sync from stage to stage, dist_autograd and DistributedOptimizer (the seed's "rpc
+    implements model parallelism") against our mp: the same ops in the same order, and Adam or
+    SGD applied per parameter by the functional optimizers, so within ATOL of each other."""
+    ours = mpkit.train("mp", world_size, model=model, optimizer=optimizer, steps=3)
+    driver, *others = rpc_model_parallel.train(world_size, model=model, optimizer=optimizer, steps=3, timeout=90)
+    assert all(out.losses is None and not out.params for out in others)  # they only answered calls
+    assert driver.losses == pytest.approx(ours.losses, abs=ATOL) and len(driver.losses) == 3
+    assert sorted(driver.params) == sorted(ours.params)  # every stage's parameters, fetched from its owner
+    assert max((driver.params[name] - t).abs().max().item() for name, t in ours.params.items()) <= ATOL

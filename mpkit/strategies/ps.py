@@ -25,7 +25,6 @@ import threading
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch.distributed import rpc
 
 from mpkit.observe.comm import nbytes
@@ -34,6 +33,7 @@ from mpkit.sim.pricing import fwd_bwd, message, optimizer
 from mpkit.sim.profile import Cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible, state_of
 from mpkit.strategies.loop import forward_backward, local_batch, run_steps
+from mpkit.strategies.rpcworld import join_rpc
 
 OPTIONS = {"mode": "sync"}
 MODES = ("sync", "async")
@@ -175,32 +175,12 @@ def _work(ctx, cfg, model):
     return {"pushes": cfg.steps}
 
 
-def _init_rpc(ctx):
-    """Join an rpc world next to the process group. Under torchrun, its agent's store (env://)
-    serves rpc too (rpc prefixes its keys). In our own worlds rank 0 starts the rpc store on a
-    port the OS picks as it binds (port 0: nobody can take it in between, as with a port chosen
-    free and bound later), tells the others over the process group, and rpc's rendezvous on rank
-    0 then shares that server: multi-tenant TCPStores in one process share one server per port."""
-    server = None
-    if ctx.launcher == "torchrun":
-        init_method = "env://"
-    else:
-        if ctx.rank == 0:
-            server = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
-        port = [server.port if server is not None else None]
-        dist.broadcast_object_list(port, src=0)
-        init_method = f"tcp://127.0.0.1:{port[0]}"
-    rpc.init_rpc(f"rank{ctx.rank}", rank=ctx.rank, world_size=ctx.world_size,
-                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method=init_method))
-    # ``server`` may go now: rpc's own store on rank 0 holds the shared server from here on
-
-
 def run_rank(ctx, cfg):
     global _server
     model = cfg.model.build(cfg.seed).to(ctx.device)
     if ctx.rank == 0:
         _server = _Server(ctx, model)
-    _init_rpc(ctx)
+    join_rpc(ctx)
     if ctx.rank == 0:
         losses, extra = _serve(ctx, cfg, model, make_optimizer(model.parameters(), cfg))
         rpc.shutdown()  # waits until every worker is done too
