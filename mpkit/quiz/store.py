@@ -166,11 +166,17 @@ def answers(data, assignment=None):
             for item_id, entry in data["items"].items()}
 
 
+def next_box(box, correct):
+    """The Leitner rule: a right answer moves the item up one box (to ``BOXES`` at most), a wrong
+    or blank one back to box 1."""
+    return min(BOXES, box + 1) if correct else 1
+
+
 def _replay(entry):
-    """Set an item's latest answer and Leitner box from its history (the rule of ``_append``)."""
+    """Set an item's latest answer and Leitner box from its history."""
     box = 1
     for event in entry["history"]:
-        box = min(BOXES, box + 1) if event.get("correct") else 1
+        box = next_box(box, event.get("correct"))
     last = entry["history"][-1]
     entry.update(answer=last["answer"], correct=bool(last.get("correct")), at=last.get("at", entry["at"]), box=box)
 
@@ -296,20 +302,21 @@ class ResultStore:
         warning: the quiz works on)."""
         try:
             old = legacy_path(self.student)
-            if not old.is_file() or (old.exists() and self.path.exists() and os.path.samefile(old, self.path)):
+            if not old.is_file() or (self.path.exists() and os.path.samefile(old, self.path)):
                 return
             if hasattr(os, "getuid") and old.stat().st_uid != os.getuid():
                 return
-            with locked(self.path):
-                legacy = read_results(old)
+
+            def copy_in(data):
+                legacy = read_results(old)  # under the lock: what that version wrote until now
                 if unicodedata.normalize("NFC", legacy["student"].strip()) != self.student:
-                    return
-                remove_stale_temps(self.path)
-                data = self._load(have_lock=True)
-                count = merge_answers(data, legacy)
-                if count:
+                    return 0
+                added = merge_answers(data, legacy)
+                if added:
                     data.update(version=VERSION, updated=now())
-                    atomic_write_text(self.path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
+                return added
+
+            count = self._rewrite(copy_in)[1]
         except (OSError, ResultsFileError) as exc:
             warnings.warn(f"answers of an earlier mpkit were not copied to {self.path}: {exc}", stacklevel=3)
             return
@@ -330,13 +337,24 @@ class ResultStore:
 
         Returns the bilingual notice of where answers go when this was the kernel's first save into
         the default folder (also printed), else None."""
+        def append(data):
+            self._append(data, answers, lang=lang, mode=mode, assignment=assignment)
+            return True
+
+        self.data = self._rewrite(append)[0]
+        return self._announce()
+
+    def _rewrite(self, change):
+        """Under the lock, re-read the file and ``change(data)``; write it back at once (atomically)
+        when that returns something true. Returns (data, what ``change`` returned): every writer
+        goes through here, so none loses another's answers."""
         with locked(self.path):
             remove_stale_temps(self.path)
             data = self._load(have_lock=True)
-            self._append(data, answers, lang=lang, mode=mode, assignment=assignment)
-            atomic_write_text(self.path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
-        self.data = data
-        return self._announce()
+            changed = change(data)
+            if changed:
+                atomic_write_text(self.path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
+        return data, changed
 
     def _append(self, data, answers, *, lang, mode, assignment):
         stamp = now()
@@ -349,7 +367,7 @@ class ResultStore:
                 event["assignment"] = assignment
             entry["history"].append(event)
             entry.update(answer=answer, correct=bool(correct), at=stamp,
-                         box=min(BOXES, entry["box"] + 1) if correct else 1)
+                         box=next_box(entry["box"], correct))
         data.update(version=VERSION, updated=stamp)
 
     def _announce(self):
