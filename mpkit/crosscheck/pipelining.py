@@ -1,5 +1,5 @@
 """The same pipeline with PyTorch's own ``torch.distributed.pipelining`` (cross-check and
-benchmark baseline for ``pp``): the same stages (``split_layers``, balanced by parameter count), one ``PipelineStage`` built
+benchmark baseline for ``pp``): the same stages (``pp.all_stages``, balanced by parameter count), one ``PipelineStage`` built
 by hand per rank, ``ScheduleGPipe`` or ``Schedule1F1B``.
 
 It runs on CPU/gloo in torch 2.13. Its communication is internal, so the trace holds one
@@ -10,9 +10,9 @@ Run it with ``mpkit.launch(run_rank, world_size, args=(make_config("pp", ...),))
 """
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from mpkit.parallel.pipeline.split import split_layers
 from mpkit.strategies.base import RankOutput, make_optimizer
 from mpkit.strategies.loop import full_batch, optimizer_step, run_steps
+from mpkit.strategies.pp import all_stages
 
 TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -22,7 +22,7 @@ def run_rank(ctx, cfg):
     if name not in TORCH_SCHEDULES:
         raise ValueError(f"schedule={name!r}: the torch.distributed.pipelining cross-check runs "
                          f"{', '.join(TORCH_SCHEDULES)}")
-    stage = split_layers(cfg.model.layers_of(cfg.model.build(cfg.seed)), p)[ctx.rank].to(ctx.device)
+    stage = all_stages(cfg, p)[ctx.rank].to(ctx.device)
     opt = make_optimizer(stage.parameters(), cfg)
     # loss per micro-batch is the mean over its samples; scale_grads=True divides the
     # accumulated gradients by m, as our loss/m does
