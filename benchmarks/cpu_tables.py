@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from mpkit.runtime.launch import launch
-from mpkit.sim.calibration import _busy
+from mpkit.sim.calibration import _COLLECTIVES, _busy, collective_call
 from mpkit.sim.engine import Collective, Compute, P2P
 from mpkit.sim.pricing import Pricer
 from mpkit.strategies import get_strategy, make_config
@@ -41,16 +41,12 @@ def _cpu_around(compute, call, reps):
 
 def _collective_rank(ctx):
     """{kind: [(bytes, CPU seconds per call)]}: ``bytes`` as the cost model counts them (the full tensor)."""
-    world, (compute, _) = ctx.world_size, _busy(GAP_MATMULS)
+    compute, _ = _busy(GAP_MATMULS)
     tables = {}
-    for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+    for kind in _COLLECTIVES:
         rows = []
         for size in SIZES:
-            full = torch.zeros(size // 4)
-            part = full[: full.numel() // world].clone()
-            call = {"all_reduce": lambda: dist.all_reduce(full),
-                    "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full),
-                    "all_gather": lambda: dist.all_gather_into_tensor(full, part)}[kind]
+            call = collective_call(kind, torch.zeros(size // 4), ctx.world_size)  # as the calibration times it
             call()  # warm-up
             dist.barrier()
             rows.append((size, _cpu_around(compute, call, 12 if size < 1 << 21 else 6)))

@@ -145,23 +145,31 @@ def _busy(matmuls: int):
     return compute, (time.perf_counter() - start) / 20
 
 
+def collective_call(kind: str, full: torch.Tensor, world: int):
+    """A call of collective ``kind`` on ``full`` (all_reduce's tensor, reduce_scatter's input,
+    all_gather's output) among ``world`` ranks, as the strategies make it; the timed unit."""
+    part = full[: full.numel() // world]
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(full)
+    if kind == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(part, full)
+    if kind == "all_gather":
+        shard = part.clone()
+        return lambda: dist.all_gather_into_tensor(full, shard)
+    raise ValueError(f"no calibration call for collective {kind!r}")
+
+
 def _collective_rank(ctx, matmuls):
     """{kind: {"gap": s, "rows": [(bytes, mean seconds)]}} for every collective the strategies
     call, timed the way training calls them: after ``gap`` seconds of compute, so ranks arrive
     unsynchronised and those that waited must be woken. ``bytes``: the full tensor (all_reduce's,
     reduce_scatter's input, all_gather's output)."""
-    world = ctx.world_size
     compute, gap = _busy(matmuls)
-    calls = {
-        "all_reduce": lambda full: (lambda: dist.all_reduce(full)),
-        "reduce_scatter": lambda full: (lambda out=full[: full.numel() // world]: dist.reduce_scatter_tensor(out, full)),
-        "all_gather": lambda full: (lambda part=full[: full.numel() // world].clone(): dist.all_gather_into_tensor(full, part)),
-    }
     out = {}
     for kind in _COLLECTIVES:
         rows = []
         for size in _COLLECTIVE_SIZES:
-            call = calls[kind](torch.zeros(size // 4))
+            call = collective_call(kind, torch.zeros(size // 4), ctx.world_size)
             times = []
             dist.barrier()
             for rep in range((24 if size < 1 << 21 else 10) + 2):
