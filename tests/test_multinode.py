@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from procutil import descendants, listening_sockets, socket_inodes
+from procutil import descendants, listening_sockets, listening_sockets_of
 
 ROOT = Path(__file__).resolve().parents[1]
 ATOL = 1e-5  # float32 reduction order only, as in test_cli_run
@@ -37,11 +37,10 @@ def _free_port() -> int:
 def _port_holder(port, nodes):
     """"ours" once one of the nodes' processes listens on ``port``, "other" while only another
     process does, None while nobody does."""
-    listeners = {inode for inode, p in listening_sockets().items() if p == port}
-    if not listeners:
+    if port not in listening_sockets().values():
         return None
     tree = set().union(*(descendants(node.pid) | {node.pid} for node in nodes))
-    return "ours" if listeners & socket_inodes(tree) else "other"
+    return "ours" if port in listening_sockets_of(tree).values() else "other"
 
 
 def _start_nodes(strategy, logs, env, deadline):
