@@ -6,7 +6,7 @@ import time
 import pytest
 
 from mpkit.sim import GPU_PRESETS, get_hardware, predict
-from mpkit.sim.predict import MAX_RANKS, MAX_STAGES
+from mpkit.sim.prediction import MAX_RANKS, MAX_STAGES
 
 
 @pytest.mark.parametrize("name,nodes,memory,inter_gb_s", [

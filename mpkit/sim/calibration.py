@@ -1,4 +1,4 @@
-"""``calibrate()``: measure the ``cpu-sim`` preset on this machine, in 10-15 s, the way ranks really run.
+"""``calibrate()``: measure the ``cpu-sim`` preset on this machine, in about 30 s, the way ranks really run.
 
 Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each, like training):
 - compute: real training steps (``mpkit.train("single")``) of five calibration models, from
@@ -15,7 +15,11 @@ Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each
   the ring model 2(N-1)·(alpha + S/N·beta) for other group sizes;
 - the machine's other work: as many ranks as cores spin at once and each one's share of a core
   says how many other busy processes the cores are shared with (``Hardware.background``), so
-  ``predict`` stretches compute by processor sharing among ranks *and* that load.
+  ``predict`` stretches compute by processor sharing among ranks *and* that load;
+- CPU per step (``Hardware.cpu``, ``mpkit.sim.cpu``): the process CPU time (gloo's threads too)
+  that real dp, zero1, tp and pp steps of two calibration models on 2 and 4 ranks use, fitted to
+  their programs' compute, collectives and messages, so ``predict`` knows the fair share of the
+  cores a step needs.
 Results are kept per process and in ``~/.cache/mpkit/cpu-sim.json`` (keyed by host, CPU count,
 torch version and calibration method) so a notebook pays the measurement once.
 """
@@ -35,10 +39,14 @@ import torch.distributed as dist
 from mpkit.runtime.launch import launch
 from mpkit.sim import machines
 from mpkit.sim.machines import DEFAULT_CACHE
+from mpkit.sim import cpu
+from mpkit.sim.cpu import program_terms
 from mpkit.sim.hardware import PHASES, Hardware, Link
-from mpkit.sim.predict import predict
+from mpkit.sim.prediction import predict, step_programs
+from mpkit.sim.pricing import Pricer
 from mpkit.sim.profile import profile_piece
-from mpkit.training import train
+from mpkit.strategies import get_strategy, make_config
+from mpkit.training import Run, train
 
 # Calibration models: other sizes than the labs' and benchmarks/costmodel.py's, spanning
 # op-bound steps (mlp-64), FLOP-bound ones (mlp-512, gpt-128) and attention's many small ops (gpt).
@@ -62,6 +70,20 @@ _HOP_MESSAGES = 4  # micro-batches per relay
 # ``Hardware.measured_time`` interpolates by the compute an operation follows.
 _GAPS = {"warm": (8, 4), "cold": (160, 80)}
 _SPIN_SECONDS = 0.6  # long next to the scheduler's time slices, short next to the calibration
+# Real multi-rank steps whose CPU time the CPU model is fitted to: every kind of communication a
+# strategy issues (all-reduce, reduce-scatter/all-gather, per-layer all-reduces, pipeline messages
+# with both schedules) on 2 and 4 ranks, with messages of 2-64 KiB and gradients of 64 KiB-4 MiB
+# (the per-byte costs need both ends), on MLPs and a small GPT of sizes neither the labs nor
+# benchmarks/costmodel.py use.
+_MLP_SMALL, _MLP_LARGE = _CALIBRATION_MODELS[0], _CALIBRATION_MODELS[2]  # mlp-64, mlp-512
+_GPT_CPU = dict(model="gpt", hidden=32, layers=4, heads=4, seq_len=8, batch_size=16)
+_GPIPE, _1F1B = dict(schedule="gpipe", micro_batches=4), dict(schedule="1f1b", micro_batches=8)
+_CPU_RUNS = tuple((model, strategy, world, options) for model, runs in (
+    (_MLP_SMALL, (("dp", 2, {}), ("zero1", 4, {}), ("tp", 4, {}), ("pp", 2, _GPIPE), ("pp", 4, _GPIPE), ("pp", 2, _1F1B))),
+    (_MLP_LARGE, (("dp", 4, {}), ("zero1", 2, {}), ("tp", 2, {}), ("pp", 4, _GPIPE), ("pp", 2, _1F1B))),
+    (_GPT_CPU, (("dp", 4, {}), ("tp", 2, {}), ("pp", 2, _GPIPE), ("pp", 4, _1F1B))),
+) for strategy, world, options in runs)
+CPU_STEPS, CPU_WARMUP = 16, 6  # CPU per step: steps 6-15 of one run (step times settle within ~5 steps)
 
 
 def _steady(events, kind):
@@ -145,7 +167,7 @@ def _busy(matmuls: int):
     return compute, (time.perf_counter() - start) / 20
 
 
-def collective_call(kind: str, full: torch.Tensor, world: int):
+def _collective_call(kind: str, full: torch.Tensor, world: int):
     """A call of collective ``kind`` on ``full`` (all_reduce's tensor, reduce_scatter's input,
     all_gather's output) among ``world`` ranks, as the strategies make it; the timed unit."""
     part = full[: full.numel() // world]
@@ -169,7 +191,7 @@ def _collective_rank(ctx, matmuls):
     for kind in _COLLECTIVES:
         rows = []
         for size in _COLLECTIVE_SIZES:
-            call = collective_call(kind, torch.zeros(size // 4), ctx.world_size)
+            call = _collective_call(kind, torch.zeros(size // 4), ctx.world_size)
             times = []
             dist.barrier()
             for rep in range((24 if size < 1 << 21 else 10) + 2):
@@ -236,7 +258,7 @@ def _fit(rows) -> Link:
 
 
 def measure(max_world: int = 4) -> Hardware:
-    """Run the measurement now (about 12 s on 2 cores) and return the calibrated ``cpu-sim`` Hardware."""
+    """Run the measurement now (about 30 s on 2 cores) and return the calibrated ``cpu-sim`` Hardware."""
     opts = dict(timeout=60, trace=False, memory=False)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     background = background_load(cores, opts)  # before the rest: what every measurement below shares the cores with
@@ -263,7 +285,8 @@ def measure(max_world: int = 4) -> Hardware:
         measured=measured, step_overhead=step_overhead,
         source=f"measured on {socket.gethostname()} ({cores} cores, torch {torch.__version__}) "
                f"by mpkit.sim.calibrate at {time.strftime('%Y-%m-%d %H:%M')}")
-    return replace(hw, stage_overhead=_stage_overhead(hw))
+    hw = replace(hw, stage_overhead=_stage_overhead(hw))
+    return replace(hw, cpu=_fit_cpu(hw, opts))
 
 
 def _spin_share(ctx, seconds):
@@ -281,6 +304,47 @@ def background_load(cores: int, opts) -> float:
     shares = launch(_spin_share, world_size=cores, args=(_SPIN_SECONDS,), **opts)
     share = statistics.median(shares)
     return max(0.0, cores / share - cores) if share > 0 else 0.0
+
+
+def _timed_rank(ctx, cfg):
+    """The strategy's own rank function, with the CPU seconds at the start of each step (and at the
+    loop's end) in ``extra["cpu_marks"]``: (the whole process: gloo runs collectives and messages on
+    its own threads; the main thread). The loop announces each step through ``ctx.set_step``."""
+    marks, set_step = [], ctx.set_step
+
+    def marking(step):
+        marks.append((time.process_time(), time.thread_time()))
+        set_step(step)
+
+    ctx.set_step = marking
+    out = get_strategy(cfg.strategy).run_rank(ctx, cfg)
+    out.extra["cpu_marks"] = marks
+    return out
+
+
+def cpu_per_step(strategy, world, kwargs, opts=None):
+    """(process CPU seconds per step of each rank, main-thread CPU seconds per step of each rank,
+    the run's ``Run``) of ``strategy`` on ``world`` ranks: one real run of ``CPU_STEPS`` steps,
+    its CPU from the start of step ``CPU_WARMUP`` to the loop's end (no start-up, no warm-up)."""
+    opts = dict(memory=False) if opts is None else opts
+    cfg = make_config(strategy, world, steps=CPU_STEPS, **kwargs)
+    result = launch(_timed_rank, world_size=world, args=(cfg,), **opts)
+    marks = [out.extra["cpu_marks"] for out in result]
+    steps = CPU_STEPS - CPU_WARMUP
+    process, thread = ([(m[-1][kind] - m[CPU_WARMUP][kind]) / steps for m in marks] for kind in (0, 1))
+    return process, thread, Run(cfg, list(result), result)
+
+
+def _fit_cpu(hw: Hardware, opts) -> dict:
+    """``Hardware.cpu``: the CPU model fitted to every rank of the ``_CPU_RUNS``."""
+    samples = []
+    for model, strategy, world, options in _CPU_RUNS:
+        kwargs = {**model, **options}
+        cfg = make_config(strategy, world, **kwargs)
+        plan = Pricer(hw, cfg.model, world, cfg.batch_size, cfg.options)
+        measured, _, _ = cpu_per_step(strategy, world, kwargs, opts)
+        samples += [(program_terms(program), seconds) for program, seconds in zip(step_programs(plan, strategy), measured)]
+    return cpu.fit(samples)
 
 
 def _stage_overhead(hw: Hardware) -> dict:
@@ -302,7 +366,7 @@ def _stage_overhead(hw: Hardware) -> dict:
 
 
 def calibrate(refresh: bool = False, cache_file: Path | str | None = DEFAULT_CACHE) -> Hardware:
-    """Measure this machine as the ``cpu-sim`` preset (about 15 s of forked training runs), keep it
+    """Measure this machine as the ``cpu-sim`` preset (about 30 s of forked training runs), keep it
     for this process and in ``cache_file`` (None: no file). Without ``refresh`` an earlier
     measurement of this machine (same host, cores, torch and method) is reused."""
     hw = None if refresh else machines.known(cache_file)

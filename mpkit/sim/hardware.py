@@ -47,7 +47,9 @@ class Hardware:
     ``step_overhead``: seconds each rank spends per step outside its phases (making the batch,
     ``loss.item()``, the loop itself); measured on cpu-sim, 0 for the GPU presets.
     ``stage_overhead``: seconds the pp executor adds to each micro-batch's forward/backward
-    (measured on cpu-sim, 0 for the GPU presets). ``allreduce``:
+    (measured on cpu-sim, 0 for the GPU presets). ``cpu``: coefficients of a rank's CPU seconds
+    per step (``mpkit.sim.cpu``), fitted on cpu-sim under the load of the moment; empty for the
+    GPU presets, whose ranks do not share cores. ``allreduce``:
     ``"ring"`` (gloo's algorithm, what cpu-sim is fitted to) or ``"auto"`` (ring or tree, whichever
     is faster for the size, as NCCL chooses).
     """
@@ -72,6 +74,7 @@ class Hardware:
     measured: dict = field(default_factory=dict)
     step_overhead: float = 0.0
     stage_overhead: dict = field(default_factory=lambda: {"forward": 0.0, "backward": 0.0})
+    cpu: dict = field(default_factory=dict)
 
     def check_world(self, world_size: int, name: str = "world_size") -> None:
         """A ValueError unless ``world_size`` ranks fit on this machine: never price links a

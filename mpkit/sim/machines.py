@@ -17,7 +17,7 @@ import torch
 from mpkit.sim.hardware import MULTI_NODE, PRESETS, Hardware, Link, gpu_preset
 
 DEFAULT_CACHE = Path.home() / ".cache" / "mpkit" / "cpu-sim.json"
-CALIBRATION_VERSION = 6  # part of the cache key: a cache from an older method is measured again
+CALIBRATION_VERSION = 7  # part of the cache key: a cache from an older method is measured again
 _memory: dict[str, Hardware] = {}
 
 
@@ -73,7 +73,7 @@ def cpu_sim(cache_file: Path | str | None = DEFAULT_CACHE) -> Hardware:
     hw = known(cache_file)
     if hw is None:
         raise NotCalibrated("hardware='cpu-sim' is this machine, measured: run mpkit.sim.calibrate() once first "
-                            "(about 15 s; kept in ~/.cache/mpkit), or predict for a GPU preset such as "
+                            "(about 30 s; kept in ~/.cache/mpkit), or predict for a GPU preset such as "
                             "hardware='8xH100-nvlink'")
     return hw
 

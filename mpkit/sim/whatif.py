@@ -13,7 +13,7 @@ from IPython.display import display
 from mpkit import plot
 from mpkit.sim.hardware import PRESETS
 from mpkit.sim.machines import get_hardware
-from mpkit.sim.predict import predict
+from mpkit.sim.prediction import predict
 
 
 class WhatIf:

@@ -1,4 +1,4 @@
-"""``mpkit.sim.predict``: step time, its breakdown, memory per rank and a timeline — without running.
+"""``mpkit.sim.predict`` (this module: ``mpkit.sim.prediction``): step time, its breakdown, memory per rank and a timeline — without running.
 
 Inputs are checked by the same ``make_config`` that ``mpkit.train`` uses, so a prediction
 accepts exactly the options a real run accepts and refuses the same bad ones. The step is built
@@ -10,11 +10,18 @@ contention, measure how many ranks a second of compute shares the machine with o
 (``compute_concurrency``), and stretch compute by processor sharing (``Hardware.compute_stretch``):
 four data-parallel ranks that compute together on two cores run at half speed, even though they
 all wait in the all-reduce afterwards; other busy processes the calibration saw share the cores too.
+Then the fair share (``mpkit.sim.cpu``): a rank that needs C CPU-seconds a step among k runnable
+processes per core gets about 1/k of a core, so where k·C of the busiest rank is longer than the
+played step (a loaded machine: gloo's threads and every wake-up need CPU too), the step is k·C
+and its timeline is stretched evenly to that length.
 """
 from __future__ import annotations
 
 from mpkit.models import describe
+from dataclasses import replace
+
 from mpkit.observe.trace import Trace, union_seconds
+from mpkit.sim.cpu import rank_cpu, runnable_per_core
 from mpkit.sim.engine import Compute, simulate
 from mpkit.sim.hardware import Hardware
 from mpkit.sim.machines import get_hardware
@@ -33,16 +40,22 @@ class Prediction:
     """What ``predict`` returns; shaped like a ``Run`` where plots read it (``trace``, ``memory``
     as per-rank reports, ``world_size``, ``strategy``, ``config``)."""
 
-    def __init__(self, config, hardware: Hardware, trace: Trace, memory, slowdown: float):
+    def __init__(self, config, hardware: Hardware, trace: Trace, memory, slowdown: float,
+                 cpu_seconds=(), fair_share: float = 0.0):
         self.config = config
         self.strategy = config.strategy
         self.world_size = config.world_size
         self.hardware = hardware
-        self.trace = trace
         self.memory = memory
         self.slowdown = slowdown
+        self.cpu_seconds = list(cpu_seconds)  # per rank, predicted (cpu-sim)
+        self.fair_share = fair_share  # k·C of the busiest rank (0: ranks do not share cores)
         start, end = trace.window()
-        self.step_time = end - start
+        played = end - start
+        self.played_time = played  # the engine's step, before the fair share
+        self.cpu_bound = fair_share > played > 0
+        self.trace = _stretched(trace, start, fair_share / played) if self.cpu_bound else trace
+        self.step_time = max(played, fair_share)
         ranks = trace.ranks or [0]
         compute = sum(trace.busy_time(r, "compute") for r in ranks) / len(ranks)
         # communication counts only where it is not hidden behind compute on the same rank
@@ -81,11 +94,20 @@ class Prediction:
         text = (f"predicted {self.strategy} on {self.world_size} x {self.hardware.name} — {describe(self.config.model)}\n"
                 f"  step {self.step_time * 1e3:.3f} ms: compute {b['compute'] * 1e3:.3f}, comm {b['comm'] * 1e3:.3f}, "
                 f"bubble {b['bubble'] * 1e3:.3f} ms; peak memory per rank {peak:.2f} MiB")
+        if self.cpu_bound:
+            text += (f"\n  CPU-bound: the busiest rank needs {max(self.cpu_seconds) * 1e3:.3f} ms of CPU a step, "
+                     f"with {self.fair_share / max(self.cpu_seconds):.2f} runnable processes per core")
         return text + (f"\n  WARNING: {self.memory_warning}" if self.memory_warning else "")
 
     def __repr__(self):
         return (f"<Prediction {self.strategy} world_size={self.world_size} on {self.hardware.name}: "
                 f"{self.step_time * 1e3:.3f} ms/step{'' if self.fits else ', does not fit in memory'}>")
+
+
+def _stretched(trace: Trace, start: float, factor: float) -> Trace:
+    """``trace`` with every event's start and end ``factor`` times as far from ``start``."""
+    return Trace(events=[replace(e, start=start + (e.start - start) * factor, end=start + (e.end - start) * factor)
+                         for e in trace.events], enabled=False)
 
 
 def _check_size(strategy, world_size):
@@ -126,10 +148,10 @@ def compute_concurrency(trace) -> float:
     return weighted / busy if busy else 0.0
 
 
-def _programs(plan, build):
+def step_programs(plan, strategy):
     """The strategy's per-rank programs (its ``program``, beside its ``run_rank``), each led by the
     step's work outside its phases, with communication priced by the compute before it."""
-    programs = build(plan)
+    programs = get_strategy(strategy).program(plan)
     if plan.hw.step_overhead > 0:
         lead = Compute("compute", plan.hw.step_overhead * plan.slowdown, name="batch, loss.item(), loop")
         programs = [[lead, *program] for program in programs]
@@ -150,15 +172,18 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
     cfg = _config(strategy, world_size, model, batch_size, options)
     hw = get_hardware(hardware)
     hw.check_world(cfg.world_size)
-    build = get_strategy(strategy).program
-    if build is None:
+    if get_strategy(strategy).program is None:
         raise ValueError(f"strategy={strategy!r} has no cost model")
     plan = Pricer(hw, cfg.model, cfg.world_size, cfg.batch_size, cfg.options)
-    trace = simulate(_programs(plan, build))
-    slowdown = 1.0
+    programs = step_programs(plan, strategy)
+    trace = simulate(programs)
+    slowdown, cpu, fair_share = 1.0, [], 0.0
     if hw.cores:
         slowdown = hw.compute_stretch(compute_concurrency(trace))
+        if hw.cpu:  # from the unstretched programs: the coefficients take priced compute as calibrated
+            cpu = [rank_cpu(hw.cpu, program) for program in programs]
+            fair_share = runnable_per_core(cfg.world_size, hw.background, hw.cores) * max(cpu)
         if slowdown > 1.0:
             plan.slowdown = slowdown
-            trace = simulate(_programs(plan, build))
-    return Prediction(cfg, hw, trace, predict_memory(strategy, plan), slowdown)
+            trace = simulate(step_programs(plan, strategy))
+    return Prediction(cfg, hw, trace, predict_memory(strategy, plan), slowdown, cpu, fair_share)

@@ -1,0 +1,77 @@
+"""A rank's CPU seconds per step, and the step that the fair share of shared cores allows.
+
+On ``cpu-sim`` ranks share a few cores with each other and with whatever else the machine runs.
+The engine plays a step's dependencies and stretches compute by how many ranks compute at once;
+under load that is too fast (BENCHMARKS.md, "Cost model accuracy"): a rank needs C CPU-seconds a
+step, its compute *and* what gloo's threads and the executor spend on every message and
+collective, and with k runnable processes per core it gets about 1/k of a core over the step,
+however its waits fall. So the step lasts at least about k·C.
+
+C is a linear model of the step's program, fitted by ``mpkit.sim.calibrate`` to the CPU time
+real multi-rank training steps used (the process's, gloo's threads included) under the load of
+the moment: ``compute`` seconds per second of priced compute, ``collective_step`` seconds per
+ring step of a collective (2(n-1) for an all-reduce of n ranks, n-1 for the others) and
+``collective_byte`` per byte a rank sends in them, ``message`` seconds per send or receive and
+``message_byte`` per byte of it. The CPU of one operation measured alone misses much of a rank's
+CPU in a step (measured 26-38% low), which is why the coefficients are fitted to whole steps.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpkit.sim.engine import Collective, Compute, P2P
+
+TERMS = ("compute", "collective_step", "collective_byte", "message", "message_byte")
+
+
+def ring_steps(kind: str, group_size: int) -> int:
+    """Messages a rank sends in a ring collective: reduce-scatter then all-gather for an all-reduce."""
+    return (2 if kind == "all_reduce" else 1) * (group_size - 1)
+
+
+def program_terms(program) -> np.ndarray:
+    """The amounts the CPU model's coefficients multiply, for one rank's program (``TERMS`` order);
+    compute is counted as priced, before any stretch for shared cores."""
+    terms = np.zeros(len(TERMS))
+    for ins in program:
+        if isinstance(ins, Compute):
+            terms[0] += ins.seconds
+        elif isinstance(ins, Collective):
+            n = len(ins.group)
+            if n > 1:
+                steps = ring_steps(ins.kind, n)
+                terms[1] += steps
+                terms[2] += steps * ins.nbytes / n
+        elif isinstance(ins, P2P):
+            for op in ins.ops:
+                terms[3] += 1
+                terms[4] += op.nbytes
+    return terms
+
+
+def rank_cpu(coefficients: dict, program) -> float:
+    """Predicted CPU seconds of one rank's program (0 without coefficients)."""
+    if not coefficients:
+        return 0.0
+    return float(program_terms(program) @ np.array([coefficients[t] for t in TERMS]))
+
+
+def runnable_per_core(world_size: int, background: float, cores: int) -> float:
+    """k: runnable processes per core when every rank and the background load want to run (at least 1)."""
+    return max(1.0, (world_size + background) / cores)
+
+
+def fit(samples) -> dict:
+    """Non-negative least squares, on relative error, of CPU seconds = terms · coefficients over
+    [(terms, measured CPU seconds)]: a term whose coefficient comes out negative (noise; it cannot
+    cost less than nothing) is dropped and the rest refitted."""
+    design = np.array([terms / seconds for terms, seconds in samples])
+    active = [j for j in range(len(TERMS)) if design[:, j].any()]
+    while True:
+        coef = np.linalg.lstsq(design[:, active], np.ones(len(samples)), rcond=None)[0]
+        if (coef >= 0).all() or len(active) == 1:
+            break
+        active = [j for j, c in zip(active, coef) if c >= 0] or active[:1]
+    out = dict.fromkeys(TERMS, 0.0)
+    out.update({TERMS[j]: max(float(c), 0.0) for j, c in zip(active, coef)})
+    return out

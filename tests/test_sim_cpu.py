@@ -1,0 +1,85 @@
+"""The CPU model of ``mpkit.sim.cpu`` and the fair-share step ``predict`` takes from it.
+
+The model's coefficients are fitted by the calibration (tests/test_sim.py runs it); here they are
+set by hand so that what ``predict`` does with them can be checked exactly.
+"""
+import numpy as np
+import pytest
+
+from mpkit.sim import Hardware, Link, predict
+from mpkit.sim.cpu import TERMS, fit, program_terms, rank_cpu, ring_steps, runnable_per_core
+from mpkit.sim.engine import Collective, Compute, Msg, P2P
+
+COEFFICIENTS = {"compute": 1.5, "collective_step": 1e-4, "collective_byte": 1e-9, "message": 3e-4,
+                "message_byte": 2e-9}
+
+
+def test_program_terms_count_ring_steps_and_bytes_a_rank_sends():
+    program = [Compute("forward", 0.002), Collective("all_reduce", (0, 1, 2, 3), 4000, 0.001, ("a",)),
+               Collective("all_gather", (0, 1), 1000, 0.001, ("b",)), Compute("backward", 0.003),
+               P2P((Msg("send", 1, "x", 512, 0.0), Msg("recv", 1, "y", 256, 0.0))),
+               Collective("all_reduce", (0,), 4000, 0.0, ("alone",))]  # a group of one sends nothing
+    terms = program_terms(program)
+    assert ring_steps("all_reduce", 4) == 6 and ring_steps("reduce_scatter", 4) == 3
+    # 6 + 1 ring steps; each step of the 4-rank all-reduce sends a quarter, of the 2-rank all-gather a half
+    assert terms.tolist() == pytest.approx([0.005, 7, 6 * 1000 + 1 * 500, 2, 768])
+    assert rank_cpu(COEFFICIENTS, program) == pytest.approx(
+        1.5 * 0.005 + 7e-4 + 6500e-9 + 2 * 3e-4 + 768 * 2e-9)
+    assert rank_cpu({}, program) == 0.0  # an uncalibrated machine has no CPU model
+
+
+def test_fit_recovers_coefficients_and_drops_negative_ones():
+    rng = np.random.default_rng(0)
+    truth = np.array([COEFFICIENTS[t] for t in TERMS])
+    terms = [rng.uniform([1e-3, 0, 0, 0, 0], [2e-2, 40, 4e6, 40, 1e6]) for _ in range(30)]
+    assert fit([(x, float(x @ truth)) for x in terms]) == pytest.approx(COEFFICIENTS, rel=1e-6)
+    # measured CPU that *falls* with the bytes of messages is noise: that term is dropped, not negative
+    noisy = [(x, float(x @ truth) - 1e-9 * x[4]) for x in terms]
+    fitted = fit(noisy)
+    assert all(value >= 0 for value in fitted.values()) and set(fitted) == set(TERMS)
+
+
+def test_runnable_per_core():
+    assert runnable_per_core(2, 0.0, 2) == 1.0
+    assert runnable_per_core(1, 0.0, 2) == 1.0  # an idle core does not make a rank faster
+    assert runnable_per_core(4, 2.0, 2) == 3.0
+
+
+def _machine(**changes):
+    base = dict(name="two cores", flops=1e9, mfu=1.0, mem_bw=1e10, op_overhead=dict.fromkeys(
+        ("forward", "backward", "optimizer"), 1e-5), p2p=Link(1e-4, 1e-9), collective=Link(1e-4, 1e-9),
+        devices_per_node=1 << 20, cores=2, allreduce="ring")
+    return Hardware(**{**base, **changes})
+
+
+def test_a_loaded_machine_sets_the_step_by_the_fair_share():
+    kwargs = dict(world_size=2, model="mlp", hidden=64, layers=4, batch_size=32, schedule="gpipe", micro_batches=4)
+    quiet = predict("pp", hardware=_machine(), **kwargs)
+    assert quiet.cpu_seconds == [] and quiet.fair_share == 0.0 and not quiet.cpu_bound
+    loaded = predict("pp", hardware=_machine(background=2.0, cpu=COEFFICIENTS), **kwargs)
+    k = (2 + 2.0) / 2
+    assert len(loaded.cpu_seconds) == 2 and min(loaded.cpu_seconds) > 0
+    assert loaded.fair_share == pytest.approx(k * max(loaded.cpu_seconds))
+    assert loaded.cpu_bound and loaded.step_time == pytest.approx(loaded.fair_share)
+    start, end = loaded.trace.window()
+    assert end - start == pytest.approx(loaded.step_time)  # the timeline is as long as the step
+    assert len(loaded.trace.events) == len(quiet.trace.events)
+    assert "CPU-bound" in loaded.summary() and "CPU-bound" not in quiet.summary()
+    # the same machine with far fewer CPU seconds a step: the played step stands, unstretched
+    light = predict("pp", hardware=_machine(background=2.0, cpu=dict.fromkeys(TERMS, 0.0) | {"compute": 0.01}),
+                    **kwargs)
+    assert not light.cpu_bound and light.step_time > light.fair_share > 0
+
+
+def test_gpu_presets_have_no_cpu_model():
+    pred = predict("dp", hardware="8xH100-nvlink", world_size=8, model="gpt")
+    assert pred.cpu_seconds == [] and pred.fair_share == 0.0 and not pred.cpu_bound
+
+
+def test_predict_stays_a_function_after_the_calibration_module_loads():
+    """``mpkit.sim.predict`` is the function; a submodule of that name would replace it on the
+    package the moment the calibration (or the what-if widget) imported it."""
+    import mpkit.sim
+    from mpkit.sim import calibrate, whatif  # noqa: F401  (their modules import the prediction module)
+    assert callable(mpkit.sim.predict) and mpkit.sim.predict is predict
+
