@@ -27,6 +27,8 @@ PORT_TAKEN = re.compile(rb"port \d+ is (already in use|not available)|no availab
 
 
 def free_port() -> int:
+    """A port free on 127.0.0.1 now, for a server that must be told its port before it binds it
+    (JupyterLab here, torchrun's c10d store in test_multinode): callers retry if it is taken."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -7,7 +7,6 @@ node rank 0, so the c10d form is the one that works.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from lab_server import free_port
 from procutil import descendants, listening_sockets, listening_sockets_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,12 +26,6 @@ ATOL = 1e-5  # float32 reduction order only, as in test_cli_run
 # one of our agents listens on the port (from then on it is ours) and starts both nodes again on a
 # fresh port if another process holds it, at most this many times in all.
 PORT_ATTEMPTS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _port_holder(port, nodes):
@@ -46,7 +40,7 @@ def _port_holder(port, nodes):
 def _start_nodes(strategy, logs, env, deadline):
     """Both nodes, started on rendezvous ports until our store holds one (see PORT_ATTEMPTS)."""
     for _ in range(PORT_ATTEMPTS):
-        port = _free_port()
+        port = free_port()
         command = node_command(port, f"mpkit-test-{strategy}-{os.getpid()}-{port}", "--strategy", strategy,
                                "--world-size", "4", "--steps", "3", "--json", "--compare")
         nodes = []
