@@ -111,6 +111,19 @@ def both_conditions(condition, args) -> dict:
     return results
 
 
+def condition_args(doc: str, argv=None, quick: bool = False):
+    """The command line of a benchmark that measures the grid in both conditions (``both_conditions``):
+    ``--runs`` measured runs per configuration, ``--load`` pinned busy loops (and ``--quick``)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if quick:
+        parser.add_argument("--quick", action="store_true", help="one option set per strategy")
+    parser.add_argument("--runs", type=int, default=2, help="measured runs per grid configuration")
+    parser.add_argument("--load", type=int, default=2, help="pinned busy loops in the second condition (0: none)")
+    args = parser.parse_args(argv)
+    args.load_seconds = 900.0
+    return args
+
+
 def pct(pred, meas):
     return abs(pred - meas) / meas * 100 if meas else (0.0 if pred == 0 else float("inf"))
 

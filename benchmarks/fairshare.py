@@ -12,7 +12,7 @@ the model's C, so it shows whether a miss is the fair-share idea's or the CPU mo
 
 For each grid configuration of ``benchmarks/costmodel.py`` and each condition (the machine as it
 is, then ``--load`` pinned busy loops): the engine's step and predict's (calibrated under that
-condition), the measured step (median step period of the second halves, ``--runs`` run pairs
+condition), the measured step (median step period of the second halves, ``--runs`` runs
 pooled), C of the busiest rank (process, main thread) and the model's C, k, and the signed errors
 of k·C (process), k·C (main thread), the engine, max(engine, k·C), predict and of the model's C
 against C; MAPE per condition, for all rows and the pp rows, at the end.
@@ -21,11 +21,10 @@ against C; MAPE per condition, for all rows and the pp rows, at the end.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-from costmodel import both_conditions, grid  # benchmarks/costmodel.py
+from costmodel import both_conditions, condition_args, grid  # benchmarks/costmodel.py
 from machine import load  # benchmarks/machine.py
 from mpkit.sim import predict
 from mpkit.sim.calibration import calibrate, cpu_per_step
@@ -81,12 +80,7 @@ def condition(args) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--runs", type=int, default=2, help="run pairs per configuration")
-    parser.add_argument("--load", type=int, default=2, help="pinned busy loops in the second condition (0: none)")
-    args = parser.parse_args(argv)
-    args.load_seconds = 900.0
+    args = condition_args(__doc__, argv, quick=True)
     started = time.time()
     results = both_conditions(condition, args)
     print("| condition | k·C | k·C main thread | engine | max(engine, k·C) | predict: max(engine, k·model C) "

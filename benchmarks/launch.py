@@ -67,7 +67,7 @@ def main():
     spawned = _timed(lambda: torch.multiprocessing.spawn(_spawned_rank, args=(n, _port()), nprocs=n), opts.reps)
 
     rows = [("mpkit.launch (fork, warm)", forked), ("torch.multiprocessing.spawn", spawned)]
-    print(f"| launcher | median s | min s | max s | runs |\n|---|---:|---:|---:|---:|")
+    print("| launcher | median s | min s | max s | runs |\n|---|---:|---:|---:|---:|")
     for name, times in rows:
         print(f"| {name} | {statistics.median(times):.3f} | {min(times):.3f} | {max(times):.3f} | {len(times)} |")
     print(f"\nafter: {load()}")

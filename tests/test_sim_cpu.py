@@ -10,31 +10,33 @@ from mpkit.sim import Hardware, Link, predict
 from mpkit.sim.cpu import TERMS, fit, program_terms, rank_cpu, ring_steps, runnable_per_core
 from mpkit.sim.engine import Collective, Compute, Msg, P2P
 
-COEFFICIENTS = {"compute": 1.5, "collective_step": 1e-4, "collective_byte": 1e-9, "message": 3e-4,
-                "message_byte": 2e-9}
+COEFFICIENTS = {"compute": 1.5, "micro_batch_compute": 2.0, "collective_step": 1e-4, "collective_byte": 1e-9,
+                "message": 3e-4, "message_byte": 2e-9}
 
 
 def test_program_terms_count_ring_steps_and_bytes_a_rank_sends():
-    program = [Compute("forward", 0.002), Collective("all_reduce", (0, 1, 2, 3), 4000, 0.001, ("a",)),
+    program = [Compute("forward", 0.002), Compute("forward", 0.004, stage=0, micro_batch=1),
+               Collective("all_reduce", (0, 1, 2, 3), 4000, 0.001, ("a",)),
                Collective("all_gather", (0, 1), 1000, 0.001, ("b",)), Compute("backward", 0.003),
                P2P((Msg("send", 1, "x", 512, 0.0), Msg("recv", 1, "y", 256, 0.0))),
                Collective("all_reduce", (0,), 4000, 0.0, ("alone",))]  # a group of one sends nothing
     terms = program_terms(program)
     assert ring_steps("all_reduce", 4) == 6 and ring_steps("reduce_scatter", 4) == 3
-    # 6 + 1 ring steps; each step of the 4-rank all-reduce sends a quarter, of the 2-rank all-gather a half
-    assert terms.tolist() == pytest.approx([0.005, 7, 6 * 1000 + 1 * 500, 2, 768])
+    # a micro-batch's compute apart; 6 + 1 ring steps; each step of the 4-rank all-reduce sends a
+    # quarter, of the 2-rank all-gather a half
+    assert terms.tolist() == pytest.approx([0.005, 0.004, 7, 6 * 1000 + 1 * 500, 2, 768])
     assert rank_cpu(COEFFICIENTS, program) == pytest.approx(
-        1.5 * 0.005 + 7e-4 + 6500e-9 + 2 * 3e-4 + 768 * 2e-9)
+        1.5 * 0.005 + 2.0 * 0.004 + 7e-4 + 6500e-9 + 2 * 3e-4 + 768 * 2e-9)
     assert rank_cpu({}, program) == 0.0  # an uncalibrated machine has no CPU model
 
 
 def test_fit_recovers_coefficients_and_drops_negative_ones():
     rng = np.random.default_rng(0)
     truth = np.array([COEFFICIENTS[t] for t in TERMS])
-    terms = [rng.uniform([1e-3, 0, 0, 0, 0], [2e-2, 40, 4e6, 40, 1e6]) for _ in range(30)]
+    terms = [rng.uniform([1e-3, 0, 0, 0, 0, 0], [2e-2, 2e-2, 40, 4e6, 40, 1e6]) for _ in range(30)]
     assert fit([(x, float(x @ truth)) for x in terms]) == pytest.approx(COEFFICIENTS, rel=1e-6)
     # measured CPU that *falls* with the bytes of messages is noise: that term is dropped, not negative
-    noisy = [(x, float(x @ truth) - 1e-9 * x[4]) for x in terms]
+    noisy = [(x, float(x @ truth) - 1e-9 * x[5]) for x in terms]
     fitted = fit(noisy)
     assert all(value >= 0 for value in fitted.values()) and set(fitted) == set(TERMS)
 

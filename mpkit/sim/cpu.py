@@ -9,7 +9,10 @@ however its waits fall. So the step lasts at least about k·C.
 
 C is a linear model of the step's program, fitted by ``mpkit.sim.calibrate`` to the CPU time
 real multi-rank training steps used (the process's, gloo's threads included) under the load of
-the moment: ``compute`` seconds per second of priced compute, ``collective_step`` seconds per
+the moment: ``compute`` seconds per second of priced compute, ``micro_batch_compute`` per second
+of a pipeline's compute, which runs one micro-batch at a time between messages, each burst after
+the rank slept (under load it costs 1.5-1.8 times the CPU per priced second of a whole step's
+compute, measured), ``collective_step`` seconds per
 ring step of a collective (2(n-1) for an all-reduce of n ranks, n-1 for the others) and
 ``collective_byte`` per byte a rank sends in them, ``message`` seconds per send or receive and
 ``message_byte`` per byte of it. The CPU of one operation measured alone misses much of a rank's
@@ -21,7 +24,7 @@ import numpy as np
 
 from mpkit.sim.engine import Collective, Compute, P2P
 
-TERMS = ("compute", "collective_step", "collective_byte", "message", "message_byte")
+TERMS = ("compute", "micro_batch_compute", "collective_step", "collective_byte", "message", "message_byte")
 
 
 def ring_steps(kind: str, group_size: int) -> int:
@@ -35,17 +38,17 @@ def program_terms(program) -> np.ndarray:
     terms = np.zeros(len(TERMS))
     for ins in program:
         if isinstance(ins, Compute):
-            terms[0] += ins.seconds
+            terms[0 if ins.micro_batch is None else 1] += ins.seconds
         elif isinstance(ins, Collective):
             n = len(ins.group)
             if n > 1:
                 steps = ring_steps(ins.kind, n)
-                terms[1] += steps
-                terms[2] += steps * ins.nbytes / n
+                terms[2] += steps
+                terms[3] += steps * ins.nbytes / n
         elif isinstance(ins, P2P):
             for op in ins.ops:
-                terms[3] += 1
-                terms[4] += op.nbytes
+                terms[4] += 1
+                terms[5] += op.nbytes
     return terms
 
 
@@ -61,17 +64,17 @@ def runnable_per_core(world_size: int, background: float, cores: int) -> float:
     return max(1.0, (world_size + background) / cores)
 
 
-def fit(samples) -> dict:
+def fit(samples, names=TERMS) -> dict:
     """Non-negative least squares, on relative error, of CPU seconds = terms · coefficients over
-    [(terms, measured CPU seconds)]: a term whose coefficient comes out negative (noise; it cannot
-    cost less than nothing) is dropped and the rest refitted."""
-    design = np.array([terms / seconds for terms, seconds in samples])
-    active = [j for j in range(len(TERMS)) if design[:, j].any()]
+    [(terms, measured CPU seconds)], terms in the order of ``names``: a term whose coefficient
+    comes out negative (noise; it cannot cost less than nothing) is dropped and the rest refitted."""
+    design = np.array([np.asarray(terms, dtype=float) / seconds for terms, seconds in samples])
+    active = [j for j in range(len(names)) if design[:, j].any()]
     while True:
         coef = np.linalg.lstsq(design[:, active], np.ones(len(samples)), rcond=None)[0]
         if (coef >= 0).all() or len(active) == 1:
             break
         active = [j for j, c in zip(active, coef) if c >= 0] or active[:1]
-    out = dict.fromkeys(TERMS, 0.0)
-    out.update({TERMS[j]: max(float(c), 0.0) for j, c in zip(active, coef)})
+    out = dict.fromkeys(names, 0.0)
+    out.update({names[j]: max(float(c), 0.0) for j, c in zip(active, coef)})
     return out

@@ -130,7 +130,7 @@ class LayoutTable:
         best = self.best
         if best is None:
             return "\n".join([self._header(lang), self._footer(lang)])
-        lay, s = best.setup.layout, best.setup
+        s = best.setup
         per_node = self.hardware.devices_per_node
         out = [t("plan_winner", lang, layout=s.describe(best.micro_batches, lang), step=best.step_time,
                  tokens=best.tokens_per_second, mfu=best.mfu, memory=best.memory_total / 1e9)]

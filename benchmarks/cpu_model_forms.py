@@ -1,0 +1,124 @@
+"""Which form of the CPU model predicts a rank's CPU per step best? Several, on the same data.
+
+``mpkit.sim.cpu`` predicts the CPU seconds a rank spends per step from its program; the
+calibration fits the coefficients to real multi-rank runs. Here each candidate form is fitted to
+the *same* calibration runs (``mpkit.sim.calibration._CPU_RUNS``, measured once) and judged on the
+*same* measurements of the ``benchmarks/costmodel.py`` grid, so forms are compared side by side
+rather than across runs of a noisy machine:
+
+- ``one compute``: one coefficient for all priced compute;
+- ``micro-batch apart`` (what ``mpkit.sim.cpu`` uses): a pipeline's compute, one micro-batch at a
+  time between messages, has its own coefficient;
+- ``by kind``: as ``micro-batch apart``, with ring steps and bytes of all-reduce, reduce-scatter
+  and all-gather apart.
+
+For each: the model's C of the busiest rank against the measured one, and max(engine, k·C) (what
+``predict`` returns) against the measured step; beside them max(engine, k·C measured), the best
+any CPU model could do with the fair share. Both conditions (as is, ``--load`` pinned busy loops).
+
+    python benchmarks/cpu_model_forms.py [--runs 2] [--load 2]   # about 4 minutes on 2 cores
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from costmodel import both_conditions, condition_args, grid  # benchmarks/costmodel.py
+from machine import load  # benchmarks/machine.py
+from mpkit.sim import calibration
+from mpkit.sim.cpu import TERMS, fit, program_terms, ring_steps, runnable_per_core
+from mpkit.sim.engine import Collective
+from mpkit.sim.prediction import predict, step_programs
+from mpkit.sim.pricing import Pricer
+from mpkit.strategies import make_config
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def one_compute(program):
+    terms = program_terms(program)
+    return np.concatenate(([terms[0] + terms[1]], terms[2:]))
+
+
+def by_kind(program):
+    terms, kinds = program_terms(program), np.zeros(2 * len(KINDS))
+    for ins in program:
+        if isinstance(ins, Collective) and len(ins.group) > 1:
+            j, steps = KINDS.index(ins.kind), ring_steps(ins.kind, len(ins.group))
+            kinds[2 * j:2 * j + 2] += (steps, steps * ins.nbytes / len(ins.group))
+    return np.concatenate((terms[:2], kinds, terms[4:]))
+
+
+FORMS = {  # name: (terms of a program, their names)
+    "one compute": (one_compute, ("compute",) + TERMS[2:]),
+    "micro-batch apart": (program_terms, TERMS),
+    "by kind": (by_kind, TERMS[:2] + tuple(f"{k}_{t}" for k in KINDS for t in ("step", "byte")) + TERMS[4:]),
+}
+
+
+def programs_of(hw, strategy, world, kwargs):
+    cfg = make_config(strategy, world, **kwargs)
+    return step_programs(Pricer(hw, cfg.model, world, cfg.batch_size, cfg.options), strategy)
+
+
+def pct(pred, meas):
+    return abs(pred - meas) / meas * 100
+
+
+def condition(args) -> dict:
+    hw = calibration.calibrate(refresh=True, cache_file=None)
+    print(f"cpu-sim calibrated: background {hw.background:.1f} busy processes, {hw.cores} cores; {load()}")
+    samples = {name: [] for name in FORMS}
+    for model, strategy, world, options in calibration._CPU_RUNS:
+        kwargs = {**model, **options}
+        measured, _, _ = calibration.cpu_per_step(strategy, world, kwargs)
+        for name, (terms_of, _) in FORMS.items():
+            samples[name] += [(terms_of(p), c) for p, c in zip(programs_of(hw, strategy, world, kwargs), measured)]
+    coefficients = {name: fit(samples[name], names) for name, (_, names) in FORMS.items()}
+    for name, coef in coefficients.items():
+        print(f"  {name}: " + ", ".join(f"{k} {v:.3g}" for k, v in coef.items()))
+    errors = {key: [] for key in ["ceiling", *(f"{n} {m}" for n in FORMS for m in ("C", "step"))]}
+    for strategy, world, model_name, kwargs in grid(False):
+        engine = predict(strategy, hardware=hw, world_size=world, **kwargs).played_time
+        periods, cpu = [], []
+        for _ in range(args.runs):
+            measured, _, run = calibration.cpu_per_step(strategy, world, kwargs)
+            steps = run.step_periods()
+            periods += steps[len(steps) // 2:]
+            cpu.append(max(measured))
+        step, cpu = statistics.median(periods), statistics.fmean(cpu)
+        k = runnable_per_core(world, hw.background, hw.cores)
+        errors["ceiling"].append((strategy, pct(max(engine, k * cpu), step)))
+        line = f"{strategy} N={world} {model_name} {kwargs.get('schedule', '')}: step {step * 1e3:.2f} ms, C {cpu * 1e3:.2f}"
+        programs = programs_of(hw, strategy, world, kwargs)
+        for name, (terms_of, names) in FORMS.items():
+            weights = np.array([coefficients[name][t] for t in names])
+            model_cpu = max(float(terms_of(p) @ weights) for p in programs)
+            errors[f"{name} C"].append((strategy, pct(model_cpu, cpu)))
+            errors[f"{name} step"].append((strategy, pct(max(engine, k * model_cpu), step)))
+            line += f" | {name}: C {model_cpu * 1e3:.2f}, step {errors[f'{name} step'][-1][1]:.0f}%"
+        print(line, flush=True)
+    summary = {key: (statistics.fmean(e for _, e in rows), statistics.fmean(e for s, e in rows if s == "pp"))
+               for key, rows in errors.items()}
+    print("MAPE (all rows / pp rows): " + ", ".join(f"{k} {a:.1f}% / {p:.1f}%" for k, (a, p) in summary.items()) + "\n")
+    return summary
+
+
+def main(argv=None):
+    args = condition_args(__doc__, argv)
+    started = time.time()
+    results = both_conditions(condition, args)
+    forms = list(FORMS)
+    print("| condition | max(engine, k·C measured) | " + " | ".join(f"{n}: step (model C)" for n in forms)
+          + " |\n|---|---:|" + "---:|" * len(forms))
+    for name, summary in results.items():
+        print(f"| {name} | {summary['ceiling'][0]:.1f}% | " + " | ".join(
+            f"{summary[f'{n} step'][0]:.1f}% (pp {summary[f'{n} step'][1]:.1f}%) ({summary[f'{n} C'][0]:.1f}%)"
+            for n in forms) + " |")
+    print(f"took {time.time() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
