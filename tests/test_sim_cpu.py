@@ -65,6 +65,11 @@ def test_a_loaded_machine_sets_the_step_by_the_fair_share():
     assert loaded.cpu_bound and loaded.step_time == pytest.approx(loaded.fair_share)
     start, end = loaded.trace.window()
     assert end - start == pytest.approx(loaded.step_time)  # the timeline is as long as the step
+    assert sum(loaded.breakdown.values()) == pytest.approx(loaded.step_time)  # and so are its parts
+    played = predict("pp", hardware=_machine(background=2.0), **kwargs)  # the same engine, no CPU model
+    assert played.played_time == pytest.approx(loaded.played_time)
+    stretch = loaded.step_time / loaded.played_time
+    assert loaded.breakdown["compute"] == pytest.approx(played.breakdown["compute"] * stretch)
     assert len(loaded.trace.events) == len(quiet.trace.events)
     assert "CPU-bound" in loaded.summary() and "CPU-bound" not in quiet.summary()
     # the same machine with far fewer CPU seconds a step: the played step stands, unstretched

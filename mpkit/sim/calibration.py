@@ -17,7 +17,7 @@ Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each
   says how many other busy processes the cores are shared with (``Hardware.background``), so
   ``predict`` stretches compute by processor sharing among ranks *and* that load;
 - CPU per step (``Hardware.cpu``, ``mpkit.sim.cpu``): the process CPU time (gloo's threads too)
-  that real dp, zero1, tp and pp steps of two calibration models on 2 and 4 ranks use, fitted to
+  that real dp, zero1, tp and pp steps of three calibration models on 2 and 4 ranks use, fitted to
   their programs' compute, collectives and messages, so ``predict`` knows the fair share of the
   cores a step needs.
 Results are kept per process and in ``~/.cache/mpkit/cpu-sim.json`` (keyed by host, CPU count,
@@ -37,10 +37,9 @@ import torch
 import torch.distributed as dist
 
 from mpkit.runtime.launch import launch
-from mpkit.sim import machines
-from mpkit.sim.machines import DEFAULT_CACHE
-from mpkit.sim import cpu
+from mpkit.sim import cpu, machines
 from mpkit.sim.cpu import program_terms
+from mpkit.sim.machines import DEFAULT_CACHE
 from mpkit.sim.hardware import PHASES, Hardware, Link
 from mpkit.sim.prediction import predict, step_programs
 from mpkit.sim.pricing import Pricer

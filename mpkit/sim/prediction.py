@@ -17,9 +17,9 @@ and its timeline is stretched evenly to that length.
 """
 from __future__ import annotations
 
-from mpkit.models import describe
 from dataclasses import replace
 
+from mpkit.models import describe
 from mpkit.observe.trace import Trace, union_seconds
 from mpkit.sim.cpu import rank_cpu, runnable_per_core
 from mpkit.sim.engine import Compute, simulate
@@ -56,6 +56,7 @@ class Prediction:
         self.cpu_bound = fair_share > played > 0
         self.trace = _stretched(trace, start, fair_share / played) if self.cpu_bound else trace
         self.step_time = max(played, fair_share)
+        trace = self.trace  # a CPU-bound step's parts stretch with it, as its timeline shows
         ranks = trace.ranks or [0]
         compute = sum(trace.busy_time(r, "compute") for r in ranks) / len(ranks)
         # communication counts only where it is not hidden behind compute on the same rank
