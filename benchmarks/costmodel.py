@@ -6,7 +6,8 @@ over the second half of K steps, pooled over ``--runs`` runs, since the first st
 warming up (allocator, gloo buffers: step times fall for ~5 steps here); timed with the memory
 tracker off, since its per-op bookkeeping is not part of what we model, then a short tracked
 run for memory). Prints each row — predicted
-and measured ms, abs % error, how far the first half of the runs and the second disagree (the
+ms (``predict``), the engine's played step and the fair share k·C beside it, measured ms, abs % error
+of predict and of the engine alone, how far the first half of the runs and the second disagree (the
 measurement's own reproducibility), memory per category predicted vs measured — and the MAPE.
 Memory compares parameters/gradients/activations with the measured maxima and optimizer with
 the steady state after the last step (see ``mpkit.sim.memory``).

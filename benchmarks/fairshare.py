@@ -5,8 +5,8 @@ cores (``mpkit.sim.cpu``): a rank that needs C CPU-seconds per step, on cores sh
 runnable processes each (k = (ranks + B) / cores, B the busy processes the calibration counts),
 gets about 1/k of a core over the step, whatever it waits for in between, so a step lasts at least
 about k·C; predict's step is max(engine, k·C) with C from the CPU model the calibration fitted.
-This benchmark takes the two apart. C is *measured* here, the difference of a 16-step and a 4-step
-run (``mpkit.sim.calibration.cpu_per_step``): of the whole process (gloo's threads too) and of the
+This benchmark takes the two apart. C is *measured* here, steps 6-15 of a 16-step run
+(``mpkit.sim.calibration.cpu_per_step``): of the whole process (gloo's threads too) and of the
 rank's main thread alone (the executor, the loop and compute: one torch thread), and compared with
 the model's C, so it shows whether a miss is the fair-share idea's or the CPU model's.
 
@@ -28,6 +28,7 @@ from costmodel import both_conditions, condition_args, grid  # benchmarks/costmo
 from machine import load  # benchmarks/machine.py
 from mpkit.sim import predict
 from mpkit.sim.calibration import calibrate, cpu_per_step
+from mpkit.sim.cpu import runnable_per_core
 
 
 def measure(strategy, world, kwargs, runs):
@@ -63,7 +64,7 @@ def condition(args) -> dict:
         pred = predict(strategy, hardware=hw, world_size=world, **kwargs)
         step, (cpu, main_cpu) = measure(strategy, world, kwargs, args.runs)
         model_cpu = max(pred.cpu_seconds)
-        k = pred.fair_share / model_cpu
+        k = runnable_per_core(world, hw.background, hw.cores)
         row = dict(zip(names, (k * cpu, k * main_cpu, pred.played_time, max(pred.played_time, k * cpu), pred.step_time)))
         for name, value in row.items():
             errors[name].append((strategy, signed(value, step)))

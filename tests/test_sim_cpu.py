@@ -35,10 +35,15 @@ def test_fit_recovers_coefficients_and_drops_negative_ones():
     truth = np.array([COEFFICIENTS[t] for t in TERMS])
     terms = [rng.uniform([1e-3, 0, 0, 0, 0, 0], [2e-2, 2e-2, 40, 4e6, 40, 1e6]) for _ in range(30)]
     assert fit([(x, float(x @ truth)) for x in terms]) == pytest.approx(COEFFICIENTS, rel=1e-6)
-    # measured CPU that *falls* with the bytes of messages is noise: that term is dropped, not negative
-    noisy = [(x, float(x @ truth) - 1e-9 * x[5]) for x in terms]
+    # measured CPU that *falls* with the bytes of messages (noise) would fit a negative cost per
+    # byte: that term is set to 0 and the others refitted, close to the truth
+    noisy = [(x, float(x @ truth) - 5e-9 * x[5]) for x in terms]
+    unconstrained = np.linalg.lstsq(np.array([x / c for x, c in noisy]), np.ones(len(noisy)), rcond=None)[0]
+    assert unconstrained[5] < 0  # the case the constraint exists for
     fitted = fit(noisy)
-    assert all(value >= 0 for value in fitted.values()) and set(fitted) == set(TERMS)
+    assert fitted["message_byte"] == 0.0 and set(fitted) == set(TERMS)
+    assert all(value >= 0 for value in fitted.values())
+    assert fitted["compute"] == pytest.approx(COEFFICIENTS["compute"], rel=0.5)
 
 
 def test_runnable_per_core():
@@ -76,6 +81,16 @@ def test_a_loaded_machine_sets_the_step_by_the_fair_share():
     light = predict("pp", hardware=_machine(background=2.0, cpu=dict.fromkeys(TERMS, 0.0) | {"compute": 0.01}),
                     **kwargs)
     assert not light.cpu_bound and light.step_time > light.fair_share > 0
+
+
+def test_simulated_device_time_needs_no_cpu():
+    """``layer_ms`` layers sleep in place of device work: the step is longer, its CPU is not."""
+    hw = _machine(background=2.0, cpu=COEFFICIENTS)
+    kwargs = dict(world_size=2, model="mlp", hidden=64, layers=4, batch_size=32, schedule="gpipe", micro_batches=4)
+    plain = predict("pp", hardware=hw, **kwargs)
+    sleeping = predict("pp", hardware=hw, layer_ms=10, **kwargs)
+    assert sleeping.cpu_seconds == pytest.approx(plain.cpu_seconds)
+    assert sleeping.played_time > plain.played_time + 0.04 * 4  # 4 micro-batches x 2 layers x 10 ms forward at least
 
 
 def test_gpu_presets_have_no_cpu_model():

@@ -6,7 +6,7 @@ per-rank memory and a predicted timeline that ``mpkit.plot`` draws like a measur
 
 The package holds two layers: the simulator and its prices (``engine``, ``formulas``,
 ``hardware``, ``profile``, ``pricing``), which the strategies build their programs with, and
-the front end (``predict``, ``calibration``, ``analytic``, ``plan``, ``whatif``,
+the front end (``prediction``, ``cpu``, ``calibration``, ``analytic``, ``plan``, ``whatif``,
 ``planwidget``), which reads the strategies. Names load on first use, so importing the
 simulator does not import the front end.
 """

@@ -71,7 +71,7 @@ _GAPS = {"warm": (8, 4), "cold": (160, 80)}
 _SPIN_SECONDS = 0.6  # long next to the scheduler's time slices, short next to the calibration
 # Real multi-rank steps whose CPU time the CPU model is fitted to: every kind of communication a
 # strategy issues (all-reduce, reduce-scatter/all-gather, per-layer all-reduces, pipeline messages
-# with both schedules) on 2 and 4 ranks, with messages of 2-64 KiB and gradients of 64 KiB-4 MiB
+# with both schedules) on 2 and 4 ranks, with messages of 1-64 KiB and gradients of 43 KiB-2 MiB
 # (the per-byte costs need both ends), on MLPs and a small GPT of sizes neither the labs nor
 # benchmarks/costmodel.py use.
 _MLP_SMALL, _MLP_LARGE = _CALIBRATION_MODELS[0], _CALIBRATION_MODELS[2]  # mlp-64, mlp-512
@@ -329,6 +329,9 @@ def cpu_per_step(strategy, world, kwargs, opts=None):
     cfg = make_config(strategy, world, steps=CPU_STEPS, **kwargs)
     result = launch(_timed_rank, world_size=world, args=(cfg,), **opts)
     marks = [out.extra["cpu_marks"] for out in result]
+    if any(len(m) != CPU_STEPS + 1 for m in marks):  # the one loop announces each step, then None
+        raise ValueError(f"strategy={strategy!r} does not step through the one training loop "
+                         f"(mpkit.strategies.loop.run_steps); its CPU per step cannot be read")
     steps = CPU_STEPS - CPU_WARMUP
     process, thread = ([(m[-1][kind] - m[CPU_WARMUP][kind]) / steps for m in marks] for kind in (0, 1))
     return process, thread, Run(cfg, list(result), result)

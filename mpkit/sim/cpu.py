@@ -11,12 +11,14 @@ C is a linear model of the step's program, fitted by ``mpkit.sim.calibrate`` to 
 real multi-rank training steps used (the process's, gloo's threads included) under the load of
 the moment: ``compute`` seconds per second of priced compute, ``micro_batch_compute`` per second
 of a pipeline's compute, which runs one micro-batch at a time between messages, each burst after
-the rank slept (under load it costs 1.5-1.8 times the CPU per priced second of a whole step's
-compute, measured), ``collective_step`` seconds per
+the rank slept (under load it cost 1.3-1.8 times the CPU per priced second of a whole step's
+compute in four calibrations), ``collective_step`` seconds per
 ring step of a collective (2(n-1) for an all-reduce of n ranks, n-1 for the others) and
 ``collective_byte`` per byte a rank sends in them, ``message`` seconds per send or receive and
 ``message_byte`` per byte of it. The CPU of one operation measured alone misses much of a rank's
 CPU in a step (measured 26-38% low), which is why the coefficients are fitted to whole steps.
+``predict`` reads C from the programs priced without simulated device time (``layer_ms``): a
+sleeping layer needs no CPU.
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def rank_cpu(coefficients: dict, program) -> float:
     """Predicted CPU seconds of one rank's program (0 without coefficients)."""
     if not coefficients:
         return 0.0
-    return float(program_terms(program) @ np.array([coefficients[t] for t in TERMS]))
+    return float(program_terms(program) @ np.array([coefficients.get(t, 0.0) for t in TERMS]))
 
 
 def runnable_per_core(world_size: int, background: float, cores: int) -> float:
@@ -65,9 +67,10 @@ def runnable_per_core(world_size: int, background: float, cores: int) -> float:
 
 
 def fit(samples, names=TERMS) -> dict:
-    """Non-negative least squares, on relative error, of CPU seconds = terms · coefficients over
-    [(terms, measured CPU seconds)], terms in the order of ``names``: a term whose coefficient
-    comes out negative (noise; it cannot cost less than nothing) is dropped and the rest refitted."""
+    """Least squares, on relative error, of CPU seconds = terms · coefficients over [(terms,
+    measured CPU seconds)], terms in the order of ``names``, kept non-negative greedily: the terms
+    whose coefficients come out negative (noise; nothing costs less than nothing) are set to 0 and
+    the rest refitted, until none is negative."""
     design = np.array([np.asarray(terms, dtype=float) / seconds for terms, seconds in samples])
     active = [j for j in range(len(names)) if design[:, j].any()]
     while True:

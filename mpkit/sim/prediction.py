@@ -159,6 +159,13 @@ def step_programs(plan, strategy):
     return price_by_gap(plan, programs)
 
 
+def _cpu_programs(plan, programs, strategy):
+    """The programs whose compute needs CPU: simulated device time (``layer_ms``) is sleep."""
+    if not plan.cfg.layer_ms:
+        return programs
+    return step_programs(replace(plan, cfg=replace(plan.cfg, layer_ms=0.0)), strategy)
+
+
 def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp", batch_size=32,
             **options) -> Prediction:
     """Predict one optimizer step of ``strategy`` on ``hardware`` (a preset name or a Hardware).
@@ -182,7 +189,7 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
     if hw.cores:
         slowdown = hw.compute_stretch(compute_concurrency(trace))
         if hw.cpu:  # from the unstretched programs: the coefficients take priced compute as calibrated
-            cpu = [rank_cpu(hw.cpu, program) for program in programs]
+            cpu = [rank_cpu(hw.cpu, program) for program in _cpu_programs(plan, programs, strategy)]
             fair_share = runnable_per_core(cfg.world_size, hw.background, hw.cores) * max(cpu)
         if slowdown > 1.0:
             plan.slowdown = slowdown

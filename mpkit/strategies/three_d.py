@@ -161,11 +161,11 @@ def program(pricer):
 
         def phase(kind, tp_group=tp_group):
             def instructions(s, mb):
-                out = [Compute(kind, pricer.hw.stage_overhead[kind] * pricer.slowdown, s, mb)] if extra[kind] else []
+                out = [Compute(kind, pricer.hw.stage_overhead[kind] * pricer.slowdown)] if extra[kind] else []
                 for i in (split[s] if kind == "forward" else reversed(split[s])):
                     for k, item in enumerate(getattr(profs[s], kind)[i]):
                         if hasattr(item, "flops"):
-                            out.append(Compute(kind, pricer.seconds(item, kind), s, mb))
+                            out.append(Compute(kind, pricer.seconds(item, kind)))
                         else:
                             out.append(pricer.collective(item.kind, tp_group, item.bytes, (kind, s, mb, i, k, tp_group),
                                                          name=item.name))
