@@ -25,14 +25,14 @@ import time
 
 import numpy as np
 
-from costmodel import both_conditions, condition_args, grid  # benchmarks/costmodel.py
+from costmodel import both_conditions, condition_args, grid, pct  # benchmarks/costmodel.py
+from fairshare import measure  # benchmarks/fairshare.py
 from machine import load  # benchmarks/machine.py
 from mpkit.sim import calibration
-from mpkit.sim.cpu import TERMS, fit, program_terms, ring_steps, runnable_per_core
+from mpkit.sim.cpu import TERMS, fit, program_terms, ring_steps
 from mpkit.sim.engine import Collective
-from mpkit.sim.prediction import predict, step_programs
-from mpkit.sim.pricing import Pricer
-from mpkit.strategies import make_config
+from mpkit.sim.hardware import runnable_per_core
+from mpkit.sim.prediction import predict, programs_for
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -58,15 +58,6 @@ FORMS = {  # name: (terms of a program, their names)
 }
 
 
-def programs_of(hw, strategy, world, kwargs):
-    cfg = make_config(strategy, world, **kwargs)
-    return step_programs(Pricer(hw, cfg.model, world, cfg.batch_size, cfg.options), strategy)
-
-
-def pct(pred, meas):
-    return abs(pred - meas) / meas * 100
-
-
 def condition(args) -> dict:
     hw = calibration.calibrate(refresh=True, cache_file=None)
     print(f"cpu-sim calibrated: background {hw.background:.1f} busy processes, {hw.cores} cores; {load()}")
@@ -75,24 +66,18 @@ def condition(args) -> dict:
         kwargs = {**model, **options}
         measured, _, _ = calibration.cpu_per_step(strategy, world, kwargs)
         for name, (terms_of, _) in FORMS.items():
-            samples[name] += [(terms_of(p), c) for p, c in zip(programs_of(hw, strategy, world, kwargs), measured)]
+            samples[name] += [(terms_of(p), c) for p, c in zip(programs_for(hw, strategy, world, kwargs), measured)]
     coefficients = {name: fit(samples[name], names) for name, (_, names) in FORMS.items()}
     for name, coef in coefficients.items():
         print(f"  {name}: " + ", ".join(f"{k} {v:.3g}" for k, v in coef.items()))
     errors = {key: [] for key in ["ceiling", *(f"{n} {m}" for n in FORMS for m in ("C", "step"))]}
     for strategy, world, model_name, kwargs in grid(False):
         engine = predict(strategy, hardware=hw, world_size=world, **kwargs).played_time
-        periods, cpu = [], []
-        for _ in range(args.runs):
-            measured, _, run = calibration.cpu_per_step(strategy, world, kwargs)
-            steps = run.step_periods()
-            periods += steps[len(steps) // 2:]
-            cpu.append(max(measured))
-        step, cpu = statistics.median(periods), statistics.fmean(cpu)
+        step, (cpu, _) = measure(strategy, world, kwargs, args.runs)
         k = runnable_per_core(world, hw.background, hw.cores)
         errors["ceiling"].append((strategy, pct(max(engine, k * cpu), step)))
         line = f"{strategy} N={world} {model_name} {kwargs.get('schedule', '')}: step {step * 1e3:.2f} ms, C {cpu * 1e3:.2f}"
-        programs = programs_of(hw, strategy, world, kwargs)
+        programs = programs_for(hw, strategy, world, kwargs)
         for name, (terms_of, names) in FORMS.items():
             weights = np.array([coefficients[name][t] for t in names])
             model_cpu = max(float(terms_of(p) @ weights) for p in programs)

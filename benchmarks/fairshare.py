@@ -28,7 +28,7 @@ from costmodel import both_conditions, condition_args, grid  # benchmarks/costmo
 from machine import load  # benchmarks/machine.py
 from mpkit.sim import predict
 from mpkit.sim.calibration import calibrate, cpu_per_step
-from mpkit.sim.cpu import runnable_per_core
+from mpkit.sim.hardware import runnable_per_core
 
 
 def measure(strategy, world, kwargs, runs):

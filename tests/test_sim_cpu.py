@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from mpkit.sim import Hardware, Link, predict
-from mpkit.sim.cpu import TERMS, fit, program_terms, rank_cpu, ring_steps, runnable_per_core
+from mpkit.sim.cpu import TERMS, fit, program_terms, rank_cpu, ring_steps
+from mpkit.sim.hardware import runnable_per_core
 from mpkit.sim.engine import Collective, Compute, Msg, P2P
 
 COEFFICIENTS = {"compute": 1.5, "micro_batch_compute": 2.0, "collective_step": 1e-4, "collective_byte": 1e-9,

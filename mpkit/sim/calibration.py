@@ -41,8 +41,7 @@ from mpkit.sim import cpu, machines
 from mpkit.sim.cpu import program_terms
 from mpkit.sim.machines import DEFAULT_CACHE
 from mpkit.sim.hardware import PHASES, Hardware, Link
-from mpkit.sim.prediction import predict, step_programs
-from mpkit.sim.pricing import Pricer
+from mpkit.sim.prediction import predict, programs_for
 from mpkit.sim.profile import profile_piece
 from mpkit.strategies import get_strategy, make_config
 from mpkit.training import Run, train
@@ -342,10 +341,9 @@ def _fit_cpu(hw: Hardware, opts) -> dict:
     samples = []
     for model, strategy, world, options in _CPU_RUNS:
         kwargs = {**model, **options}
-        cfg = make_config(strategy, world, **kwargs)
-        plan = Pricer(hw, cfg.model, world, cfg.batch_size, cfg.options)
         measured, _, _ = cpu_per_step(strategy, world, kwargs, opts)
-        samples += [(program_terms(program), seconds) for program, seconds in zip(step_programs(plan, strategy), measured)]
+        samples += [(program_terms(program), seconds)
+                    for program, seconds in zip(programs_for(hw, strategy, world, kwargs), measured)]
     return cpu.fit(samples)
 
 

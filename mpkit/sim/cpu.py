@@ -61,11 +61,6 @@ def rank_cpu(coefficients: dict, program) -> float:
     return float(program_terms(program) @ np.array([coefficients.get(t, 0.0) for t in TERMS]))
 
 
-def runnable_per_core(world_size: int, background: float, cores: int) -> float:
-    """k: runnable processes per core when every rank and the background load want to run (at least 1)."""
-    return max(1.0, (world_size + background) / cores)
-
-
 def fit(samples, names=TERMS) -> dict:
     """Least squares, on relative error, of CPU seconds = terms · coefficients over [(terms,
     measured CPU seconds)], terms in the order of ``names``, kept non-negative greedily: the terms

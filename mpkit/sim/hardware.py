@@ -15,6 +15,13 @@ from dataclasses import dataclass, field, replace
 PHASES = ("forward", "backward", "optimizer")
 
 
+def runnable_per_core(processes: float, background: float, cores: int) -> float:
+    """k: runnable processes per core when ``processes`` ranks and the ``background`` load all want
+    to run (at least 1: an idle core does not make a process faster). Processor sharing gives each
+    1/k of a core."""
+    return max(1.0, (processes + background) / cores)
+
+
 @dataclass(frozen=True)
 class Link:
     """Hockney alpha-beta link: ``alpha`` seconds per message, ``beta`` seconds per byte."""
@@ -139,7 +146,8 @@ class Hardware:
         (processor sharing: each of n runnable processes gets min(1, cores/n) of a core)."""
         if not self.cores:
             return 1.0
-        return max(1.0, (concurrency + self.background) / self.cores) / max(1.0, (1 + self.background) / self.cores)
+        return (runnable_per_core(concurrency, self.background, self.cores)
+                / runnable_per_core(1, self.background, self.cores))
 
     def with_bandwidth(self, gb_per_s: float) -> "Hardware":
         """The same machine with every link's bandwidth set to ``gb_per_s`` GB/s (what-if slider)."""

@@ -21,9 +21,9 @@ from dataclasses import replace
 
 from mpkit.models import describe
 from mpkit.observe.trace import Trace, union_seconds
-from mpkit.sim.cpu import rank_cpu, runnable_per_core
+from mpkit.sim.cpu import rank_cpu
 from mpkit.sim.engine import Compute, simulate
-from mpkit.sim.hardware import Hardware
+from mpkit.sim.hardware import Hardware, runnable_per_core
 from mpkit.sim.machines import get_hardware
 from mpkit.sim.memory import predict_memory
 from mpkit.sim.pricing import Pricer, price_by_gap
@@ -157,6 +157,12 @@ def step_programs(plan, strategy):
         lead = Compute("compute", plan.hw.step_overhead * plan.slowdown, name="batch, loss.item(), loop")
         programs = [[lead, *program] for program in programs]
     return price_by_gap(plan, programs)
+
+
+def programs_for(hw, strategy, world, kwargs):
+    """``step_programs`` of ``strategy`` on ``world`` ranks with ``mpkit.train``'s options ``kwargs``."""
+    cfg = make_config(strategy, world, **kwargs)
+    return step_programs(Pricer(hw, cfg.model, world, cfg.batch_size, cfg.options), strategy)
 
 
 def _cpu_programs(plan, programs, strategy):
