@@ -2,6 +2,7 @@
 the ZeRO formulas, bad inputs, the what-if widget, and the cpu-sim calibration."""
 import json
 import math
+from dataclasses import replace
 
 import matplotlib
 import pytest
@@ -389,6 +390,7 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
     # a median of per-step samples (a step's period less its own phases, which lie inside it): > 0
     # by construction, not by the luck of subtracting separately measured medians
     assert 0 < hw.step_overhead < 0.05 and hw.background >= 0
+    assert 0.05 < hw.lone_share <= 1.05  # a share of one core, CPU time over wall time
     assert set(hw.stage_overhead) == {"forward", "backward"} and all(0 <= v < 0.01 for v in hw.stage_overhead.values())
     # the CPU model, fitted to real multi-rank steps: priced compute costs CPU about one for one (a
     # rank's CPU per second of priced compute, 0.65-2.2 fitted here quiet and loaded), and
@@ -431,4 +433,8 @@ def test_compute_stretch_is_processor_sharing_with_the_background():
     assert loaded.compute_stretch(1) == 1.0
     assert loaded.compute_stretch(2) == pytest.approx(4 / 3)
     assert loaded.compute_stretch(4) == pytest.approx(2.0)
+    # one busy loop pinned to each core: the calibration's lone rank shared its core with one (1/2);
+    # 2 ranks get 1/2 each too (one per core), 4 ranks 1/3
+    pinned = replace(loaded, lone_share=0.5)
+    assert [pinned.compute_stretch(c) for c in (1, 2, 4)] == pytest.approx([1.0, 1.0, 1.5])
     assert Hardware(name="gpu", flops=1e9, mfu=1.0, mem_bw=1e9).compute_stretch(8) == 1.0  # own devices

@@ -14,8 +14,10 @@ Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each
   tables (``Hardware.measured``, what ``predict`` uses for those sizes); the all-reduce rows fit
   the ring model 2(N-1)·(alpha + S/N·beta) for other group sizes;
 - the machine's other work: as many ranks as cores spin at once and each one's share of a core
-  says how many other busy processes the cores are shared with (``Hardware.background``), so
-  ``predict`` stretches compute by processor sharing among ranks *and* that load;
+  says how many other busy processes the cores are shared with (``Hardware.background``), and
+  one rank spinning alone says what share of a core the compute below was timed at
+  (``Hardware.lone_share``), so ``predict`` stretches compute by processor sharing among ranks
+  *and* that load, relative to what the calibration's one rank got;
 - CPU per step (``Hardware.cpu``, ``mpkit.sim.cpu``): the process CPU time (gloo's threads too)
   that real dp, zero1, tp and pp steps of three calibration models on 2 and 4 ranks use, fitted to
   their programs' compute, collectives and messages, so ``predict`` knows the fair share of the
@@ -260,6 +262,7 @@ def measure(max_world: int = 4) -> Hardware:
     opts = dict(timeout=60, trace=False, memory=False)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     background = background_load(cores, opts)  # before the rest: what every measurement below shares the cores with
+    lone_share = statistics.median(launch(_spin_share, world_size=1, args=(_SPIN_SECONDS,), **opts))
     samples = [_phase_samples(kwargs) for kwargs in _CALIBRATION_MODELS]
     flops, mem_bw, overhead = _fit_compute([s for phases, _ in samples for s in phases])
     step_overhead = statistics.median(outside for _, outside in samples)
@@ -278,7 +281,7 @@ def measure(max_world: int = 4) -> Hardware:
     collective = _fit(rows)  # ring all-reduce alpha/beta: for group sizes without a table
     hw = Hardware(
         name="cpu-sim", flops=flops, mfu=1.0, mem_bw=mem_bw, op_overhead=overhead, p2p=p2p,
-        collective=collective, devices_per_node=1 << 20, cores=cores, background=background,
+        collective=collective, devices_per_node=1 << 20, cores=cores, background=background, lone_share=lone_share,
         precision="fp32", allreduce="ring",
         measured=measured, step_overhead=step_overhead,
         source=f"measured on {socket.gethostname()} ({cores} cores, torch {torch.__version__}) "

@@ -50,7 +50,9 @@ class Hardware:
     ``nodes``: how many nodes of ``devices_per_node`` the machine has (None: as many as a job
     asks for); ``inter_node`` is then the per-GPU share of a node's network bandwidth.
     ``cores``: CPU cores the ranks share (None: every rank has its own device); ``background``:
-    how many other busy processes shared them while the machine was measured (cpu-sim).
+    how many other busy processes shared them while the machine was measured (cpu-sim);
+    ``lone_share``: the share of a core one rank alone got then, which the compute rates were
+    timed at (None: not measured; processor sharing alone, ``sharing``).
     ``step_overhead``: seconds each rank spends per step outside its phases (making the batch,
     ``loss.item()``, the loop itself); measured on cpu-sim, 0 for the GPU presets.
     ``stage_overhead``: seconds the pp executor adds to each micro-batch's forward/backward
@@ -74,6 +76,7 @@ class Hardware:
     nodes: int | None = None
     cores: int | None = None
     background: float = 0.0
+    lone_share: float | None = None
     memory_bytes: float | None = None
     precision: str = "fp32"
     allreduce: str = "auto"
@@ -140,14 +143,22 @@ class Hardware:
             return self.inter_node
         return self.p2p
 
+    def sharing(self, concurrency: float) -> float:
+        """k: runnable processes on a rank's core when ``concurrency`` ranks run at once, each getting
+        1/k of it: processor sharing among the ranks and the ``background`` (``runnable_per_core``),
+        and never fewer than the calibration's lone rank shared its core with (1/``lone_share``):
+        a process runs on one core at a time, so beside one busy loop pinned to each of two cores
+        a lone rank got 1/2, not the 2/3 that sharing all the cores would give (that assumption
+        predicted dp steps 27-34% too slow under such load, BENCHMARKS.md)."""
+        k = runnable_per_core(concurrency, self.background, self.cores)
+        return max(k, 1.0 / self.lone_share) if self.lone_share else k
+
     def compute_stretch(self, concurrency: float) -> float:
         """How much slower compute runs when ``concurrency`` ranks compute at once than it ran in
-        the calibration (one rank), on ``cores`` shared with ``background`` other busy processes
-        (processor sharing: each of n runnable processes gets min(1, cores/n) of a core)."""
+        the calibration (one rank alone), on ``cores`` shared with the ``background``."""
         if not self.cores:
             return 1.0
-        return (runnable_per_core(concurrency, self.background, self.cores)
-                / runnable_per_core(1, self.background, self.cores))
+        return self.sharing(concurrency) / self.sharing(1)
 
     def with_bandwidth(self, gb_per_s: float) -> "Hardware":
         """The same machine with every link's bandwidth set to ``gb_per_s`` GB/s (what-if slider)."""
