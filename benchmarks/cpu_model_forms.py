@@ -12,9 +12,10 @@ rather than across runs of a noisy machine:
 - ``by kind``: as ``micro-batch apart``, with ring steps and bytes of all-reduce, reduce-scatter
   and all-gather apart.
 
-For each: the model's C of the busiest rank against the measured one, and max(engine, k·C) (what
-``predict`` returns) against the measured step; beside them max(engine, k·C measured), the best
-any CPU model could do with the fair share. Both conditions (as is, ``--load`` pinned busy loops).
+For each: the model's C of the busiest rank against the measured one, and the step ``predict``
+would return with it (``fair_share_step``: the played step stretched so each rank's CPU at its
+fair share fills its busy part) against the measured step; beside them the same step from the
+measured C of every rank, the best any CPU model could do with the fair share. Both conditions (as is, ``--load`` pinned busy loops).
 
     python benchmarks/cpu_model_forms.py [--runs 2] [--load 2]   # about 4 minutes on 2 cores
 """
@@ -31,8 +32,7 @@ from machine import load  # benchmarks/machine.py
 from mpkit.sim import calibration
 from mpkit.sim.cpu import TERMS, fit, program_terms, ring_steps
 from mpkit.sim.engine import Collective
-from mpkit.sim.hardware import runnable_per_core
-from mpkit.sim.prediction import predict, programs_for
+from mpkit.sim.prediction import fair_share_step, predict, programs_for
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -72,18 +72,22 @@ def condition(args) -> dict:
         print(f"  {name}: " + ", ".join(f"{k} {v:.3g}" for k, v in coef.items()))
     errors = {key: [] for key in ["ceiling", *(f"{n} {m}" for n in FORMS for m in ("C", "step"))]}
     for strategy, world, model_name, kwargs in grid(False):
-        engine = predict(strategy, hardware=hw, world_size=world, **kwargs).played_time
-        step, (cpu, _) = measure(strategy, world, kwargs, args.runs)
-        k = runnable_per_core(world, hw.background, hw.cores)
-        errors["ceiling"].append((strategy, pct(max(engine, k * cpu), step)))
-        line = f"{strategy} N={world} {model_name} {kwargs.get('schedule', '')}: step {step * 1e3:.2f} ms, C {cpu * 1e3:.2f}"
+        pred = predict(strategy, hardware=hw, world_size=world, **kwargs)
+
+        def step_from(cpu):  # what predict does with per-rank CPU seconds
+            return max(pred.played_time, fair_share_step(pred.trace, cpu, hw)[0])
+
+        step, (ranks_cpu, _) = measure(strategy, world, kwargs, args.runs)
+        errors["ceiling"].append((strategy, pct(step_from(ranks_cpu), step)))
+        line = (f"{strategy} N={world} {model_name} {kwargs.get('schedule', '')}: step {step * 1e3:.2f} ms, "
+                f"C {max(ranks_cpu) * 1e3:.2f}")
         programs = programs_for(hw, strategy, world, kwargs)
         for name, (terms_of, names) in FORMS.items():
             weights = np.array([coefficients[name][t] for t in names])
-            model_cpu = max(float(terms_of(p) @ weights) for p in programs)
-            errors[f"{name} C"].append((strategy, pct(model_cpu, cpu)))
-            errors[f"{name} step"].append((strategy, pct(max(engine, k * model_cpu), step)))
-            line += f" | {name}: C {model_cpu * 1e3:.2f}, step {errors[f'{name} step'][-1][1]:.0f}%"
+            model_cpu = [float(terms_of(p) @ weights) for p in programs]
+            errors[f"{name} C"].append((strategy, pct(max(model_cpu), max(ranks_cpu))))
+            errors[f"{name} step"].append((strategy, pct(step_from(model_cpu), step)))
+            line += f" | {name}: C {max(model_cpu) * 1e3:.2f}, step {errors[f'{name} step'][-1][1]:.0f}%"
         print(line, flush=True)
     summary = {key: (statistics.fmean(e for _, e in rows), statistics.fmean(e for s, e in rows if s == "pp"))
                for key, rows in errors.items()}
@@ -96,7 +100,7 @@ def main(argv=None):
     started = time.time()
     results = both_conditions(condition, args)
     forms = list(FORMS)
-    print("| condition | max(engine, k·C measured) | " + " | ".join(f"{n}: step (model C)" for n in forms)
+    print("| condition | from measured C | " + " | ".join(f"{n}: step (model C)" for n in forms)
           + " |\n|---|---:|" + "---:|" * len(forms))
     for name, summary in results.items():
         print(f"| {name} | {summary['ceiling'][0]:.1f}% | " + " | ".join(

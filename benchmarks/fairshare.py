@@ -1,11 +1,12 @@
 """Where a busy machine's time goes: the fair-share estimate, with measured and with modelled CPU.
 
 ``mpkit.sim.predict`` plays the step's dependencies (the engine), then takes the fair share of the
-cores (``mpkit.sim.cpu``): a rank that needs C CPU-seconds per step, on cores shared among k
-runnable processes each (k = (ranks + B) / cores, B the busy processes the calibration counts),
-gets about 1/k of a core over the step, whatever it waits for in between, so a step lasts at least
-about k·C; predict's step is max(engine, k·C) with C from the CPU model the calibration fitted.
-This benchmark takes the two apart. C is *measured* here, steps 6-15 of a 16-step run
+cores (``mpkit.sim.prediction.fair_share_step``): a rank that needs C CPU-seconds per step gets,
+while busy, 1/k of a core (k runnable processes per core: the ranks busy at once and the B busy
+processes the calibration counts), so its busy part of the played step lasts k·C, and the waits
+in between stretch alike (they wait for the other ranks, slowed the same way); predict's step is
+the longer of the played one and that, with C from the CPU model the calibration fitted. This
+benchmark takes the parts apart. C is *measured* here, steps 6-15 of a 16-step run
 (``mpkit.sim.calibration.cpu_per_step``): of the whole process (gloo's threads too) and of the
 rank's main thread alone (the executor, the loop and compute: one torch thread), and compared with
 the model's C, so it shows whether a miss is the fair-share idea's or the CPU model's.
@@ -14,10 +15,11 @@ For each grid configuration of ``benchmarks/costmodel.py`` and each condition (t
 is, then ``--load`` pinned busy loops): the engine's step and predict's (calibrated under that
 condition), the measured step (median step period of the second halves, ``--runs`` runs
 pooled), C of the busiest rank (process, main thread) and the model's C, k, and the signed errors
-of k·C (process), k·C (main thread), the engine, max(engine, k·C), predict and of the model's C
+of k·C of the busiest rank (process; main thread), the engine, max(engine, k·C) (the form predict
+used before), the played step stretched by each rank's measured C, predict, and of the model's C
 against C; MAPE per condition, for all rows and the pp rows, at the end.
 
-    python benchmarks/fairshare.py [--runs 2] [--load 2] [--quick]   # about 4 minutes on 2 cores
+    python benchmarks/fairshare.py [--runs 2] [--load 2] [--quick]   # about 3 minutes on 2 cores
 """
 from __future__ import annotations
 
@@ -28,11 +30,12 @@ from costmodel import both_conditions, condition_args, grid  # benchmarks/costmo
 from machine import load  # benchmarks/machine.py
 from mpkit.sim import predict
 from mpkit.sim.calibration import calibrate, cpu_per_step
-from mpkit.sim.hardware import runnable_per_core
+from mpkit.sim.prediction import fair_share_step
 
 
 def measure(strategy, world, kwargs, runs):
-    """(median steady step period, CPU seconds per step of the busiest rank: (process, main thread))."""
+    """(median steady step period, CPU seconds per step of each rank: (process, main thread), each
+    the mean over ``runs`` runs)."""
     periods, process, thread = [], [], []
     for _ in range(runs):
         whole, main, run = cpu_per_step(strategy, world, kwargs)
@@ -41,7 +44,7 @@ def measure(strategy, world, kwargs, runs):
         process.append(whole)
         thread.append(main)
     per_rank = [[statistics.fmean(run[r] for run in kind) for r in range(world)] for kind in (process, thread)]
-    return statistics.median(periods), (max(per_rank[0]), max(per_rank[1]))
+    return statistics.median(periods), tuple(per_rank)
 
 
 def signed(pred, meas):
@@ -54,7 +57,7 @@ def condition(args) -> dict:
     print(f"cpu-sim calibrated: {hw.flops / 1e9:.1f} GFLOP/s, background {hw.background:.1f} busy processes, "
           f"{hw.cores} cores; CPU model " + ", ".join(f"{k} {v:.3g}" for k, v in hw.cpu.items())
           + f"; {load()}")
-    names = ("k*C", "k*C main", "engine", "max(engine,k*C)", "predict", "model C vs C")
+    names = ("k*C", "k*C main", "engine", "max(engine,k*C)", "stretched", "predict", "model C vs C")
     header = (f"{'config':44s} {'meas ms':>8s} {'C ms':>6s} {'main':>6s} {'model':>6s} {'k':>5s} {'engine':>7s} "
               f"{'predict':>7s}  " + " ".join(f"{n + ' err%':>15s}" for n in names))
     print(header + "\n" + "-" * len(header))
@@ -62,10 +65,12 @@ def condition(args) -> dict:
     for strategy, world, model_name, kwargs in grid(args.quick):
         options = " ".join(f"{k}={v}" for k, v in kwargs.items() if k in ("schedule", "micro_batches"))
         pred = predict(strategy, hardware=hw, world_size=world, **kwargs)
-        step, (cpu, main_cpu) = measure(strategy, world, kwargs, args.runs)
-        model_cpu = max(pred.cpu_seconds)
-        k = runnable_per_core(world, hw.background, hw.cores)
-        row = dict(zip(names, (k * cpu, k * main_cpu, pred.played_time, max(pred.played_time, k * cpu), pred.step_time)))
+        step, (ranks_cpu, ranks_main) = measure(strategy, world, kwargs, args.runs)
+        cpu, main_cpu, model_cpu = max(ranks_cpu), max(ranks_main), max(pred.cpu_seconds)
+        k = hw.sharing(world)
+        stretched = max(pred.played_time, fair_share_step(pred.trace, ranks_cpu, hw)[0])
+        row = dict(zip(names, (k * cpu, k * main_cpu, pred.played_time, max(pred.played_time, k * cpu), stretched,
+                               pred.step_time)))
         for name, value in row.items():
             errors[name].append((strategy, signed(value, step)))
         errors["model C vs C"].append((strategy, signed(model_cpu, cpu)))
@@ -84,8 +89,8 @@ def main(argv=None):
     args = condition_args(__doc__, argv, quick=True)
     started = time.time()
     results = both_conditions(condition, args)
-    print("| condition | k·C | k·C main thread | engine | max(engine, k·C) | predict: max(engine, k·model C) "
-          "| model C vs C |\n|---|---:|---:|---:|---:|---:|---:|")
+    print("| condition | k·C | k·C main thread | engine | max(engine, k·C) | played step stretched by measured C "
+          "| predict (the same with model C) | model C vs C |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for condition_name, summary in results.items():
         print(f"| {condition_name} | " + " | ".join(f"{a:.1f}% ({p:.1f}%)" for a, p in summary.values()) + " |")
     print("(MAPE over all rows; pp rows in parentheses)")

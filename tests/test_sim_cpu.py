@@ -6,10 +6,12 @@ set by hand so that what ``predict`` does with them can be checked exactly.
 import numpy as np
 import pytest
 
+from mpkit.observe.trace import Event, Trace, union_seconds
 from mpkit.sim import Hardware, Link, predict
 from mpkit.sim.cpu import TERMS, fit, program_terms, rank_cpu, ring_steps
 from mpkit.sim.hardware import runnable_per_core
 from mpkit.sim.engine import Collective, Compute, Msg, P2P
+from mpkit.sim.prediction import concurrency, fair_share_step
 
 COEFFICIENTS = {"compute": 1.5, "micro_batch_compute": 2.0, "collective_step": 1e-4, "collective_byte": 1e-9,
                 "message": 3e-4, "message_byte": 2e-9}
@@ -65,14 +67,17 @@ def test_a_loaded_machine_sets_the_step_by_the_fair_share():
     quiet = predict("pp", hardware=_machine(), **kwargs)
     assert quiet.cpu_seconds == [] and quiet.fair_share == 0.0 and not quiet.cpu_bound
     loaded = predict("pp", hardware=_machine(background=2.0, cpu=COEFFICIENTS), **kwargs)
-    k = (2 + 2.0) / 2
+    played = predict("pp", hardware=_machine(background=2.0), **kwargs)  # the same engine, no CPU model
     assert len(loaded.cpu_seconds) == 2 and min(loaded.cpu_seconds) > 0
-    assert loaded.fair_share == pytest.approx(k * max(loaded.cpu_seconds))
+    # each rank's CPU at 1/k of a core fills its busy part of the played step, which stretches alike
+    k = runnable_per_core(concurrency(played.trace), 2.0, 2)
+    busy = [union_seconds(played.trace.of_rank(r)) for r in (0, 1)]
+    assert loaded.sharing == pytest.approx(k) and 1.5 < k < 2.0  # 1-2 ranks busy at once, 2 spinners, 2 cores
+    assert loaded.fair_share == pytest.approx(max(played.played_time * k * c / b for c, b in zip(loaded.cpu_seconds, busy)))
     assert loaded.cpu_bound and loaded.step_time == pytest.approx(loaded.fair_share)
     start, end = loaded.trace.window()
     assert end - start == pytest.approx(loaded.step_time)  # the timeline is as long as the step
     assert sum(loaded.breakdown.values()) == pytest.approx(loaded.step_time)  # and so are its parts
-    played = predict("pp", hardware=_machine(background=2.0), **kwargs)  # the same engine, no CPU model
     assert played.played_time == pytest.approx(loaded.played_time)
     stretch = loaded.step_time / loaded.played_time
     assert loaded.breakdown["compute"] == pytest.approx(played.breakdown["compute"] * stretch)
@@ -82,6 +87,27 @@ def test_a_loaded_machine_sets_the_step_by_the_fair_share():
     light = predict("pp", hardware=_machine(background=2.0, cpu=dict.fromkeys(TERMS, 0.0) | {"compute": 0.01}),
                     **kwargs)
     assert not light.cpu_bound and light.step_time > light.fair_share > 0
+
+
+def _event(rank, kind, start, end):
+    return Event(rank=rank, kind=kind, start=start, end=end)
+
+
+def test_a_pipeline_handoff_waits_through_the_fair_share():
+    """Rank 0 works 0-1 s, then rank 1 works 1-2 s: one rank busy at a time. On two cores with a
+    busy loop pinned to each, the calibration's lone rank got half a core, so k = 2 (not the 1.5 of
+    sharing all the cores); rank 1 needs 1 CPU-second in its 1 busy second, so its busy part takes 2 s
+    and rank 0's wait for it too: the step is 4 s, where k·C alone would say 2."""
+    handoff = Trace(events=[_event(0, "forward", 0, 1), _event(1, "forward", 1, 2)])
+    assert concurrency(handoff) == pytest.approx(1.0)
+    pinned = _machine(background=2.0, lone_share=0.5)
+    assert fair_share_step(handoff, [0.5, 1.0], pinned) == pytest.approx((4.0, 2.0))
+    # both ranks busy together (data parallel): the step is k·C of the busiest, nothing waits
+    together = Trace(events=[_event(r, "forward", 0, 1) for r in (0, 1)])
+    assert fair_share_step(together, [0.5, 1.0], pinned) == pytest.approx((2.0, 2.0))
+    # a rank's overlapping events (compute beside an async collective) are one busy span
+    overlapping = Trace(events=[_event(0, "forward", 0, 1), _event(0, "all_reduce", 0.5, 1.5), _event(1, "forward", 0, 1)])
+    assert concurrency(overlapping) == pytest.approx((2 ** 2 * 1 + 1 ** 2 * 0.5) / (2 * 1 + 1 * 0.5))
 
 
 def test_simulated_device_time_needs_no_cpu():

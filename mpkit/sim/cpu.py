@@ -1,11 +1,12 @@
-"""A rank's CPU seconds per step, and the step that the fair share of shared cores allows.
+"""A rank's CPU seconds per step (C), which the fair share of shared cores turns into a step.
 
 On ``cpu-sim`` ranks share a few cores with each other and with whatever else the machine runs.
 The engine plays a step's dependencies and stretches compute by how many ranks compute at once;
 under load that is too fast (BENCHMARKS.md, "Cost model accuracy"): a rank needs C CPU-seconds a
 step, its compute *and* what gloo's threads and the executor spend on every message and
-collective, and with k runnable processes per core it gets about 1/k of a core over the step,
-however its waits fall. So the step lasts at least about k·C.
+collective, and with k runnable processes per core it gets about 1/k of a core while busy, so its
+busy part of the step lasts about k·C (``mpkit.sim.prediction.fair_share_step`` stretches the
+played step to that).
 
 C is a linear model of the step's program, fitted by ``mpkit.sim.calibrate`` to the CPU time
 real multi-rank training steps used (the process's, gloo's threads included) under the load of

@@ -149,7 +149,7 @@ class Hardware:
         and never fewer than the calibration's lone rank shared its core with (1/``lone_share``):
         a process runs on one core at a time, so beside one busy loop pinned to each of two cores
         a lone rank got 1/2, not the 2/3 that sharing all the cores would give (that assumption
-        predicted dp steps 27-34% too slow under such load, BENCHMARKS.md)."""
+        played dp steps of gpt-64 28-34% too slow under such load, BENCHMARKS.md)."""
         k = runnable_per_core(concurrency, self.background, self.cores)
         return max(k, 1.0 / self.lone_share) if self.lone_share else k
 

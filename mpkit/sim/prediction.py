@@ -10,10 +10,11 @@ contention, measure how many ranks a second of compute shares the machine with o
 (``compute_concurrency``), and stretch compute by processor sharing (``Hardware.compute_stretch``):
 four data-parallel ranks that compute together on two cores run at half speed, even though they
 all wait in the all-reduce afterwards; other busy processes the calibration saw share the cores too.
-Then the fair share (``mpkit.sim.cpu``): a rank that needs C CPU-seconds a step among k runnable
-processes per core gets about 1/k of a core, so where k·C of the busiest rank is longer than the
-played step (a loaded machine: gloo's threads and every wake-up need CPU too), the step is k·C
-and its timeline is stretched evenly to that length.
+Then the fair share (``fair_share_step``, C from ``mpkit.sim.cpu``): a rank that needs C
+CPU-seconds a step among k runnable processes per core gets about 1/k of a core while busy, so its
+busy part of the played step lasts k·C, and what it waits for (the others' work) stretches alike;
+where that is longer than the played step (a loaded machine: gloo's threads and every wake-up
+need CPU too), the timeline is stretched evenly to it.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from mpkit.models import describe
 from mpkit.observe.trace import Trace, union_seconds
 from mpkit.sim.cpu import rank_cpu
 from mpkit.sim.engine import Compute, simulate
-from mpkit.sim.hardware import Hardware, runnable_per_core
+from mpkit.sim.hardware import Hardware
 from mpkit.sim.machines import get_hardware
 from mpkit.sim.memory import predict_memory
 from mpkit.sim.pricing import Pricer, price_by_gap
@@ -41,7 +42,7 @@ class Prediction:
     as per-rank reports, ``world_size``, ``strategy``, ``config``)."""
 
     def __init__(self, config, hardware: Hardware, trace: Trace, memory, slowdown: float,
-                 cpu_seconds=(), fair_share: float = 0.0):
+                 cpu_seconds=(), fair_share: float = 0.0, sharing: float = 1.0):
         self.config = config
         self.strategy = config.strategy
         self.world_size = config.world_size
@@ -49,7 +50,8 @@ class Prediction:
         self.memory = memory
         self.slowdown = slowdown
         self.cpu_seconds = list(cpu_seconds)  # per rank, predicted (cpu-sim)
-        self.fair_share = fair_share  # k·C of the busiest rank (0: ranks do not share cores)
+        self.fair_share = fair_share  # the step the fair share allows (0: ranks do not share cores)
+        self.sharing = sharing  # k: runnable processes per core while ranks are busy
         start, end = trace.window()
         played = end - start
         self.played_time = played  # the engine's step, before the fair share
@@ -97,7 +99,7 @@ class Prediction:
                 f"bubble {b['bubble'] * 1e3:.3f} ms; peak memory per rank {peak:.2f} MiB")
         if self.cpu_bound:
             text += (f"\n  CPU-bound: the busiest rank needs {max(self.cpu_seconds) * 1e3:.3f} ms of CPU a step, "
-                     f"with {self.fair_share / max(self.cpu_seconds):.2f} runnable processes per core")
+                     f"with {self.sharing:.2f} runnable processes per core while ranks are busy")
         return text + (f"\n  WARNING: {self.memory_warning}" if self.memory_warning else "")
 
     def __repr__(self):
@@ -134,11 +136,12 @@ def _config(strategy, world_size, model, batch_size, options):
     return cfg
 
 
-def compute_concurrency(trace) -> float:
-    """How many ranks compute at once, as a second of compute sees it: with c(t) ranks computing
-    at time t, the integral of c² over the integral of c (c itself when it never changes)."""
-    edges = sorted((t, d) for e in trace.events if e.category == "compute" and e.end > e.start
-                   for t, d in ((e.start, 1), (e.end, -1)))
+def concurrency(trace) -> float:
+    """How many ranks are busy at once, as a second of their busy time sees it: with c(t) ranks
+    busy at time t (a rank's overlapping events count once), the integral of c² over the integral
+    of c (c itself when it never changes)."""
+    edges = sorted((t, d) for r in trace.ranks for start, end in _merged(trace.of_rank(r))
+                   for t, d in ((start, 1), (end, -1)))
     busy = weighted = 0.0
     count, last = 0, None
     for t, change in edges:
@@ -147,6 +150,35 @@ def compute_concurrency(trace) -> float:
             weighted += count * count * (t - last)
         count, last = count + change, t
     return weighted / busy if busy else 0.0
+
+
+def compute_concurrency(trace) -> float:
+    """How many ranks compute at once, as a second of compute sees it (``concurrency``)."""
+    return concurrency(trace.filter(category="compute"))
+
+
+def _merged(events):
+    """A rank's busy spans: its non-idle events' [start, end], overlapping ones merged."""
+    spans = []
+    for start, end in sorted((e.start, e.end) for e in events if e.category != "idle" and e.end > e.start):
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([start, end])
+    return spans
+
+
+def fair_share_step(trace, cpu, hw: Hardware) -> tuple[float, float]:
+    """(the step the fair share of the cores allows, k). Rank r needs ``cpu[r]`` CPU-seconds a
+    step and, while busy, gets 1/k of a core (k = ``hw.sharing`` of how many ranks are busy at
+    once, ``concurrency``), so its busy part of the played step lasts k·cpu[r]; what it waits for
+    in between is the other ranks' work, slowed alike, so the whole played step stretches by that
+    factor: played · k·cpu[r] / busy[r], for the rank that needs the most. (k·cpu[r] alone misses
+    a pipeline's waits: 11-30% short under load, BENCHMARKS.md.)"""
+    start, end = trace.window()
+    k = hw.sharing(concurrency(trace))
+    busy = [sum(b - a for a, b in _merged(trace.of_rank(r))) for r in range(len(cpu))]
+    return max(((end - start) * k * c / b for c, b in zip(cpu, busy) if b > 0), default=0.0), k
 
 
 def step_programs(plan, strategy):
@@ -191,13 +223,14 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
     plan = Pricer(hw, cfg.model, cfg.world_size, cfg.batch_size, cfg.options)
     programs = step_programs(plan, strategy)
     trace = simulate(programs)
-    slowdown, cpu, fair_share = 1.0, [], 0.0
+    slowdown, cpu, fair_share, k = 1.0, [], 0.0, 1.0
     if hw.cores:
         slowdown = hw.compute_stretch(compute_concurrency(trace))
         if hw.cpu:  # from the unstretched programs: the coefficients take priced compute as calibrated
             cpu = [rank_cpu(hw.cpu, program) for program in _cpu_programs(plan, programs, strategy)]
-            fair_share = runnable_per_core(cfg.world_size, hw.background, hw.cores) * max(cpu)
         if slowdown > 1.0:
             plan.slowdown = slowdown
             trace = simulate(step_programs(plan, strategy))
-    return Prediction(cfg, hw, trace, predict_memory(strategy, plan), slowdown, cpu, fair_share)
+        if cpu:
+            fair_share, k = fair_share_step(trace, cpu, hw)
+    return Prediction(cfg, hw, trace, predict_memory(strategy, plan), slowdown, cpu, fair_share, k)

@@ -1,0 +1,63 @@
+"""What one message costs a waiting receiver, quiet and beside busy loops: wall time against CPU.
+
+Two ranks: rank 1 computes (spins) for ``gap`` ms, then sends 8 KiB; rank 0 only receives. Per
+message, the receiver's wall time less the gap is what the message costs on the critical path,
+and its CPU time (process: gloo's threads too) is what the CPU model can see. Quiet, both are
+small; beside a busy loop pinned to each core the wall time grows by milliseconds while the CPU
+does not: the receiver waits to be scheduled, which the fair share of CPU cannot express.
+
+    python benchmarks/message_wait.py [--load 2] [--messages 40]   # about 1 minute on 2 cores
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+
+from costmodel import background_load  # benchmarks/costmodel.py
+from machine import load  # benchmarks/machine.py
+from mpkit.runtime.launch import launch
+
+GAPS_MS = (0.1, 1.0, 5.0, 20.0)
+
+
+def _rank(ctx, gap, messages):
+    """(wall ms per message, process CPU ms per message) of this rank, the second of two rounds."""
+    buf = torch.zeros(2048)
+    for _ in range(2):  # the first round warms gloo's buffers
+        dist.barrier()
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(messages):
+            if ctx.rank == 1:
+                end = time.perf_counter() + gap
+                while time.perf_counter() < end:
+                    pass
+                dist.send(buf, 0)
+            else:
+                dist.recv(buf, 1)
+        result = ((time.perf_counter() - wall) / messages * 1e3, (time.process_time() - cpu) / messages * 1e3)
+    return result
+
+
+def condition(name, messages):
+    print(f"{name}; {load()}")
+    print("| gap ms | receiver wall ms per message | wall less the gap | receiver CPU ms per message |\n|---:|---:|---:|---:|")
+    for gap in GAPS_MS:
+        (wall, cpu), _ = launch(_rank, world_size=2, args=(gap / 1e3, messages), timeout=120, trace=False, memory=False)
+        print(f"| {gap:g} | {wall:.2f} | {wall - gap:.2f} | {cpu:.3f} |", flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--load", type=int, default=2, help="pinned busy loops in the second condition")
+    parser.add_argument("--messages", type=int, default=40)
+    args = parser.parse_args(argv)
+    condition("as is", args.messages)
+    with background_load(args.load, 300):
+        condition(f"+{args.load} busy loops, pinned", args.messages)
+
+
+if __name__ == "__main__":
+    main()
