@@ -6,7 +6,7 @@ over the second half of K steps, pooled over ``--runs`` runs, since the first st
 warming up (allocator, gloo buffers: step times fall for ~5 steps here); timed with the memory
 tracker off, since its per-op bookkeeping is not part of what we model, then a short tracked
 run for memory). Prints each row — predicted
-ms (``predict``), the engine's played step and the fair share k·C beside it, measured ms, abs % error
+ms (``predict``), the engine's played step and the CPU model's C of the busiest rank beside it, measured ms, abs % error
 of predict and of the engine alone, how far the first half of the runs and the second disagree (the
 measurement's own reproducibility), memory per category predicted vs measured — and the MAPE.
 Memory compares parameters/gradients/activations with the measured maxima and optimizer with
@@ -140,7 +140,7 @@ def condition(args) -> tuple[float, float, float]:
           f"background {hw.background:.1f} busy processes; {load()}")
     print("CPU model (seconds of CPU a rank spends per unit): " + ", ".join(f"{k} {v:.3g}" for k, v in hw.cpu.items()))
     time_errors, engine_errors, memory_errors, spreads = [], [], [], []
-    header = (f"{'config':46s} {'pred ms':>8s} {'engine':>8s} {'k*C':>8s} {'meas ms':>8s} {'err%':>6s} {'engine%':>7s} "
+    header = (f"{'config':46s} {'pred ms':>8s} {'engine':>8s} {'C ms':>8s} {'meas ms':>8s} {'err%':>6s} {'engine%':>7s} "
               f"{'halves%':>7s}  memory KiB pred/meas (err%) per category")
     print(header)
     print("-" * len(header))
@@ -161,7 +161,7 @@ def condition(args) -> tuple[float, float, float]:
             if c != "other":
                 memory_errors.append(e)
             cells.append(f"{c[:5]} {p / 1024:.1f}/{q / 1024:.1f} ({e:.0f})")
-        print(f"{label:46s} {pred.step_time * 1e3:8.3f} {pred.played_time * 1e3:8.3f} {pred.fair_share * 1e3:8.3f} "
+        print(f"{label:46s} {pred.step_time * 1e3:8.3f} {pred.played_time * 1e3:8.3f} {max(pred.cpu_seconds, default=0.0) * 1e3:8.3f} "
               f"{step_time * 1e3:8.3f} {err:6.1f} {engine_errors[-1]:7.1f} {spread:7.1f}  "
               + ", ".join(cells),
               flush=True)

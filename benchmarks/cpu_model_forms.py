@@ -13,8 +13,8 @@ rather than across runs of a noisy machine:
   and all-gather apart.
 
 For each: the model's C of the busiest rank against the measured one, and the step ``predict``
-would return with it (``fair_share_step``: the played step stretched so each rank's CPU at its
-fair share fills its busy part) against the measured step; beside them the same step from the
+would return with it (``fair_share_play``: each rank's instructions lengthened so its CPU at its
+fair share fills its busy part, the step played again) against the measured step; beside them the same step from the
 measured C of every rank, the best any CPU model could do with the fair share. Both conditions (as is, ``--load`` pinned busy loops).
 
     python benchmarks/cpu_model_forms.py [--runs 2] [--load 2]   # about 4 minutes on 2 cores
@@ -27,12 +27,12 @@ import time
 import numpy as np
 
 from costmodel import both_conditions, condition_args, grid, pct  # benchmarks/costmodel.py
-from fairshare import measure  # benchmarks/fairshare.py
+from fairshare import measure, shared_step  # benchmarks/fairshare.py
 from machine import load  # benchmarks/machine.py
 from mpkit.sim import calibration
 from mpkit.sim.cpu import TERMS, fit, program_terms, ring_steps
 from mpkit.sim.engine import Collective
-from mpkit.sim.prediction import fair_share_step, predict, programs_for
+from mpkit.sim.prediction import predict, programs_for
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -73,12 +73,8 @@ def condition(args) -> dict:
     errors = {key: [] for key in ["ceiling", *(f"{n} {m}" for n in FORMS for m in ("C", "step"))]}
     for strategy, world, model_name, kwargs in grid(False):
         pred = predict(strategy, hardware=hw, world_size=world, **kwargs)
-
-        def step_from(cpu):  # what predict does with per-rank CPU seconds
-            return max(pred.played_time, fair_share_step(pred.trace, cpu, hw)[0])
-
         step, (ranks_cpu, _) = measure(strategy, world, kwargs, args.runs)
-        errors["ceiling"].append((strategy, pct(step_from(ranks_cpu), step)))
+        errors["ceiling"].append((strategy, pct(shared_step(pred, ranks_cpu, hw), step)))
         line = (f"{strategy} N={world} {model_name} {kwargs.get('schedule', '')}: step {step * 1e3:.2f} ms, "
                 f"C {max(ranks_cpu) * 1e3:.2f}")
         programs = programs_for(hw, strategy, world, kwargs)
@@ -86,7 +82,7 @@ def condition(args) -> dict:
             weights = np.array([coefficients[name][t] for t in names])
             model_cpu = [float(terms_of(p) @ weights) for p in programs]
             errors[f"{name} C"].append((strategy, pct(max(model_cpu), max(ranks_cpu))))
-            errors[f"{name} step"].append((strategy, pct(step_from(model_cpu), step)))
+            errors[f"{name} step"].append((strategy, pct(shared_step(pred, model_cpu, hw), step)))
             line += f" | {name}: C {max(model_cpu) * 1e3:.2f}, step {errors[f'{name} step'][-1][1]:.0f}%"
         print(line, flush=True)
     summary = {key: (statistics.fmean(e for _, e in rows), statistics.fmean(e for s, e in rows if s == "pp"))

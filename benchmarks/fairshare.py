@@ -1,11 +1,11 @@
 """Where a busy machine's time goes: the fair-share estimate, with measured and with modelled CPU.
 
 ``mpkit.sim.predict`` plays the step's dependencies (the engine), then takes the fair share of the
-cores (``mpkit.sim.prediction.fair_share_step``): a rank that needs C CPU-seconds per step gets,
+cores (``mpkit.sim.prediction.fair_share_play``): a rank that needs C CPU-seconds per step gets,
 while busy, 1/k of a core (k runnable processes per core: the ranks busy at once and the B busy
-processes the calibration counts), so its busy part of the played step lasts k·C, and the waits
-in between stretch alike (they wait for the other ranks, slowed the same way); predict's step is
-the longer of the played one and that, with C from the CPU model the calibration fitted. This
+processes the calibration counts), so its busy part of the step lasts at least k·C; each rank's
+instructions are lengthened to that and the step played again, so the ranks that wait for it
+wait longer; C comes from the CPU model the calibration fitted. This
 benchmark takes the parts apart. C is *measured* here, steps 6-15 of a 16-step run
 (``mpkit.sim.calibration.cpu_per_step``): of the whole process (gloo's threads too) and of the
 rank's main thread alone (the executor, the loop and compute: one torch thread), and compared with
@@ -16,8 +16,8 @@ is, then ``--load`` pinned busy loops): the engine's step and predict's (calibra
 condition), the measured step (median step period of the second halves, ``--runs`` runs
 pooled), C of the busiest rank (process, main thread) and the model's C, k, and the signed errors
 of k·C of the busiest rank (process; main thread), the engine, max(engine, k·C) (the form predict
-used before), the played step stretched by each rank's measured C, predict, and of the model's C
-against C; MAPE per condition, for all rows and the pp rows, at the end.
+used before the replay, k from all ranks), the step replayed with each rank's measured C, predict,
+and of the model's C against C; MAPE per condition, for all rows and the pp rows, at the end.
 
     python benchmarks/fairshare.py [--runs 2] [--load 2] [--quick]   # about 3 minutes on 2 cores
 """
@@ -30,7 +30,7 @@ from costmodel import both_conditions, condition_args, grid  # benchmarks/costmo
 from machine import load  # benchmarks/machine.py
 from mpkit.sim import predict
 from mpkit.sim.calibration import calibrate, cpu_per_step
-from mpkit.sim.prediction import fair_share_step
+from mpkit.sim.prediction import fair_share_play
 
 
 def measure(strategy, world, kwargs, runs):
@@ -47,6 +47,12 @@ def measure(strategy, world, kwargs, runs):
     return statistics.median(periods), tuple(per_rank)
 
 
+def shared_step(pred, cpu, hw) -> float:
+    """The step ``predict`` would give with ``cpu`` (CPU seconds per rank) in place of its model's."""
+    start, end = fair_share_play(pred.programs, cpu, hw)[0].window()
+    return end - start
+
+
 def signed(pred, meas):
     return (pred - meas) / meas * 100
 
@@ -57,7 +63,7 @@ def condition(args) -> dict:
     print(f"cpu-sim calibrated: {hw.flops / 1e9:.1f} GFLOP/s, background {hw.background:.1f} busy processes, "
           f"{hw.cores} cores; CPU model " + ", ".join(f"{k} {v:.3g}" for k, v in hw.cpu.items())
           + f"; {load()}")
-    names = ("k*C", "k*C main", "engine", "max(engine,k*C)", "stretched", "predict", "model C vs C")
+    names = ("k*C", "k*C main", "engine", "max(engine,k*C)", "replayed", "predict", "model C vs C")
     header = (f"{'config':44s} {'meas ms':>8s} {'C ms':>6s} {'main':>6s} {'model':>6s} {'k':>5s} {'engine':>7s} "
               f"{'predict':>7s}  " + " ".join(f"{n + ' err%':>15s}" for n in names))
     print(header + "\n" + "-" * len(header))
@@ -68,8 +74,8 @@ def condition(args) -> dict:
         step, (ranks_cpu, ranks_main) = measure(strategy, world, kwargs, args.runs)
         cpu, main_cpu, model_cpu = max(ranks_cpu), max(ranks_main), max(pred.cpu_seconds)
         k = hw.sharing(world)
-        stretched = max(pred.played_time, fair_share_step(pred.trace, ranks_cpu, hw)[0])
-        row = dict(zip(names, (k * cpu, k * main_cpu, pred.played_time, max(pred.played_time, k * cpu), stretched,
+        row = dict(zip(names, (k * cpu, k * main_cpu, pred.played_time, max(pred.played_time, k * cpu),
+                               shared_step(pred, ranks_cpu, hw),
                                pred.step_time)))
         for name, value in row.items():
             errors[name].append((strategy, signed(value, step)))
@@ -89,7 +95,7 @@ def main(argv=None):
     args = condition_args(__doc__, argv, quick=True)
     started = time.time()
     results = both_conditions(condition, args)
-    print("| condition | k·C | k·C main thread | engine | max(engine, k·C) | played step stretched by measured C "
+    print("| condition | k·C | k·C main thread | engine | max(engine, k·C) | step replayed with measured C "
           "| predict (the same with model C) | model C vs C |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for condition_name, summary in results.items():
         print(f"| {condition_name} | " + " | ".join(f"{a:.1f}% ({p:.1f}%)" for a, p in summary.values()) + " |")

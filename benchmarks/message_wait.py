@@ -3,8 +3,9 @@
 Two ranks: rank 1 computes (spins) for ``gap`` ms, then sends 8 KiB; rank 0 only receives. Per
 message, the receiver's wall time less the gap is what the message costs on the critical path,
 and its CPU time (process: gloo's threads too) is what the CPU model can see. Quiet, both are
-small; beside a busy loop pinned to each core the wall time grows by milliseconds while the CPU
-does not: the receiver waits to be scheduled, which the fair share of CPU cannot express.
+small; beside ``--load`` busy loops pinned to the cores (2 here: one per core) the wall time grows
+by milliseconds while the CPU does not: the receiver waits to be scheduled, which the fair share
+of CPU cannot express.
 
     python benchmarks/message_wait.py [--load 2] [--messages 40]   # about 1 minute on 2 cores
 """
@@ -16,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from costmodel import background_load  # benchmarks/costmodel.py
+from costmodel import both_conditions  # benchmarks/costmodel.py
 from machine import load  # benchmarks/machine.py
 from mpkit.runtime.launch import launch
 
@@ -41,22 +42,22 @@ def _rank(ctx, gap, messages):
     return result
 
 
-def condition(name, messages):
-    print(f"{name}; {load()}")
-    print("| gap ms | receiver wall ms per message | wall less the gap | receiver CPU ms per message |\n|---:|---:|---:|---:|")
+def condition(args):
+    print(f"{load()}\n| gap ms | receiver wall ms per message | wall less the gap | receiver CPU ms per message |"
+          "\n|---:|---:|---:|---:|")
     for gap in GAPS_MS:
-        (wall, cpu), _ = launch(_rank, world_size=2, args=(gap / 1e3, messages), timeout=120, trace=False, memory=False)
+        (wall, cpu), _ = launch(_rank, world_size=2, args=(gap / 1e3, args.messages), timeout=120, trace=False,
+                                memory=False)
         print(f"| {gap:g} | {wall:.2f} | {wall - gap:.2f} | {cpu:.3f} |", flush=True)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--load", type=int, default=2, help="pinned busy loops in the second condition")
+    parser.add_argument("--load", type=int, default=2, help="pinned busy loops in the second condition (0: none)")
     parser.add_argument("--messages", type=int, default=40)
     args = parser.parse_args(argv)
-    condition("as is", args.messages)
-    with background_load(args.load, 300):
-        condition(f"+{args.load} busy loops, pinned", args.messages)
+    args.load_seconds = 300.0
+    both_conditions(condition, args)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ The engine plays a step's dependencies and stretches compute by how many ranks c
 under load that is too fast (BENCHMARKS.md, "Cost model accuracy"): a rank needs C CPU-seconds a
 step, its compute *and* what gloo's threads and the executor spend on every message and
 collective, and with k runnable processes per core it gets about 1/k of a core while busy, so its
-busy part of the step lasts about k·C (``mpkit.sim.prediction.fair_share_step`` stretches the
-played step to that).
+busy part of the step lasts about k·C (``mpkit.sim.prediction.fair_share_play`` lengthens each
+rank's instructions to that and plays the step again).
 
 C is a linear model of the step's program, fitted by ``mpkit.sim.calibrate`` to the CPU time
 real multi-rank training steps used (the process's, gloo's threads included) under the load of

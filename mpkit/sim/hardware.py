@@ -150,14 +150,14 @@ class Hardware:
         a process runs on one core at a time, so beside one busy loop pinned to each of two cores
         a lone rank got 1/2, not the 2/3 that sharing all the cores would give (that assumption
         played dp steps of gpt-64 28-34% too slow under such load, BENCHMARKS.md)."""
+        if not self.cores:
+            return 1.0  # every rank has its own device
         k = runnable_per_core(concurrency, self.background, self.cores)
         return max(k, 1.0 / self.lone_share) if self.lone_share else k
 
     def compute_stretch(self, concurrency: float) -> float:
         """How much slower compute runs when ``concurrency`` ranks compute at once than it ran in
         the calibration (one rank alone), on ``cores`` shared with the ``background``."""
-        if not self.cores:
-            return 1.0
         return self.sharing(concurrency) / self.sharing(1)
 
     def with_bandwidth(self, gb_per_s: float) -> "Hardware":

@@ -10,11 +10,11 @@ contention, measure how many ranks a second of compute shares the machine with o
 (``compute_concurrency``), and stretch compute by processor sharing (``Hardware.compute_stretch``):
 four data-parallel ranks that compute together on two cores run at half speed, even though they
 all wait in the all-reduce afterwards; other busy processes the calibration saw share the cores too.
-Then the fair share (``fair_share_step``, C from ``mpkit.sim.cpu``): a rank that needs C
+Then the fair share (``fair_share_play``, C from ``mpkit.sim.cpu``): a rank that needs C
 CPU-seconds a step among k runnable processes per core gets about 1/k of a core while busy, so its
-busy part of the played step lasts k·C, and what it waits for (the others' work) stretches alike;
-where that is longer than the played step (a loaded machine: gloo's threads and every wake-up
-need CPU too), the timeline is stretched evenly to it.
+busy part of the step lasts at least k·C (a loaded machine: gloo's threads and every wake-up need
+CPU too); each rank's instructions are lengthened to that and the step is played again, so the
+ranks that wait for it wait longer.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import replace
 from mpkit.models import describe
 from mpkit.observe.trace import Trace, union_seconds
 from mpkit.sim.cpu import rank_cpu
-from mpkit.sim.engine import Compute, simulate
+from mpkit.sim.engine import P2P, Collective, Compute, simulate
 from mpkit.sim.hardware import Hardware
 from mpkit.sim.machines import get_hardware
 from mpkit.sim.memory import predict_memory
@@ -42,7 +42,7 @@ class Prediction:
     as per-rank reports, ``world_size``, ``strategy``, ``config``)."""
 
     def __init__(self, config, hardware: Hardware, trace: Trace, memory, slowdown: float,
-                 cpu_seconds=(), fair_share: float = 0.0, sharing: float = 1.0):
+                 cpu_seconds=(), played_time: float | None = None, sharing: float = 1.0, programs=()):
         self.config = config
         self.strategy = config.strategy
         self.world_size = config.world_size
@@ -50,15 +50,13 @@ class Prediction:
         self.memory = memory
         self.slowdown = slowdown
         self.cpu_seconds = list(cpu_seconds)  # per rank, predicted (cpu-sim)
-        self.fair_share = fair_share  # the step the fair share allows (0: ranks do not share cores)
         self.sharing = sharing  # k: runnable processes per core while ranks are busy
+        self.programs = list(programs)  # per rank, the instructions as played (before the fair share)
+        self.trace = trace
         start, end = trace.window()
-        played = end - start
-        self.played_time = played  # the engine's step, before the fair share
-        self.cpu_bound = fair_share > played > 0
-        self.trace = _stretched(trace, start, fair_share / played) if self.cpu_bound else trace
-        self.step_time = max(played, fair_share)
-        trace = self.trace  # a CPU-bound step's parts stretch with it, as its timeline shows
+        self.step_time = end - start
+        self.played_time = self.step_time if played_time is None else played_time  # before the fair share
+        self.cpu_bound = self.step_time > self.played_time * (1 + 1e-9)
         ranks = trace.ranks or [0]
         compute = sum(trace.busy_time(r, "compute") for r in ranks) / len(ranks)
         # communication counts only where it is not hidden behind compute on the same rank
@@ -98,19 +96,14 @@ class Prediction:
                 f"  step {self.step_time * 1e3:.3f} ms: compute {b['compute'] * 1e3:.3f}, comm {b['comm'] * 1e3:.3f}, "
                 f"bubble {b['bubble'] * 1e3:.3f} ms; peak memory per rank {peak:.2f} MiB")
         if self.cpu_bound:
-            text += (f"\n  CPU-bound: the busiest rank needs {max(self.cpu_seconds) * 1e3:.3f} ms of CPU a step, "
-                     f"with {self.sharing:.2f} runnable processes per core while ranks are busy")
+            text += (f"\n  CPU-bound: ranks need up to {max(self.cpu_seconds) * 1e3:.3f} ms of CPU a step, with "
+                     f"{self.sharing:.2f} runnable processes per core while they are busy (played without that: "
+                     f"{self.played_time * 1e3:.3f} ms)")
         return text + (f"\n  WARNING: {self.memory_warning}" if self.memory_warning else "")
 
     def __repr__(self):
         return (f"<Prediction {self.strategy} world_size={self.world_size} on {self.hardware.name}: "
                 f"{self.step_time * 1e3:.3f} ms/step{'' if self.fits else ', does not fit in memory'}>")
-
-
-def _stretched(trace: Trace, start: float, factor: float) -> Trace:
-    """``trace`` with every event's start and end ``factor`` times as far from ``start``."""
-    return Trace(events=[replace(e, start=start + (e.start - start) * factor, end=start + (e.end - start) * factor)
-                         for e in trace.events], enabled=False)
 
 
 def _check_size(strategy, world_size):
@@ -168,17 +161,33 @@ def _merged(events):
     return spans
 
 
-def fair_share_step(trace, cpu, hw: Hardware) -> tuple[float, float]:
-    """(the step the fair share of the cores allows, k). Rank r needs ``cpu[r]`` CPU-seconds a
-    step and, while busy, gets 1/k of a core (k = ``hw.sharing`` of how many ranks are busy at
-    once, ``concurrency``), so its busy part of the played step lasts k·cpu[r]; what it waits for
-    in between is the other ranks' work, slowed alike, so the whole played step stretches by that
-    factor: played · k·cpu[r] / busy[r], for the rank that needs the most. (k·cpu[r] alone misses
-    a pipeline's waits: 11-30% short under load, BENCHMARKS.md.)"""
-    start, end = trace.window()
-    k = hw.sharing(concurrency(trace))
-    busy = [sum(b - a for a, b in _merged(trace.of_rank(r))) for r in range(len(cpu))]
-    return max(((end - start) * k * c / b for c, b in zip(cpu, busy) if b > 0), default=0.0), k
+def fair_share_play(programs, cpu, hw: Hardware, played: Trace | None = None) -> tuple[Trace, float]:
+    """(the step's trace when the ranks get their fair share of the cores, k). Rank r needs
+    ``cpu[r]`` CPU-seconds a step and, while busy, gets 1/k of a core (k = ``hw.sharing`` of how
+    many ranks are busy at once, ``concurrency``), so its busy part of the ``played`` step
+    (``programs`` as simulated) lasts at least k·cpu[r]: each rank's instructions are made
+    k·cpu[r] / busy[r] times as long (never shorter) and the step is played again, so what a rank
+    waits for stretches with the rank it waits for. (k·cpu[r] alone misses a pipeline's waits:
+    11-30% short under load, BENCHMARKS.md.)"""
+    played = simulate(programs) if played is None else played
+    k = hw.sharing(concurrency(played))
+    busy = [sum(b - a for a, b in _merged(played.of_rank(r))) for r in range(len(programs))]
+    factors = [max(1.0, k * c / b) if b > 0 else 1.0 for c, b in zip(cpu, busy)]
+    if max(factors, default=1.0) == 1.0:
+        return played, k
+    return simulate([_lengthened(program, f) for program, f in zip(programs, factors)]), k
+
+
+def _lengthened(program, factor: float) -> list:
+    """A rank's program with each instruction's seconds ``factor`` times as long."""
+    out = []
+    for ins in program:
+        if isinstance(ins, (Compute, Collective)):
+            ins = replace(ins, seconds=ins.seconds * factor)
+        elif isinstance(ins, P2P):
+            ins = replace(ins, ops=tuple(op._replace(seconds=op.seconds * factor) for op in ins.ops))
+        out.append(ins)
+    return out
 
 
 def step_programs(plan, strategy):
@@ -223,14 +232,16 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
     plan = Pricer(hw, cfg.model, cfg.world_size, cfg.batch_size, cfg.options)
     programs = step_programs(plan, strategy)
     trace = simulate(programs)
-    slowdown, cpu, fair_share, k = 1.0, [], 0.0, 1.0
+    slowdown, cpu, k = 1.0, [], 1.0
     if hw.cores:
         slowdown = hw.compute_stretch(compute_concurrency(trace))
         if hw.cpu:  # from the unstretched programs: the coefficients take priced compute as calibrated
             cpu = [rank_cpu(hw.cpu, program) for program in _cpu_programs(plan, programs, strategy)]
         if slowdown > 1.0:
             plan.slowdown = slowdown
-            trace = simulate(step_programs(plan, strategy))
-        if cpu:
-            fair_share, k = fair_share_step(trace, cpu, hw)
-    return Prediction(cfg, hw, trace, predict_memory(strategy, plan), slowdown, cpu, fair_share, k)
+            programs = step_programs(plan, strategy)
+            trace = simulate(programs)
+    start, end = trace.window()
+    if cpu:
+        trace, k = fair_share_play(programs, cpu, hw, played=trace)
+    return Prediction(cfg, hw, trace, predict_memory(strategy, plan), slowdown, cpu, end - start, k, programs)
