@@ -17,7 +17,8 @@ condition), the measured step (median step period of the second halves, ``--runs
 pooled), C of the busiest rank (process, main thread) and the model's C, k, and the signed errors
 of k·C of the busiest rank (process; main thread), the engine, max(engine, k·C) (the form predict
 used before the replay, k from all ranks), the step replayed with each rank's measured C, predict,
-and of the model's C against C; MAPE per condition, for all rows and the pp rows, at the end.
+predict without the calibration's wake-up waits (``Hardware.wake_wait``), and of the model's C
+against C; MAPE per condition, for all rows and the pp rows, at the end.
 
     python benchmarks/fairshare.py [--runs 2] [--load 2] [--quick]   # about 3 minutes on 2 cores
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 
 from costmodel import both_conditions, condition_args, grid  # benchmarks/costmodel.py
 from machine import load  # benchmarks/machine.py
@@ -63,7 +65,7 @@ def condition(args) -> dict:
     print(f"cpu-sim calibrated: {hw.flops / 1e9:.1f} GFLOP/s, background {hw.background:.1f} busy processes, "
           f"{hw.cores} cores; CPU model " + ", ".join(f"{k} {v:.3g}" for k, v in hw.cpu.items())
           + f"; {load()}")
-    names = ("k*C", "k*C main", "engine", "max(engine,k*C)", "replayed", "predict", "model C vs C")
+    names = ("k*C", "k*C main", "engine", "max(engine,k*C)", "replayed", "predict", "no wake-ups", "model C vs C")
     header = (f"{'config':44s} {'meas ms':>8s} {'C ms':>6s} {'main':>6s} {'model':>6s} {'k':>5s} {'engine':>7s} "
               f"{'predict':>7s}  " + " ".join(f"{n + ' err%':>15s}" for n in names))
     print(header + "\n" + "-" * len(header))
@@ -74,9 +76,9 @@ def condition(args) -> dict:
         step, (ranks_cpu, ranks_main) = measure(strategy, world, kwargs, args.runs)
         cpu, main_cpu, model_cpu = max(ranks_cpu), max(ranks_main), max(pred.cpu_seconds)
         k = hw.sharing(world)
+        unwoken = predict(strategy, hardware=replace(hw, wake_max=0.0), world_size=world, **kwargs)
         row = dict(zip(names, (k * cpu, k * main_cpu, pred.played_time, max(pred.played_time, k * cpu),
-                               shared_step(pred, ranks_cpu, hw),
-                               pred.step_time)))
+                               shared_step(pred, ranks_cpu, hw), pred.step_time, unwoken.step_time)))
         for name, value in row.items():
             errors[name].append((strategy, signed(value, step)))
         errors["model C vs C"].append((strategy, signed(model_cpu, cpu)))
@@ -96,7 +98,8 @@ def main(argv=None):
     started = time.time()
     results = both_conditions(condition, args)
     print("| condition | k·C | k·C main thread | engine | max(engine, k·C) | step replayed with measured C "
-          "| predict (the same with model C) | model C vs C |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| predict (the same with model C) | predict without wake-ups | model C vs C |"
+          "\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for condition_name, summary in results.items():
         print(f"| {condition_name} | " + " | ".join(f"{a:.1f}% ({p:.1f}%)" for a, p in summary.values()) + " |")
     print("(MAPE over all rows; pp rows in parentheses)")

@@ -5,50 +5,33 @@ message, the receiver's wall time less the gap is what the message costs on the 
 and its CPU time (process: gloo's threads too) is what the CPU model can see. Quiet, both are
 small; beside ``--load`` busy loops pinned to the cores (2 here: one per core) the wall time grows
 by milliseconds while the CPU does not: the receiver waits to be scheduled, which the fair share
-of CPU cannot express.
+of CPU cannot express (the calibration fits the same measurement, ``Hardware.wake_wait``).
 
     python benchmarks/message_wait.py [--load 2] [--messages 40]   # about 1 minute on 2 cores
 """
 from __future__ import annotations
 
 import argparse
-import time
-
-import torch
-import torch.distributed as dist
 
 from costmodel import both_conditions  # benchmarks/costmodel.py
 from machine import load  # benchmarks/machine.py
 from mpkit.runtime.launch import launch
+from mpkit.sim.calibration import fit_wake_wait, waiting_receiver
 
 GAPS_MS = (0.1, 1.0, 5.0, 20.0)
-
-
-def _rank(ctx, gap, messages):
-    """(wall ms per message, process CPU ms per message) of this rank, the second of two rounds."""
-    buf = torch.zeros(2048)
-    for _ in range(2):  # the first round warms gloo's buffers
-        dist.barrier()
-        wall, cpu = time.perf_counter(), time.process_time()
-        for _ in range(messages):
-            if ctx.rank == 1:
-                end = time.perf_counter() + gap
-                while time.perf_counter() < end:
-                    pass
-                dist.send(buf, 0)
-            else:
-                dist.recv(buf, 1)
-        result = ((time.perf_counter() - wall) / messages * 1e3, (time.process_time() - cpu) / messages * 1e3)
-    return result
 
 
 def condition(args):
     print(f"{load()}\n| gap ms | receiver wall ms per message | wall less the gap | receiver CPU ms per message |"
           "\n|---:|---:|---:|---:|")
+    waits = []
     for gap in GAPS_MS:
-        (wall, cpu), _ = launch(_rank, world_size=2, args=(gap / 1e3, args.messages), timeout=120, trace=False,
-                                memory=False)
-        print(f"| {gap:g} | {wall:.2f} | {wall - gap:.2f} | {cpu:.3f} |", flush=True)
+        (wall, cpu), _ = launch(waiting_receiver, world_size=2, args=(gap / 1e3, args.messages), timeout=120,
+                                trace=False, memory=False)
+        waits.append((gap / 1e3, max(0.0, wall - gap / 1e3)))
+        print(f"| {gap:g} | {wall * 1e3:.2f} | {(wall - gap / 1e3) * 1e3:.2f} | {cpu * 1e3:.3f} |", flush=True)
+    wake_max, wake_tau = fit_wake_wait(waits)
+    print(f"fitted as the calibration does: wait = {wake_max * 1e3:.2f} ms x (1 - exp(-slept / {wake_tau * 1e3:.2f} ms))\n")
 
 
 def main(argv=None):

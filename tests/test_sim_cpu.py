@@ -3,6 +3,8 @@
 The model's coefficients are fitted by the calibration (tests/test_sim.py runs it); here they are
 set by hand so that what ``predict`` does with them can be checked exactly.
 """
+import math
+
 import numpy as np
 import pytest
 
@@ -10,8 +12,8 @@ from mpkit.observe.trace import Event, Trace, union_seconds
 from mpkit.sim import Hardware, Link, predict
 from mpkit.sim.cpu import TERMS, fit, program_terms, rank_cpu, ring_steps
 from mpkit.sim.hardware import runnable_per_core
-from mpkit.sim.engine import Collective, Compute, Msg, P2P
-from mpkit.sim.prediction import concurrency, fair_share_play
+from mpkit.sim.engine import Collective, Compute, Msg, P2P, simulate
+from mpkit.sim.prediction import concurrency, fair_share_play, with_wake_ups
 
 COEFFICIENTS = {"compute": 1.5, "micro_batch_compute": 2.0, "collective_step": 1e-4, "collective_byte": 1e-9,
                 "message": 3e-4, "message_byte": 2e-9}
@@ -115,6 +117,24 @@ def test_the_fair_share_lengthens_each_rank_and_the_waits_follow():
     assert fair_share_play(together, [0.5, 1.0], pinned)[0].window() == pytest.approx((0.0, 2.0))
     # little CPU: the played step stands
     assert fair_share_play(_handoff(), [0.1, 0.1], pinned)[0].window() == pytest.approx((0.0, 2.0))
+
+
+def test_a_receive_that_slept_waits_to_be_scheduled():
+    """Rank 1 sleeps 1 s in its receive while rank 0 computes; beside busy loops it then waits
+    ``wake_wait(1 s)`` more before its own compute. Rank 0's send and a machine without the
+    measurement are left alone."""
+    woken = _machine(wake_max=0.003, wake_tau=0.001)
+    assert woken.wake_wait(0.0) == 0.0 and woken.wake_wait(1.0) == pytest.approx(0.003)
+    assert woken.wake_wait(0.001) == pytest.approx(0.003 * (1 - math.exp(-1)))
+    programs = _handoff()
+    lengthened = with_wake_ups(programs, simulate(programs), woken)
+    assert lengthened[1][0].ops[0].seconds == pytest.approx(0.003) and lengthened[0] == programs[0]
+    assert simulate(lengthened).window() == pytest.approx((0.0, 2.003))
+    assert with_wake_ups(programs, simulate(programs), _machine()) == programs
+    # in predict: the same pipeline, only the measurement differs, is longer by the waits
+    kwargs = dict(world_size=2, model="mlp", hidden=64, layers=4, batch_size=32, schedule="gpipe", micro_batches=4)
+    plain, waiting = predict("pp", hardware=_machine(), **kwargs), predict("pp", hardware=woken, **kwargs)
+    assert plain.step_time + 0.001 < waiting.step_time < plain.step_time + 0.003 * 16  # 8 receives a rank, < 3 ms each
 
 
 def test_concurrency_counts_a_rank_once_and_skips_idle():

@@ -27,6 +27,7 @@ torch version and calibration method) so a notebook pays the measurement once.
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
@@ -70,6 +71,9 @@ _HOP_MESSAGES = 4  # micro-batches per relay
 # ``Hardware.measured_time`` interpolates by the compute an operation follows.
 _GAPS = {"warm": (8, 4), "cold": (160, 80)}
 _SPIN_SECONDS = 0.6  # long next to the scheduler's time slices, short next to the calibration
+# How long a receiver that slept waits to run again, after the sender computed for each gap (the
+# wait grows with the sleep up to ~3 ms beside busy loops, BENCHMARKS.md), 40 messages each
+_WAKE_GAPS, _WAKE_MESSAGES = (1e-4, 1e-3, 5e-3, 2e-2), 40
 # Real multi-rank steps whose CPU time the CPU model is fitted to: every kind of communication a
 # strategy issues (all-reduce, reduce-scatter/all-gather, per-layer all-reduces, pipeline messages
 # with both schedules) on 2 and 4 ranks, with messages of 1-64 KiB and gradients of 43 KiB-2 MiB
@@ -263,6 +267,7 @@ def measure(max_world: int = 4) -> Hardware:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     background = background_load(cores, opts)  # before the rest: what every measurement below shares the cores with
     lone_share = statistics.median(launch(_spin_share, world_size=1, args=(_SPIN_SECONDS,), **opts))
+    wake_max, wake_tau = fit_wake_wait(wake_waits(opts))
     samples = [_phase_samples(kwargs) for kwargs in _CALIBRATION_MODELS]
     flops, mem_bw, overhead = _fit_compute([s for phases, _ in samples for s in phases])
     step_overhead = statistics.median(outside for _, outside in samples)
@@ -282,12 +287,55 @@ def measure(max_world: int = 4) -> Hardware:
     hw = Hardware(
         name="cpu-sim", flops=flops, mfu=1.0, mem_bw=mem_bw, op_overhead=overhead, p2p=p2p,
         collective=collective, devices_per_node=1 << 20, cores=cores, background=background, lone_share=lone_share,
+        wake_max=wake_max, wake_tau=wake_tau,
         precision="fp32", allreduce="ring",
         measured=measured, step_overhead=step_overhead,
         source=f"measured on {socket.gethostname()} ({cores} cores, torch {torch.__version__}) "
                f"by mpkit.sim.calibrate at {time.strftime('%Y-%m-%d %H:%M')}")
     hw = replace(hw, stage_overhead=_stage_overhead(hw))
     return replace(hw, cpu=_fit_cpu(hw, opts))
+
+
+def waiting_receiver(ctx, gap, messages):
+    """(wall seconds per message, process CPU seconds per message) of this rank, the second of two
+    rounds: rank 1 computes (spins) ``gap`` seconds and sends 8 KiB, ``messages`` times; rank 0
+    only receives, asleep while rank 1 computes."""
+    buf = torch.zeros(2048)
+    for _ in range(2):  # the first round warms gloo's buffers
+        ctx.comm.barrier()
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(messages):
+            if ctx.rank == 1:
+                end = time.perf_counter() + gap
+                while time.perf_counter() < end:
+                    pass
+                dist.send(buf, 0)
+            else:
+                dist.recv(buf, 1)
+        result = ((time.perf_counter() - wall) / messages, (time.process_time() - cpu) / messages)
+    return result
+
+
+def wake_waits(opts, gaps=_WAKE_GAPS, messages=_WAKE_MESSAGES):
+    """[(seconds the receiver slept, seconds it waited beyond that for each message)]."""
+    out = []
+    for gap in gaps:
+        (wall, _), _ = launch(waiting_receiver, world_size=2, args=(gap, messages), **opts)
+        out.append((gap, max(0.0, wall - gap)))
+    return out
+
+
+def fit_wake_wait(points) -> tuple[float, float]:
+    """(wake_max, wake_tau) of wait = wake_max·(1 - exp(-slept / wake_tau)), least squares over
+    wake_tau on a log grid (0.1 ms to 0.2 s) and wake_max in closed form."""
+    best = None
+    for tau in (1e-4 * 1.5 ** i for i in range(20)):
+        xs = [1.0 - math.exp(-slept / tau) for slept, _ in points]
+        wmax = sum(x * w for x, (_, w) in zip(xs, points)) / sum(x * x for x in xs)
+        err = sum((wmax * x - w) ** 2 for x, (_, w) in zip(xs, points))
+        if best is None or err < best[0]:
+            best = (err, max(wmax, 0.0), tau)
+    return best[1], best[2]
 
 
 def _spin_share(ctx, seconds):

@@ -9,6 +9,7 @@ factors stated next to them.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 
@@ -52,7 +53,9 @@ class Hardware:
     ``cores``: CPU cores the ranks share (None: every rank has its own device); ``background``:
     how many other busy processes shared them while the machine was measured (cpu-sim);
     ``lone_share``: the share of a core one rank alone got then, which the compute rates were
-    timed at (None: not measured; processor sharing alone, ``sharing``).
+    timed at (None: not measured; processor sharing alone, ``sharing``). ``wake_max``/``wake_tau``:
+    what a receive that slept for s seconds waits to be scheduled again, beyond the message itself,
+    ``wake_max·(1 - exp(-s / wake_tau))`` (cpu-sim, measured; 0: none, ``wake_wait``).
     ``step_overhead``: seconds each rank spends per step outside its phases (making the batch,
     ``loss.item()``, the loop itself); measured on cpu-sim, 0 for the GPU presets.
     ``stage_overhead``: seconds the pp executor adds to each micro-batch's forward/backward
@@ -77,6 +80,8 @@ class Hardware:
     cores: int | None = None
     background: float = 0.0
     lone_share: float | None = None
+    wake_max: float = 0.0
+    wake_tau: float = 0.0
     memory_bytes: float | None = None
     precision: str = "fp32"
     allreduce: str = "auto"
@@ -154,6 +159,14 @@ class Hardware:
             return 1.0  # every rank has its own device
         k = runnable_per_core(concurrency, self.background, self.cores)
         return max(k, 1.0 / self.lone_share) if self.lone_share else k
+
+    def wake_wait(self, slept: float) -> float:
+        """Seconds a receive that slept ``slept`` seconds waits to be scheduled once its message is
+        there: beside busy loops, 0.3-1.3 ms after 0.1 ms asleep, 3.0-3.7 ms after 20 ms (a waking
+        thread waits out the running process's slice; BENCHMARKS.md); next to nothing quiet."""
+        if not self.wake_max or slept <= 0:
+            return 0.0
+        return self.wake_max * (1.0 - math.exp(-slept / self.wake_tau))
 
     def compute_stretch(self, concurrency: float) -> float:
         """How much slower compute runs when ``concurrency`` ranks compute at once than it ran in

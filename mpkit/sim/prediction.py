@@ -10,7 +10,8 @@ contention, measure how many ranks a second of compute shares the machine with o
 (``compute_concurrency``), and stretch compute by processor sharing (``Hardware.compute_stretch``):
 four data-parallel ranks that compute together on two cores run at half speed, even though they
 all wait in the all-reduce afterwards; other busy processes the calibration saw share the cores too.
-Then the fair share (``fair_share_play``, C from ``mpkit.sim.cpu``): a rank that needs C
+A receive that found its rank asleep waits to be scheduled again (``with_wake_ups``, measured by
+the calibration: milliseconds beside busy loops). Then the fair share (``fair_share_play``, C from ``mpkit.sim.cpu``): a rank that needs C
 CPU-seconds a step among k runnable processes per core gets about 1/k of a core while busy, so its
 busy part of the step lasts at least k·C (a loaded machine: gloo's threads and every wake-up need
 CPU too); each rank's instructions are lengthened to that and the step is played again, so the
@@ -178,6 +179,31 @@ def fair_share_play(programs, cpu, hw: Hardware, played: Trace | None = None) ->
     return simulate([_lengthened(program, f) for program, f in zip(programs, factors)]), k
 
 
+def with_wake_ups(programs, played: Trace, hw: Hardware) -> list:
+    """``programs`` with each receive that found its rank asleep in ``played`` (idle since the
+    rank's previous event) made ``hw.wake_wait(slept)`` longer: beside busy loops a thread woken
+    by its message waits to be scheduled, the longer the more it slept (BENCHMARKS.md,
+    ``benchmarks/message_wait.py``). Receives are matched to the events in the order the rank
+    waited them."""
+    out, (begin, _) = [], played.window()
+    for rank, program in enumerate(programs):
+        slept, last_end = [], begin  # a rank that starts with a receive sleeps from the step's start
+        for event in sorted(played.of_rank(rank), key=lambda e: (e.start, e.end)):
+            if event.kind == "recv":
+                slept.append(max(0.0, event.start - last_end))
+            last_end = max(last_end, event.end)
+        waits = iter(slept)
+        lengthened = []
+        for ins in program:
+            if isinstance(ins, P2P):
+                ins = replace(ins, ops=tuple(
+                    op._replace(seconds=op.seconds + hw.wake_wait(next(waits, 0.0)))
+                    if op.side == "recv" and op.record and (op.kind or "recv") == "recv" else op for op in ins.ops))
+            lengthened.append(ins)
+        out.append(lengthened)
+    return out
+
+
 def _lengthened(program, factor: float) -> list:
     """A rank's program with each instruction's seconds ``factor`` times as long."""
     out = []
@@ -240,6 +266,9 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
         if slowdown > 1.0:
             plan.slowdown = slowdown
             programs = step_programs(plan, strategy)
+            trace = simulate(programs)
+        if hw.wake_max:
+            programs = with_wake_ups(programs, trace, hw)
             trace = simulate(programs)
     start, end = trace.window()
     if cpu:
