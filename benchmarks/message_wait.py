@@ -15,22 +15,16 @@ import argparse
 
 from costmodel import both_conditions  # benchmarks/costmodel.py
 from machine import load  # benchmarks/machine.py
-from mpkit.runtime.launch import launch
-from mpkit.sim.calibration import fit_wake_wait, waiting_receiver
-
-GAPS_MS = (0.1, 1.0, 5.0, 20.0)
+from mpkit.sim.calibration import fit_wake_wait, wake_waits
 
 
 def condition(args):
     print(f"{load()}\n| gap ms | receiver wall ms per message | wall less the gap | receiver CPU ms per message |"
           "\n|---:|---:|---:|---:|")
-    waits = []
-    for gap in GAPS_MS:
-        (wall, cpu), _ = launch(waiting_receiver, world_size=2, args=(gap / 1e3, args.messages), timeout=120,
-                                trace=False, memory=False)
-        waits.append((gap / 1e3, max(0.0, wall - gap / 1e3)))
-        print(f"| {gap:g} | {wall * 1e3:.2f} | {(wall - gap / 1e3) * 1e3:.2f} | {cpu * 1e3:.3f} |", flush=True)
-    wake_max, wake_tau = fit_wake_wait(waits)
+    points = wake_waits(dict(timeout=120, trace=False, memory=False), messages=args.messages)
+    for slept, waited, cpu in points:
+        print(f"| {slept * 1e3:g} | {(slept + waited) * 1e3:.2f} | {waited * 1e3:.2f} | {cpu * 1e3:.3f} |")
+    wake_max, wake_tau = fit_wake_wait(points)
     print(f"fitted as the calibration does: wait = {wake_max * 1e3:.2f} ms x (1 - exp(-slept / {wake_tau * 1e3:.2f} ms))\n")
 
 

@@ -317,22 +317,23 @@ def waiting_receiver(ctx, gap, messages):
 
 
 def wake_waits(opts, gaps=_WAKE_GAPS, messages=_WAKE_MESSAGES):
-    """[(seconds the receiver slept, seconds it waited beyond that for each message)]."""
+    """[(seconds the receiver slept, seconds it waited beyond that, its CPU seconds) per message]."""
     out = []
     for gap in gaps:
-        (wall, _), _ = launch(waiting_receiver, world_size=2, args=(gap, messages), **opts)
-        out.append((gap, max(0.0, wall - gap)))
+        (wall, cpu_seconds), _ = launch(waiting_receiver, world_size=2, args=(gap, messages), **opts)
+        out.append((gap, max(0.0, wall - gap), cpu_seconds))
     return out
 
 
 def fit_wake_wait(points) -> tuple[float, float]:
-    """(wake_max, wake_tau) of wait = wake_max·(1 - exp(-slept / wake_tau)), least squares over
-    wake_tau on a log grid (0.1 ms to 0.2 s) and wake_max in closed form."""
+    """(wake_max, wake_tau) of wait = wake_max·(1 - exp(-slept / wake_tau)) over ``wake_waits``'
+    points, least squares over wake_tau on a log grid (0.1 ms to 0.2 s), wake_max in closed form."""
+    slept, waited = [p[0] for p in points], [p[1] for p in points]
     best = None
     for tau in (1e-4 * 1.5 ** i for i in range(20)):
-        xs = [1.0 - math.exp(-slept / tau) for slept, _ in points]
-        wmax = sum(x * w for x, (_, w) in zip(xs, points)) / sum(x * x for x in xs)
-        err = sum((wmax * x - w) ** 2 for x, (_, w) in zip(xs, points))
+        xs = [1.0 - math.exp(-s / tau) for s in slept]
+        wmax = sum(x * w for x, w in zip(xs, waited)) / sum(x * x for x in xs)
+        err = sum((wmax * x - w) ** 2 for x, w in zip(xs, waited))
         if best is None or err < best[0]:
             best = (err, max(wmax, 0.0), tau)
     return best[1], best[2]

@@ -162,8 +162,8 @@ class Hardware:
 
     def wake_wait(self, slept: float) -> float:
         """Seconds a receive that slept ``slept`` seconds waits to be scheduled once its message is
-        there: beside busy loops, 0.3-1.3 ms after 0.1 ms asleep, 3.0-3.7 ms after 20 ms (a waking
-        thread waits out the running process's slice; BENCHMARKS.md); next to nothing quiet."""
+        there: beside busy loops, 0.3-1.3 ms after 0.1 ms asleep, 3.0-3.7 ms after 20 ms (the woken
+        thread waits behind the busy process on its core; BENCHMARKS.md); next to nothing quiet."""
         if not self.wake_max or slept <= 0:
             return 0.0
         return self.wake_max * (1.0 - math.exp(-slept / self.wake_tau))
