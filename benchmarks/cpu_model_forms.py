@@ -10,7 +10,10 @@ rather than across runs of a noisy machine:
 - ``micro-batch apart`` (what ``mpkit.sim.cpu`` uses): a pipeline's compute, one micro-batch at a
   time between messages, has its own coefficient;
 - ``by kind``: as ``micro-batch apart``, with ring steps and bytes of all-reduce, reduce-scatter
-  and all-gather apart.
+  and all-gather apart;
+- ``reduce-scatter as a half``: as ``micro-batch apart``, counting a reduce-scatter as half an
+  all-reduce (n-1 ring steps), as NCCL runs it; gloo all-reduces the whole tensor instead, which
+  ``mpkit.sim.cpu.ring_steps`` counts (the form before 2026-12-04 12:40).
 
 For each: the model's C of the busiest rank against the measured one, and the step ``predict``
 would return with it (``fair_share_play``: each rank's instructions lengthened so its CPU at its
@@ -51,10 +54,20 @@ def by_kind(program):
     return np.concatenate((terms[:2], kinds, terms[4:]))
 
 
+def reduce_scatter_as_half(program):
+    terms = program_terms(program)
+    for ins in program:
+        if isinstance(ins, Collective) and ins.kind == "reduce_scatter" and len(ins.group) > 1:
+            n = len(ins.group)
+            terms[2:4] -= (n - 1, (n - 1) * ins.nbytes / n)
+    return terms
+
+
 FORMS = {  # name: (terms of a program, their names)
     "one compute": (one_compute, ("compute",) + TERMS[2:]),
     "micro-batch apart": (program_terms, TERMS),
     "by kind": (by_kind, TERMS[:2] + tuple(f"{k}_{t}" for k in KINDS for t in ("step", "byte")) + TERMS[4:]),
+    "reduce-scatter as a half": (reduce_scatter_as_half, TERMS),
 }
 
 

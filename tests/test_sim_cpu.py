@@ -26,7 +26,8 @@ def test_program_terms_count_ring_steps_and_bytes_a_rank_sends():
                P2P((Msg("send", 1, "x", 512, 0.0), Msg("recv", 1, "y", 256, 0.0))),
                Collective("all_reduce", (0,), 4000, 0.0, ("alone",))]  # a group of one sends nothing
     terms = program_terms(program)
-    assert ring_steps("all_reduce", 4) == 6 and ring_steps("reduce_scatter", 4) == 3
+    # gloo's reduce-scatter all-reduces the whole tensor and keeps a chunk: an all-reduce's steps
+    assert ring_steps("all_reduce", 4) == ring_steps("reduce_scatter", 4) == 6 and ring_steps("all_gather", 4) == 3
     # a micro-batch's compute apart; 6 + 1 ring steps; each step of the 4-rank all-reduce sends a
     # quarter, of the 2-rank all-gather a half
     assert terms.tolist() == pytest.approx([0.005, 0.004, 7, 6 * 1000 + 1 * 500, 2, 768])

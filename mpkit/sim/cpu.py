@@ -14,7 +14,8 @@ the moment: ``compute`` seconds per second of priced compute, ``micro_batch_comp
 of a pipeline's compute, which runs one micro-batch at a time between messages, each burst after
 the rank slept (under load it cost 1.3-1.8 times the CPU per priced second of a whole step's
 compute in four calibrations), ``collective_step`` seconds per
-ring step of a collective (2(n-1) for an all-reduce of n ranks, n-1 for the others) and
+ring step of a collective (2(n-1) for an all-reduce of n ranks and for gloo's reduce-scatter, which
+all-reduces the whole tensor; n-1 for the others) and
 ``collective_byte`` per byte a rank sends in them, ``message`` seconds per send or receive and
 ``message_byte`` per byte of it. The CPU of one operation measured alone misses much of a rank's
 CPU in a step (measured 26-38% low), which is why the coefficients are fitted to whole steps.
@@ -31,8 +32,12 @@ TERMS = ("compute", "micro_batch_compute", "collective_step", "collective_byte",
 
 
 def ring_steps(kind: str, group_size: int) -> int:
-    """Messages a rank sends in a ring collective: reduce-scatter then all-gather for an all-reduce."""
-    return (2 if kind == "all_reduce" else 1) * (group_size - 1)
+    """Messages a rank sends in a collective as gloo runs it: a ring all-reduce is a reduce-scatter
+    then an all-gather, 2(n-1); gloo's reduce-scatter is an all-reduce of the whole tensor (a clone,
+    ``allreduce``, then the rank's chunk copied out: ``ProcessGroupGloo::reduce_scatter_tensor_coalesced``;
+    measured here 1.0-1.6x the CPU of an all-reduce of the same tensor), so it costs the same;
+    an all-gather n-1."""
+    return (2 if kind in ("all_reduce", "reduce_scatter") else 1) * (group_size - 1)
 
 
 def program_terms(program) -> np.ndarray:

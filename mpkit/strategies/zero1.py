@@ -4,7 +4,9 @@ optimizer state only for its 1/N of the model.
 Parameters and gradients stay replicated (every rank runs the full forward/backward on its batch
 slice); the optimizer is what gets sharded. A step: reduce-scatter the flat gradient (rank r
 receives the sum of slice r), Adam on slice r alone, all-gather the updated slices: the
-2(N-1)/N·S of one all-reduce, for 1/N of Adam's state. Cross-checked against torch's
+2(N-1)/N·S of one all-reduce, for 1/N of Adam's state, where the backend reduce-scatters as a ring
+does (NCCL). gloo (cpu-sim) all-reduces the whole tensor and keeps slice r, so there a step sends
+1.5 times dp's bytes (``mpkit.sim.cpu.ring_steps``). Cross-checked against torch's
 ``ZeroRedundancyOptimizer`` in the tests.
 """
 from torch import nn
