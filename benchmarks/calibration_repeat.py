@@ -13,14 +13,15 @@ machine as it is, then with ``--load`` pinned busy loops.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-from costmodel import both_conditions, grid  # benchmarks/costmodel.py
+from costmodel import both_conditions, condition_parser, grid  # benchmarks/costmodel.py
 from machine import load  # benchmarks/machine.py
 from mpkit.sim import predict
 from mpkit.sim.calibration import calibrate
+
+_SECONDS_PER_CALIBRATION = 60  # about 35 s under two busy loops, with the predictions
 
 
 def relative_difference(a: float, b: float) -> float:
@@ -54,11 +55,14 @@ def condition(args) -> tuple[float, float]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="calibrations back to back per condition")
-    parser.add_argument("--load", type=int, default=2, help="pinned busy loops in the second condition (0: none)")
+    parser = condition_parser(__doc__)
+    parser.add_argument("--repeats", type=int, default=3, help="calibrations back to back per condition (2 or more)")
     args = parser.parse_args(argv)
-    args.load_seconds = 900.0
+    if args.repeats < 2:
+        parser.error(f"--repeats={args.repeats}: two calibrations at least, to compare them")
+    if args.load and args.load_seconds < _SECONDS_PER_CALIBRATION * args.repeats:
+        parser.error(f"--load-seconds={args.load_seconds:g} would stop the busy loops before {args.repeats} "
+                     f"calibrations end (about {_SECONDS_PER_CALIBRATION} s each under load): raise it")
     started = time.time()
     results = both_conditions(condition, args)
     print("| condition | consecutive calibrations differ by | range over the calibrations |\n|---|---:|---:|")

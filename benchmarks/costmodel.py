@@ -112,17 +112,24 @@ def both_conditions(condition, args) -> dict:
     return results
 
 
-def condition_args(doc: str, argv=None, quick: bool = False):
-    """The command line of a benchmark that measures the grid in both conditions (``both_conditions``):
-    ``--runs`` measured runs per configuration, ``--load`` pinned busy loops (and ``--quick``)."""
+def condition_parser(doc: str, load_seconds: float = 900.0) -> argparse.ArgumentParser:
+    """The command line every benchmark that runs ``both_conditions`` shares: ``--load`` pinned
+    busy loops in the second condition and ``--load-seconds``, their time limit."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--load", type=int, default=2, help="pinned busy loops in the second condition (0: none)")
+    parser.add_argument("--load-seconds", type=float, default=load_seconds,
+                        help="the busy loops stop by themselves after this, even if the benchmark dies")
+    return parser
+
+
+def condition_args(doc: str, argv=None, quick: bool = False):
+    """The command line of a benchmark that measures the grid in both conditions (``condition_parser``):
+    ``--runs`` measured runs per configuration (and ``--quick``)."""
+    parser = condition_parser(doc)
     if quick:
         parser.add_argument("--quick", action="store_true", help="one option set per strategy")
     parser.add_argument("--runs", type=int, default=2, help="measured runs per grid configuration")
-    parser.add_argument("--load", type=int, default=2, help="pinned busy loops in the second condition (0: none)")
-    args = parser.parse_args(argv)
-    args.load_seconds = 900.0
-    return args
+    return parser.parse_args(argv)
 
 
 def pct(pred, meas):
@@ -175,12 +182,10 @@ def condition(args) -> tuple[float, float, float]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = condition_parser(__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--runs", type=int, default=4, help="timed runs per configuration, periods pooled")
-    parser.add_argument("--load", type=int, default=2, help="busy background processes in the second condition")
-    parser.add_argument("--load-seconds", type=float, default=900.0, help="the background load's time limit")
     args = parser.parse_args(argv)
     started = time.time()
     results = both_conditions(condition, args)

@@ -13,7 +13,7 @@ rather than across runs of a noisy machine:
   and all-gather apart;
 - ``reduce-scatter as a half``: as ``micro-batch apart``, counting a reduce-scatter as half an
   all-reduce (n-1 ring steps), as NCCL runs it; gloo all-reduces the whole tensor instead, which
-  ``mpkit.sim.cpu.ring_steps`` counts (the form before 2026-12-04 12:40).
+  ``mpkit.sim.cpu.ring_steps`` counts (the form up to calibration method version 10).
 
 For each: the model's C of the busiest rank against the measured one, and the step ``predict``
 would return with it (``fair_share_play``: each rank's instructions lengthened so its CPU at its

@@ -11,9 +11,7 @@ of CPU cannot express (the calibration fits the same measurement, ``Hardware.wak
 """
 from __future__ import annotations
 
-import argparse
-
-from costmodel import both_conditions  # benchmarks/costmodel.py
+from costmodel import both_conditions, condition_parser  # benchmarks/costmodel.py
 from machine import load  # benchmarks/machine.py
 from mpkit.sim.calibration import fit_wake_wait, wake_waits
 
@@ -29,12 +27,9 @@ def condition(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--load", type=int, default=2, help="pinned busy loops in the second condition (0: none)")
+    parser = condition_parser(__doc__, load_seconds=300.0)
     parser.add_argument("--messages", type=int, default=40)
-    args = parser.parse_args(argv)
-    args.load_seconds = 300.0
-    both_conditions(condition, args)
+    both_conditions(condition, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 Every bad entry sits beside a good file: the bad one is skipped with its name and reason, the
 good one is still graded, and nothing hangs (a FIFO would block a plain ``open``).
 """
-import csv
 import json
 import os
 import socket

@@ -23,16 +23,17 @@ def test_program_terms_count_ring_steps_and_bytes_a_rank_sends():
     program = [Compute("forward", 0.002), Compute("forward", 0.004, stage=0, micro_batch=1),
                Collective("all_reduce", (0, 1, 2, 3), 4000, 0.001, ("a",)),
                Collective("all_gather", (0, 1), 1000, 0.001, ("b",)), Compute("backward", 0.003),
+               Collective("reduce_scatter", (0, 1), 2000, 0.001, ("c",)),
                P2P((Msg("send", 1, "x", 512, 0.0), Msg("recv", 1, "y", 256, 0.0))),
                Collective("all_reduce", (0,), 4000, 0.0, ("alone",))]  # a group of one sends nothing
     terms = program_terms(program)
     # gloo's reduce-scatter all-reduces the whole tensor and keeps a chunk: an all-reduce's steps
     assert ring_steps("all_reduce", 4) == ring_steps("reduce_scatter", 4) == 6 and ring_steps("all_gather", 4) == 3
-    # a micro-batch's compute apart; 6 + 1 ring steps; each step of the 4-rank all-reduce sends a
-    # quarter, of the 2-rank all-gather a half
-    assert terms.tolist() == pytest.approx([0.005, 0.004, 7, 6 * 1000 + 1 * 500, 2, 768])
+    # a micro-batch's compute apart; 6 + 1 + 2 ring steps; each step of the 4-rank all-reduce sends
+    # a quarter, of the 2-rank all-gather and reduce-scatter a half
+    assert terms.tolist() == pytest.approx([0.005, 0.004, 9, 6 * 1000 + 1 * 500 + 2 * 1000, 2, 768])
     assert rank_cpu(COEFFICIENTS, program) == pytest.approx(
-        1.5 * 0.005 + 2.0 * 0.004 + 7e-4 + 6500e-9 + 2 * 3e-4 + 768 * 2e-9)
+        1.5 * 0.005 + 2.0 * 0.004 + 9e-4 + 8500e-9 + 2 * 3e-4 + 768 * 2e-9)
     assert rank_cpu({}, program) == 0.0  # an uncalibrated machine has no CPU model
 
 

@@ -35,7 +35,7 @@ def ring_steps(kind: str, group_size: int) -> int:
     """Messages a rank sends in a collective as gloo runs it: a ring all-reduce is a reduce-scatter
     then an all-gather, 2(n-1); gloo's reduce-scatter is an all-reduce of the whole tensor (a clone,
     ``allreduce``, then the rank's chunk copied out: ``ProcessGroupGloo::reduce_scatter_tensor_coalesced``;
-    measured here 1.0-1.6x the CPU of an all-reduce of the same tensor), so it costs the same;
+    measured here 0.8-1.6x the CPU of an all-reduce of the same tensor), so it costs the same;
     an all-gather n-1."""
     return (2 if kind in ("all_reduce", "reduce_scatter") else 1) * (group_size - 1)
 
