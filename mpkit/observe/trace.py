@@ -30,17 +30,20 @@ def category(kind: str) -> str:
     raise ValueError(f"unknown event kind {kind!r}; use one of {', '.join(KINDS)}")
 
 
+def merged_spans(events) -> list[list[float]]:
+    """The events' [start, end] spans in time order, overlapping (or touching) ones merged into one."""
+    spans = []
+    for start, end in sorted((e.start, e.end) for e in events):
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([start, end])
+    return spans
+
+
 def union_seconds(events) -> float:
     """Seconds covered by the events' [start, end] spans; overlapping spans count once."""
-    total, cur_start, cur_end = 0.0, None, None
-    for s, e in sorted((e.start, e.end) for e in events):
-        if cur_end is None or s > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = s, e
-        else:
-            cur_end = max(cur_end, e)
-    return total + (cur_end - cur_start if cur_end is not None else 0.0)
+    return sum(end - start for start, end in merged_spans(events))
 
 
 @dataclass(frozen=True)

@@ -266,7 +266,7 @@ def measure(max_world: int = 4) -> Hardware:
     opts = dict(timeout=60, trace=False, memory=False)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     background = background_load(cores, opts)  # before the rest: what every measurement below shares the cores with
-    lone_share = statistics.median(launch(_spin_share, world_size=1, args=(_SPIN_SECONDS,), **opts))
+    lone_share = launch(_spin_share, world_size=1, args=(_SPIN_SECONDS,), **opts)[0]
     wake_max, wake_tau = fit_wake_wait(wake_waits(opts))
     samples = [_phase_samples(kwargs) for kwargs in _CALIBRATION_MODELS]
     flops, mem_bw, overhead = _fit_compute([s for phases, _ in samples for s in phases])

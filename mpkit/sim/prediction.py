@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mpkit.models import describe
-from mpkit.observe.trace import Trace, union_seconds
+from mpkit.observe.trace import Trace, merged_spans, union_seconds
 from mpkit.sim.cpu import rank_cpu
 from mpkit.sim.engine import P2P, Collective, Compute, simulate
 from mpkit.sim.hardware import Hardware
@@ -134,7 +134,7 @@ def concurrency(trace) -> float:
     """How many ranks are busy at once, as a second of their busy time sees it: with c(t) ranks
     busy at time t (a rank's overlapping events count once), the integral of c² over the integral
     of c (c itself when it never changes)."""
-    edges = sorted((t, d) for r in trace.ranks for start, end in _merged(trace.of_rank(r))
+    edges = sorted((t, d) for r in trace.ranks for start, end in _busy_spans(trace.of_rank(r))
                    for t, d in ((start, 1), (end, -1)))
     busy = weighted = 0.0
     count, last = 0, None
@@ -151,15 +151,9 @@ def compute_concurrency(trace) -> float:
     return concurrency(trace.filter(category="compute"))
 
 
-def _merged(events):
+def _busy_spans(events):
     """A rank's busy spans: its non-idle events' [start, end], overlapping ones merged."""
-    spans = []
-    for start, end in sorted((e.start, e.end) for e in events if e.category != "idle" and e.end > e.start):
-        if spans and start <= spans[-1][1]:
-            spans[-1][1] = max(spans[-1][1], end)
-        else:
-            spans.append([start, end])
-    return spans
+    return merged_spans(e for e in events if e.category != "idle" and e.end > e.start)
 
 
 def fair_share_play(programs, cpu, hw: Hardware, played: Trace | None = None) -> tuple[Trace, float]:
@@ -172,7 +166,7 @@ def fair_share_play(programs, cpu, hw: Hardware, played: Trace | None = None) ->
     11-30% short under load, BENCHMARKS.md.)"""
     played = simulate(programs) if played is None else played
     k = hw.sharing(concurrency(played))
-    busy = [sum(b - a for a, b in _merged(played.of_rank(r))) for r in range(len(programs))]
+    busy = [union_seconds(e for e in played.of_rank(r) if e.category != "idle") for r in range(len(programs))]
     factors = [max(1.0, k * c / b) if b > 0 else 1.0 for c, b in zip(cpu, busy)]
     if max(factors, default=1.0) == 1.0:
         return played, k
