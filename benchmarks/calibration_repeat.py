@@ -16,10 +16,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from costmodel import both_conditions, condition_parser, grid  # benchmarks/costmodel.py
-from machine import load  # benchmarks/machine.py
+from costmodel import both_conditions, calibrate_now, condition_parser, grid  # benchmarks/costmodel.py
 from mpkit.sim import predict
-from mpkit.sim.calibration import calibrate
 
 _SECONDS_PER_CALIBRATION = 60  # about 35 s under two busy loops, with the predictions
 
@@ -33,12 +31,9 @@ def condition(args) -> tuple[float, float]:
     rows = list(grid(False))
     predictions = []
     for repeat in range(args.repeats):
-        hw = calibrate(refresh=True, cache_file=None)
+        print(f"calibration {repeat + 1}:")
+        hw = calibrate_now()
         predictions.append([predict(s, hardware=hw, world_size=w, **kw).step_time for s, w, _, kw in rows])
-        print(f"calibration {repeat + 1}: {hw.flops / 1e9:.1f} GFLOP/s, op overhead "
-              + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in hw.op_overhead.items())
-              + f", collective alpha {hw.collective.alpha * 1e6:.0f} us, background {hw.background:.1f}, "
-              f"CPU per priced compute second {hw.cpu.get('compute', 0.0):.2f}; {load()}", flush=True)
     differences, ranges = [], []
     print(f"{'config':46s} " + " ".join(f"{f'cal {i + 1} ms':>9s}" for i in range(args.repeats)) + f" {'range':>6s}")
     for k, (strategy, world, model_name, kwargs) in enumerate(rows):

@@ -132,6 +132,21 @@ def condition_args(doc: str, argv=None, quick: bool = False):
     return parser.parse_args(argv)
 
 
+def calibrate_now():
+    """cpu-sim calibrated now, under the load of the moment (``refresh``, no cache file), and what
+    it measured printed: every benchmark that predicts under a condition calibrates under it."""
+    hw = calibrate(refresh=True, cache_file=None)
+    print(f"cpu-sim: {hw.flops / 1e9:.1f} GFLOP/s, mem {hw.mem_bw / 1e9:.1f} GB/s, op overhead "
+          + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in hw.op_overhead.items())
+          + f"; p2p alpha {hw.p2p.alpha * 1e6:.1f} us {hw.p2p.bandwidth / 1e9:.2f} GB/s; collective alpha "
+          f"{hw.collective.alpha * 1e6:.1f} us {hw.collective.bandwidth / 1e9:.2f} GB/s; {hw.cores} cores, "
+          f"background {hw.background:.1f} busy processes, lone share {hw.lone_share or 1.0:.2f}, wake-up wait "
+          f"{hw.wake_max * 1e3:.2f} ms (tau {hw.wake_tau * 1e3:.2f} ms); {load()}")
+    print("CPU model (seconds of CPU a rank spends per unit): " + ", ".join(f"{k} {v:.3g}" for k, v in hw.cpu.items()),
+          flush=True)
+    return hw
+
+
 def pct(pred, meas):
     return abs(pred - meas) / meas * 100 if meas else (0.0 if pred == 0 else float("inf"))
 
@@ -139,13 +154,7 @@ def pct(pred, meas):
 def condition(args) -> tuple[float, float, float]:
     """Calibrate, predict and measure the grid under the current load; (MAPE step time, MAPE memory,
     mean disagreement of the measurement's two halves)."""
-    hw = calibrate(refresh=True, cache_file=None)
-    print(f"cpu-sim: {hw.flops / 1e9:.1f} GFLOP/s, mem {hw.mem_bw / 1e9:.1f} GB/s, op overhead "
-          + ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in hw.op_overhead.items())
-          + f"; p2p alpha {hw.p2p.alpha * 1e6:.1f} us {hw.p2p.bandwidth / 1e9:.2f} GB/s; collective alpha "
-          f"{hw.collective.alpha * 1e6:.1f} us {hw.collective.bandwidth / 1e9:.2f} GB/s; {hw.cores} cores, "
-          f"background {hw.background:.1f} busy processes; {load()}")
-    print("CPU model (seconds of CPU a rank spends per unit): " + ", ".join(f"{k} {v:.3g}" for k, v in hw.cpu.items()))
+    hw = calibrate_now()
     time_errors, engine_errors, memory_errors, spreads = [], [], [], []
     header = (f"{'config':46s} {'pred ms':>8s} {'engine':>8s} {'C ms':>8s} {'meas ms':>8s} {'err%':>6s} {'engine%':>7s} "
               f"{'halves%':>7s}  memory KiB pred/meas (err%) per category")

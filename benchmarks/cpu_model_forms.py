@@ -29,9 +29,8 @@ import time
 
 import numpy as np
 
-from costmodel import both_conditions, condition_args, grid, pct  # benchmarks/costmodel.py
+from costmodel import both_conditions, calibrate_now, condition_args, grid, pct  # benchmarks/costmodel.py
 from fairshare import measure, shared_step  # benchmarks/fairshare.py
-from machine import load  # benchmarks/machine.py
 from mpkit.sim import calibration
 from mpkit.sim.cpu import TERMS, fit, program_terms, ring_steps
 from mpkit.sim.engine import Collective
@@ -72,8 +71,7 @@ FORMS = {  # name: (terms of a program, their names)
 
 
 def condition(args) -> dict:
-    hw = calibration.calibrate(refresh=True, cache_file=None)
-    print(f"cpu-sim calibrated: background {hw.background:.1f} busy processes, {hw.cores} cores; {load()}")
+    hw = calibrate_now()
     samples = {name: [] for name in FORMS}
     for model, strategy, world, options in calibration._CPU_RUNS:
         kwargs = {**model, **options}

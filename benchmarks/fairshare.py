@@ -28,10 +28,9 @@ import statistics
 import time
 from dataclasses import replace
 
-from costmodel import both_conditions, condition_args, grid  # benchmarks/costmodel.py
-from machine import load  # benchmarks/machine.py
+from costmodel import both_conditions, calibrate_now, condition_args, grid  # benchmarks/costmodel.py
 from mpkit.sim import predict
-from mpkit.sim.calibration import calibrate, cpu_per_step
+from mpkit.sim.calibration import cpu_per_step
 from mpkit.sim.prediction import fair_share_play
 
 
@@ -61,10 +60,7 @@ def signed(pred, meas):
 
 def condition(args) -> dict:
     """{estimate: (MAPE all rows, MAPE pp rows)} under the current load."""
-    hw = calibrate(refresh=True, cache_file=None)
-    print(f"cpu-sim calibrated: {hw.flops / 1e9:.1f} GFLOP/s, background {hw.background:.1f} busy processes, "
-          f"{hw.cores} cores; CPU model " + ", ".join(f"{k} {v:.3g}" for k, v in hw.cpu.items())
-          + f"; {load()}")
+    hw = calibrate_now()
     names = ("k*C", "k*C main", "engine", "max(engine,k*C)", "replayed", "predict", "no wake-ups", "model C vs C")
     header = (f"{'config':44s} {'meas ms':>8s} {'C ms':>6s} {'main':>6s} {'model':>6s} {'k':>5s} {'engine':>7s} "
               f"{'predict':>7s}  " + " ".join(f"{n + ' err%':>15s}" for n in names))
