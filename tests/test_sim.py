@@ -373,6 +373,31 @@ def test_step_overhead_leads_every_rank():
         assert first.kind == "compute" and first.end - first.start == pytest.approx(2e-3)
 
 
+def test_phase_times_price_the_slow_tail():
+    """The compute fit reads each phase's mean after the warm-up, not its median: beside a busy loop
+    one forward in four waits a time slice, and a step pays that wait on average."""
+    from types import SimpleNamespace
+
+    from mpkit.observe.trace import Event
+    from mpkit.sim.calibration import _CAL_WARMUP, phase_times
+
+    events, t = [], 0.0
+    for step in range(_CAL_WARMUP + 4):
+        forward = 9e-3 if step == _CAL_WARMUP + 1 else 1e-3  # one steady forward in four waits a slice
+        forward = forward if step >= _CAL_WARMUP else 50e-3  # the warm-up's slow steps do not count
+        for kind, seconds in (("forward", forward), ("backward", 2e-3), ("optimizer", 1e-3)):
+            events.append(Event(0, kind, t, t + seconds, step=step))
+            t += seconds
+        t += 0.5e-3  # the loop's own work between the phases of consecutive steps
+    starts = sorted({e.step: e.start for e in reversed(events)}.items())
+    run = SimpleNamespace(trace=SimpleNamespace(events=events),
+                          step_periods=lambda: [b - a for (_, a), (_, b) in zip(starts, starts[1:])])
+    times, outside = phase_times(run)
+    assert times["forward"] == pytest.approx(3e-3)  # (9 + 1 + 1 + 1) / 4 ms; the median would say 1 ms
+    assert times["backward"] == pytest.approx(2e-3) and times["optimizer"] == pytest.approx(1e-3)
+    assert outside == pytest.approx(0.5e-3)
+
+
 # ---- calibration (forks ranks) ------------------------------------------------------------
 
 @pytest.mark.timeout(150)
@@ -387,8 +412,8 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
     assert all(0 < v < 1e-3 for v in hw.op_overhead.values())
     assert 0 < hw.p2p.alpha < 0.05 and hw.p2p.bandwidth > 1e7
     assert 0 < hw.collective.alpha < 0.05 and hw.collective.bandwidth > 1e6
-    # a median of per-step samples (a step's period less its own phases, which lie inside it): > 0
-    # by construction, not by the luck of subtracting separately measured medians
+    # a mean of per-step samples (a step's period less its own phases, which lie inside it): > 0
+    # by construction, not by the luck of subtracting separately measured statistics
     assert 0 < hw.step_overhead < 0.05 and hw.background >= 0
     assert 0.05 < hw.lone_share <= 1.05  # a share of one core, CPU time over wall time
     assert 0 <= hw.wake_max < 0.05 and hw.wake_tau > 0  # a wait of milliseconds at most, fitted

@@ -2,7 +2,7 @@
 
 Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each, like training):
 - compute: real training steps (``mpkit.train("single")``) of five calibration models, from
-  op-bound to FLOP-bound; each phase's median time is fitted to ops, FLOPs and bytes counted by
+  op-bound to FLOP-bound; each phase's mean time is fitted to ops, FLOPs and bytes counted by
   ``mpkit.sim.profile`` (the counter ``predict`` uses): a seconds-per-op cost for each phase,
   the matmul rate and the memory bandwidth that training really reaches (raw matmul and stream
   benchmarks ran ~1.6x and ~4x faster than the same work inside a step); then the pipeline
@@ -96,22 +96,32 @@ def _steady(events, kind):
 
 
 def _phase_samples(kwargs):
-    """[(phase, median seconds, Cost)] of a real single-rank training loop (``mpkit.train``:
+    """[(phase, mean seconds, Cost)] of a real single-rank training loop (``mpkit.train``:
     one torch thread, trace spans on, as every strategy runs) on one calibration model, and the
-    median seconds per step outside the phases."""
+    mean seconds per step outside the phases (``phase_times``)."""
     run = train("single", world_size=1, steps=_CAL_STEPS, memory=False, **kwargs)
     cfg = run.config.model
     prof = profile_piece(cfg, 0, cfg.num_layers, run.config.batch_size)
     costs = {"forward": prof.cost("forward"), "backward": prof.cost("backward"), "optimizer": prof.optimizer}
-    phases = [(phase, statistics.median(e.duration for e in _steady(run.trace.events, phase)), costs[phase])
-              for phase in PHASES]
+    times, outside = phase_times(run)
+    return [(phase, times[phase], costs[phase]) for phase in PHASES], outside
+
+
+def phase_times(run: Run) -> tuple[dict, float]:
+    """({phase: mean seconds}, mean seconds per step outside the phases) over a run's steps after
+    its warm-up. The mean, not the median: a step pays the slow tail too. Beside a busy loop a
+    phase shorter than the scheduler's time slice either runs at once or waits a slice, so the
+    median phase ran at a whole core while ``Hardware.lone_share`` says the rank got half of one
+    (under two pinned loops the grid's steps were predicted 8-13% too fast on average with medians,
+    4-7% with means, BENCHMARKS.md)."""
+    times = {phase: statistics.fmean(e.duration for e in _steady(run.trace.events, phase)) for phase in PHASES}
     # what a step spends outside its phases (the batch, loss.item(), the loop's bookkeeping): per
     # step, its period less its own phase spans, which lie inside it one after another, so every
-    # sample is positive; a median period less the phases' separate medians could come out < 0
+    # sample is positive
     periods = run.step_periods()  # [k]: start of step k to start of step k+1
     outside = [periods[k] - sum(e.duration for e in run.trace.events if e.step == k and e.kind in PHASES)
                for k in range(_CAL_WARMUP, len(periods))]
-    return phases, statistics.median(outside)
+    return times, statistics.fmean(outside)
 
 
 def _fit_compute(samples):
@@ -402,8 +412,8 @@ def _fit_cpu(hw: Hardware, opts) -> dict:
 def _stage_overhead(hw: Hardware) -> dict:
     """Seconds the pipeline executor adds to each micro-batch's forward and backward beyond the
     single-rank fit (taking the stage input, autograd.backward on a stage's outputs, its
-    bookkeeping): measured minus predicted instruction time, median over both ranks of a
-    2-stage GPipe run of two calibration models."""
+    bookkeeping): measured (the mean, as ``phase_times``) minus predicted instruction time, median
+    over both ranks of a 2-stage GPipe run of two calibration models."""
     extra = {"forward": [], "backward": []}
     for kwargs in _PIPELINE_MODELS:
         kwargs = dict(kwargs, schedule="gpipe", micro_batches=4)
@@ -413,7 +423,7 @@ def _stage_overhead(hw: Hardware) -> dict:
             for rank in (0, 1):
                 measured = [e.duration for e in _steady(run.trace.of_rank(rank), phase)]
                 predicted = [e.duration for e in pred.trace.of_rank(rank) if e.kind == phase]
-                values.append(statistics.median(measured) - statistics.median(predicted))
+                values.append(statistics.fmean(measured) - statistics.median(predicted))
     return {phase: max(statistics.median(values), 0.0) for phase, values in extra.items()}
 
 
