@@ -61,7 +61,7 @@ class Prediction:
         ranks = trace.ranks or [0]
         compute = sum(trace.busy_time(r, "compute") for r in ranks) / len(ranks)
         # communication counts only where it is not hidden behind compute on the same rank
-        busy_any = sum(union_seconds(e for e in trace.of_rank(r) if e.category != "idle") for r in ranks) / len(ranks)
+        busy_any = sum(union_seconds(_busy_events(trace.of_rank(r))) for r in ranks) / len(ranks)
         comm = busy_any - compute
         self.breakdown = {"compute": compute, "comm": comm, "bubble": max(self.step_time - compute - comm, 0.0)}
 
@@ -134,7 +134,7 @@ def concurrency(trace) -> float:
     """How many ranks are busy at once, as a second of their busy time sees it: with c(t) ranks
     busy at time t (a rank's overlapping events count once), the integral of c² over the integral
     of c (c itself when it never changes)."""
-    edges = sorted((t, d) for r in trace.ranks for start, end in _busy_spans(trace.of_rank(r))
+    edges = sorted((t, d) for r in trace.ranks for start, end in merged_spans(_busy_events(trace.of_rank(r)))
                    for t, d in ((start, 1), (end, -1)))
     busy = weighted = 0.0
     count, last = 0, None
@@ -151,9 +151,9 @@ def compute_concurrency(trace) -> float:
     return concurrency(trace.filter(category="compute"))
 
 
-def _busy_spans(events):
-    """A rank's busy spans: its non-idle events' [start, end], overlapping ones merged."""
-    return merged_spans(e for e in events if e.category != "idle" and e.end > e.start)
+def _busy_events(events) -> list:
+    """A rank's busy events: the non-idle ones that last (what its busy time and spans are made of)."""
+    return [e for e in events if e.category != "idle" and e.end > e.start]
 
 
 def fair_share_play(programs, cpu, hw: Hardware, played: Trace | None = None) -> tuple[Trace, float]:
@@ -166,7 +166,7 @@ def fair_share_play(programs, cpu, hw: Hardware, played: Trace | None = None) ->
     11-30% short under load, BENCHMARKS.md.)"""
     played = simulate(programs) if played is None else played
     k = hw.sharing(concurrency(played))
-    busy = [union_seconds(e for e in played.of_rank(r) if e.category != "idle") for r in range(len(programs))]
+    busy = [union_seconds(_busy_events(played.of_rank(r))) for r in range(len(programs))]
     factors = [max(1.0, k * c / b) if b > 0 else 1.0 for c, b in zip(cpu, busy)]
     if max(factors, default=1.0) == 1.0:
         return played, k
