@@ -90,9 +90,11 @@ _CPU_RUNS = tuple((model, strategy, world, options) for model, runs in (
 CPU_STEPS, CPU_WARMUP = 16, 6  # CPU per step: steps 6-15 of one run (step times settle within ~5 steps)
 
 
-def _steady(events, kind):
-    """The ``kind`` events of a calibration run's steps after its warm-up."""
-    return [e for e in events if e.kind == kind and e.step is not None and e.step >= _CAL_WARMUP]
+def _steady_seconds(events, kind) -> float:
+    """Mean seconds of the ``kind`` events of a calibration run's steps after its warm-up (the
+    mean: ``phase_times`` says why)."""
+    return statistics.fmean(e.duration for e in events
+                            if e.kind == kind and e.step is not None and e.step >= _CAL_WARMUP)
 
 
 def _phase_samples(kwargs):
@@ -114,7 +116,7 @@ def phase_times(run: Run) -> tuple[dict, float]:
     median phase ran at a whole core while ``Hardware.lone_share`` says the rank got half of one
     (under two pinned loops the grid's steps were predicted 8-13% too fast on average with medians,
     4-7% with means, BENCHMARKS.md)."""
-    times = {phase: statistics.fmean(e.duration for e in _steady(run.trace.events, phase)) for phase in PHASES}
+    times = {phase: _steady_seconds(run.trace.events, phase) for phase in PHASES}
     # what a step spends outside its phases (the batch, loss.item(), the loop's bookkeeping): per
     # step, its period less its own phase spans, which lie inside it one after another, so every
     # sample is positive
@@ -421,9 +423,8 @@ def _stage_overhead(hw: Hardware) -> dict:
         pred = predict("pp", hardware=hw, world_size=2, **kwargs)
         for phase, values in extra.items():
             for rank in (0, 1):
-                measured = [e.duration for e in _steady(run.trace.of_rank(rank), phase)]
                 predicted = [e.duration for e in pred.trace.of_rank(rank) if e.kind == phase]
-                values.append(statistics.fmean(measured) - statistics.median(predicted))
+                values.append(_steady_seconds(run.trace.of_rank(rank), phase) - statistics.median(predicted))
     return {phase: max(statistics.median(values), 0.0) for phase, values in extra.items()}
 
 
