@@ -13,7 +13,7 @@ from mpkit.sim import Hardware, Link, predict
 from mpkit.sim.cpu import TERMS, fit, program_terms, rank_cpu, ring_steps
 from mpkit.sim.hardware import runnable_per_core
 from mpkit.sim.engine import Collective, Compute, Msg, P2P, simulate
-from mpkit.sim.prediction import concurrency, fair_share_play, with_wake_ups
+from mpkit.sim.prediction import concurrency, fair_share_play, play, with_wake_ups
 
 COEFFICIENTS = {"compute": 1.5, "micro_batch_compute": 2.0, "collective_step": 1e-4, "collective_byte": 1e-9,
                 "message": 3e-4, "message_byte": 2e-9}
@@ -119,6 +119,33 @@ def test_the_fair_share_lengthens_each_rank_and_the_waits_follow():
     assert fair_share_play(together, [0.5, 1.0], pinned)[0].window() == pytest.approx((0.0, 2.0))
     # little CPU: the played step stands
     assert fair_share_play(_handoff(), [0.1, 0.1], pinned)[0].window() == pytest.approx((0.0, 2.0))
+
+
+def test_a_receive_posted_after_its_send_waits_for_the_senders_wake_up():
+    """gloo's sends are rendezvous: rank 0 sends at once, rank 1 computes 1 s before it posts the
+    receive, so the send waited 1 s in rank 0's queue and the receive's notice must wake rank 0's
+    event loop to send the data: both ends wait ``late_wait(1 s)`` beyond the 0.5 s transfer. A
+    receive posted before its send (the handoff) pays nothing more; without ``late_wait`` neither
+    does this one."""
+    message = "a", 0, 0.5  # key, bytes, seconds
+    late = [[P2P((Msg("send", 1, *message),))], [Compute("forward", 1.0), P2P((Msg("recv", 0, *message),))]]
+    waited = []
+
+    def late_wait(seconds):
+        waited.append(seconds)
+        return 0.25
+
+    trace = simulate(late, late_wait=late_wait)
+    assert waited == pytest.approx([1.0, 1.0])  # once at each end
+    messages = sorted((e for e in trace.events if e.kind in ("send", "recv")), key=lambda e: e.kind)
+    assert [e.kind for e in messages] == ["recv", "send"]
+    assert [t for e in messages for t in (e.start, e.end)] == pytest.approx([1.0, 1.75, 1.0, 1.75])
+    assert simulate(late).window() == pytest.approx((0.0, 1.5))
+    assert simulate(_handoff(), late_wait=late_wait).window() == pytest.approx((0.0, 2.0)) and len(waited) == 2
+    # predict plays with the machine's measured wake-up (none on a machine without the measurement)
+    woken = _machine(wake_max=0.003, wake_tau=0.001)
+    assert play(late, woken).window() == pytest.approx((0.0, 1.5 + woken.wake_wait(1.0)))
+    assert play(late, _machine()).window() == pytest.approx((0.0, 1.5))
 
 
 def test_a_receive_that_slept_waits_to_be_scheduled():

@@ -118,8 +118,13 @@ class _Channels:
                                f"(messages between ranks {src} and {dst} are matched in posting order)")
 
 
-def simulate(programs: list[list], step: int = 0) -> Trace:
-    """Run ``programs[rank]`` (lists of the instructions above) and return their events."""
+def simulate(programs: list[list], step: int = 0, late_wait=None) -> Trace:
+    """Run ``programs[rank]`` (lists of the instructions above) and return their events.
+
+    ``late_wait(s)``: seconds a message costs beyond its transfer when its receive is posted ``s``
+    seconds after its send (None: nothing). gloo's sends are rendezvous: a send posted first waits
+    in the sender's queue, and the receive's notice must wake the sender's event-loop thread to
+    send the data, a wake-up of its own on cores shared with busy processes."""
     n = len(programs)
     pc = [0] * n
     clock = [0] * n            # compute lane: when the rank is next free
@@ -179,10 +184,14 @@ def simulate(programs: list[list], step: int = 0) -> Trace:
             return False
         for (op, post), peer in zip(waited, peers):
             begin = max(post, peer)
+            end = begin + op.seconds
+            late = peer < post if op.side == "recv" else post < peer  # the receive was posted after the send
+            if late and late_wait is not None:
+                end += late_wait(abs(post - peer))  # both ends wait for the sender's wake-up
             if op.record:
-                events.append(Event(r, op.kind or op.side, begin, begin + op.seconds, op.stage, op.micro_batch,
+                events.append(Event(r, op.kind or op.side, begin, end, op.stage, op.micro_batch,
                                     int(op.nbytes) if op.side == "send" else 0, op.name, step))
-            clock[r] = max(clock[r], begin + op.seconds)
+            clock[r] = max(clock[r], end)
             if op.side == "recv" and op.data is not None:
                 have[r].add(op.data)
         deferred[r] = [(op, clock[r]) for op in ops if op.side == "send" and ins.defer_sends]

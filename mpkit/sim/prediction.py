@@ -11,7 +11,8 @@ contention, measure how many ranks a second of compute shares the machine with o
 four data-parallel ranks that compute together on two cores run at half speed, even though they
 all wait in the all-reduce afterwards; other busy processes the calibration saw share the cores too.
 A receive that found its rank asleep waits to be scheduled again (``with_wake_ups``, measured by
-the calibration: milliseconds beside busy loops). Then the fair share (``fair_share_play``, C from ``mpkit.sim.cpu``): a rank that needs C
+the calibration: milliseconds beside busy loops), and a message whose receive came after its send
+waits for the sender's event loop to wake as well (``play``: gloo's sends are rendezvous). Then the fair share (``fair_share_play``, C from ``mpkit.sim.cpu``): a rank that needs C
 CPU-seconds a step among k runnable processes per core gets about 1/k of a core while busy, so its
 busy part of the step lasts at least k·C (a loaded machine: gloo's threads and every wake-up need
 CPU too); each rank's instructions are lengthened to that and the step is played again, so the
@@ -164,13 +165,21 @@ def fair_share_play(programs, cpu, hw: Hardware, played: Trace | None = None) ->
     k·cpu[r] / busy[r] times as long (never shorter) and the step is played again, so what a rank
     waits for stretches with the rank it waits for. (k·cpu[r] alone misses a pipeline's waits:
     11-30% short under load, BENCHMARKS.md.)"""
-    played = simulate(programs) if played is None else played
+    played = play(programs, hw) if played is None else played
     k = hw.sharing(concurrency(played))
     busy = [union_seconds(_busy_events(played.of_rank(r))) for r in range(len(programs))]
     factors = [max(1.0, k * c / b) if b > 0 else 1.0 for c, b in zip(cpu, busy)]
     if max(factors, default=1.0) == 1.0:
         return played, k
-    return simulate([_lengthened(program, f) for program, f in zip(programs, factors)]), k
+    return play([_lengthened(program, f) for program, f in zip(programs, factors)], hw), k
+
+
+def play(programs, hw: Hardware) -> Trace:
+    """``programs`` played on ``hw``: where receives wait to be scheduled (``hw.wake_max``), a
+    message whose receive came after its send also waits for the sender's wake-up
+    (``simulate``'s ``late_wait``, the same ``hw.wake_wait``: without it the pipelines beside two
+    busy loops were predicted 12-24% too fast in each of five repeats, BENCHMARKS.md)."""
+    return simulate(programs, late_wait=hw.wake_wait if hw.wake_max else None)
 
 
 def with_wake_ups(programs, played: Trace, hw: Hardware) -> list:
@@ -251,7 +260,7 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
         raise ValueError(f"strategy={strategy!r} has no cost model")
     plan = Pricer(hw, cfg.model, cfg.world_size, cfg.batch_size, cfg.options)
     programs = step_programs(plan, strategy)
-    trace = simulate(programs)
+    trace = play(programs, hw)
     slowdown, cpu, k = 1.0, [], 1.0
     if hw.cores:
         slowdown = hw.compute_stretch(compute_concurrency(trace))
@@ -260,10 +269,10 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
         if slowdown > 1.0:
             plan.slowdown = slowdown
             programs = step_programs(plan, strategy)
-            trace = simulate(programs)
+            trace = play(programs, hw)
         if hw.wake_max:
             programs = with_wake_ups(programs, trace, hw)
-            trace = simulate(programs)
+            trace = play(programs, hw)
     start, end = trace.window()
     if cpu:
         trace, k = fair_share_play(programs, cpu, hw, played=trace)
