@@ -417,6 +417,7 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
     assert 0 < hw.step_overhead < 0.05 and hw.background >= 0
     assert 0.05 < hw.lone_share <= 1.05  # a share of one core, CPU time over wall time
     assert 0 <= hw.wake_max < 0.05 and hw.wake_tau > 0  # a wait of milliseconds at most, fitted
+    assert [s for s, _ in hw.late_waits] == list(calibration._LATE_GAPS) and all(0 <= w < 0.05 for _, w in hw.late_waits)
     assert set(hw.stage_overhead) == {"forward", "backward"} and all(0 <= v < 0.01 for v in hw.stage_overhead.values())
     # the CPU model, fitted to real multi-rank steps: priced compute costs CPU about one for one (a
     # rank's CPU per second of priced compute, 0.65-2.2 fitted here quiet and loaded), and

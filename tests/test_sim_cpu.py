@@ -142,10 +142,22 @@ def test_a_receive_posted_after_its_send_waits_for_the_senders_wake_up():
     assert [t for e in messages for t in (e.start, e.end)] == pytest.approx([1.0, 1.75, 1.0, 1.75])
     assert simulate(late).window() == pytest.approx((0.0, 1.5))
     assert simulate(_handoff(), late_wait=late_wait).window() == pytest.approx((0.0, 2.0)) and len(waited) == 2
-    # predict plays with the machine's measured wake-up (none on a machine without the measurement)
-    woken = _machine(wake_max=0.003, wake_tau=0.001)
-    assert play(late, woken).window() == pytest.approx((0.0, 1.5 + woken.wake_wait(1.0)))
+    # predict plays with the machine's measured late waits (none on a machine without them)
+    measured = _machine(late_waits=((1e-3, 3e-3), (2e-2, 4e-4)))
+    assert play(late, measured).window() == pytest.approx((0.0, 1.5 + 4e-4))  # 1 s: flat beyond the last
     assert play(late, _machine()).window() == pytest.approx((0.0, 1.5))
+
+
+def test_the_late_wait_is_interpolated_in_what_was_measured():
+    """Not a curve but the measured points: beside busy loops a sender that waited 1 ms is slow to
+    wake (it just ran), one that waited 20 ms is scheduled at once. From none at 0, linear between
+    points, flat beyond the last; none on a machine without the measurement."""
+    hw = _machine(late_waits=[[2e-2, 4e-4], [1e-3, 3e-3]])  # as read back from the JSON cache, in any order
+    assert hw.late_wait(0.0) == 0.0 and hw.late_wait(5e-4) == pytest.approx(1.5e-3)
+    assert hw.late_wait(1e-3) == pytest.approx(3e-3)
+    assert hw.late_wait(1.05e-2) == pytest.approx((3e-3 + 4e-4) / 2)
+    assert hw.late_wait(1.0) == pytest.approx(4e-4)
+    assert _machine().late_wait(1e-3) == 0.0
 
 
 def test_a_receive_that_slept_waits_to_be_scheduled():

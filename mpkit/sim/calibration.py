@@ -17,7 +17,10 @@ Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each
   says how many other busy processes the cores are shared with (``Hardware.background``), and
   one rank spinning alone says what share of a core the compute below was timed at
   (``Hardware.lone_share``), so ``predict`` stretches compute by processor sharing among ranks
-  *and* that load, relative to what the calibration's one rank got;
+  *and* that load, relative to what the calibration's one rank got; and two wake-ups of messages
+  between 2 ranks after 0.1-20 ms of compute: a receiver asleep before its message
+  (``Hardware.wake_wait``) and a receive posted after its send, whose sender must wake to send it
+  (``Hardware.late_wait``);
 - CPU per step (``Hardware.cpu``, ``mpkit.sim.cpu``): the process CPU time (gloo's threads too)
   that real dp, zero1, tp and pp steps of three calibration models on 2 and 4 ranks use, fitted to
   their programs' compute, collectives and messages, so ``predict`` knows the fair share of the
@@ -74,6 +77,10 @@ _SPIN_SECONDS = 0.6  # long next to the scheduler's time slices, short next to t
 # How long a receiver that slept waits to run again, after the sender computed for each gap (the
 # wait grows with the sleep up to ~3 ms beside busy loops, BENCHMARKS.md), 40 messages each
 _WAKE_GAPS, _WAKE_MESSAGES = (1e-4, 1e-3, 5e-3, 2e-2), 40
+# How long a message takes beyond its transfer when its send waited for the receive (the sender's
+# event loop must wake: 2.7-3.0 ms after 1 ms beside busy loops, 0.2-0.4 ms after 5-20 ms), 40 each
+_LATE_GAPS = (1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 2e-2)
+_MESSAGE_BYTES = 8192  # the wake-up measurements' messages
 # Real multi-rank steps whose CPU time the CPU model is fitted to: every kind of communication a
 # strategy issues (all-reduce, reduce-scatter/all-gather, per-layer all-reduces, pipeline messages
 # with both schedules) on 2 and 4 ranks, with messages of 1-64 KiB and gradients of 43 KiB-2 MiB
@@ -167,6 +174,11 @@ def _pingpong_rank(ctx):
         second(buf, peer).wait()
 
     return [(n, t / 2) for n, t in _sweep(_P2P_SIZES, 1 << 20, 30, 8, pingpong)]  # one way = half a round trip
+
+
+def p2p_link(opts) -> Link:
+    """``Hardware.p2p``: alpha/beta fitted to a ping-pong sweep between 2 ranks."""
+    return _fit([(1, n, t) for n, t in launch(_pingpong_rank, world_size=2, **opts)[0]])
 
 
 def _busy(matmuls: int):
@@ -283,7 +295,8 @@ def measure(max_world: int = 4) -> Hardware:
     samples = [_phase_samples(kwargs) for kwargs in _CALIBRATION_MODELS]
     flops, mem_bw, overhead = _fit_compute([s for phases, _ in samples for s in phases])
     step_overhead = statistics.median(outside for _, outside in samples)
-    p2p = _fit([(1, n, t) for n, t in launch(_pingpong_rank, world_size=2, **opts)[0]])
+    p2p = p2p_link(opts)
+    late = late_waits(opts, p2p)
     rows, measured = [], {}
     for world in sorted({2, max(2, min(max_world, 4))}):
         for when, (collective_work, hop_work) in _GAPS.items():
@@ -299,7 +312,7 @@ def measure(max_world: int = 4) -> Hardware:
     hw = Hardware(
         name="cpu-sim", flops=flops, mfu=1.0, mem_bw=mem_bw, op_overhead=overhead, p2p=p2p,
         collective=collective, devices_per_node=1 << 20, cores=cores, background=background, lone_share=lone_share,
-        wake_max=wake_max, wake_tau=wake_tau,
+        wake_max=wake_max, wake_tau=wake_tau, late_waits=late,
         precision="fp32", allreduce="ring",
         measured=measured, step_overhead=step_overhead,
         source=f"measured on {socket.gethostname()} ({cores} cores, torch {torch.__version__}) "
@@ -312,20 +325,58 @@ def waiting_receiver(ctx, gap, messages):
     """(wall seconds per message, process CPU seconds per message) of this rank, the second of two
     rounds: rank 1 computes (spins) ``gap`` seconds and sends 8 KiB, ``messages`` times; rank 0
     only receives, asleep while rank 1 computes."""
-    buf = torch.zeros(2048)
+    buf = torch.zeros(_MESSAGE_BYTES // 4)
     for _ in range(2):  # the first round warms gloo's buffers
         ctx.comm.barrier()
         wall, cpu = time.perf_counter(), time.process_time()
         for _ in range(messages):
             if ctx.rank == 1:
-                end = time.perf_counter() + gap
-                while time.perf_counter() < end:
-                    pass
+                _spin(gap)
                 dist.send(buf, 0)
             else:
                 dist.recv(buf, 1)
         result = ((time.perf_counter() - wall) / messages, (time.process_time() - cpu) / messages)
     return result
+
+
+def _spin(seconds):
+    """Compute (a busy loop) for ``seconds`` of wall time."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def late_receiver(ctx, gap, messages):
+    """Rank 1's mean seconds from posting a receive to its completion when the send waited ``gap``
+    seconds for it (the second of two rounds): rank 0 sends 8 KiB and sleeps in a receive of rank
+    1's acknowledgement; rank 1 computes (spins) ``gap`` seconds, then receives (``messages`` times)."""
+    buf, ack = torch.zeros(_MESSAGE_BYTES // 4), torch.zeros(1)
+    for _ in range(2):  # the first round warms gloo's buffers
+        ctx.comm.barrier()
+        took = []
+        for _ in range(messages):
+            if ctx.rank == 0:
+                work = dist.isend(buf, 1)
+                dist.recv(ack, 1)
+                work.wait()
+            else:
+                _spin(gap)
+                start = time.perf_counter()
+                dist.recv(buf, 0)
+                took.append(time.perf_counter() - start)
+                dist.send(ack, 0)
+        result = statistics.fmean(took) if took else 0.0
+    return result
+
+
+def late_waits(opts, link: Link, gaps=_LATE_GAPS, messages=_WAKE_MESSAGES):
+    """``Hardware.late_waits``: ((seconds a send waited, seconds its message took beyond the
+    ``link``'s transfer), ...) per gap."""
+    out = []
+    for gap in gaps:
+        took = launch(late_receiver, world_size=2, args=(gap, messages), **opts)[1]
+        out.append((gap, max(0.0, took - link.time(_MESSAGE_BYTES))))
+    return tuple(out)
 
 
 def wake_waits(opts, gaps=_WAKE_GAPS, messages=_WAKE_MESSAGES):

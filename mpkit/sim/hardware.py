@@ -56,6 +56,8 @@ class Hardware:
     timed at (None: not measured; processor sharing alone, ``sharing``). ``wake_max``/``wake_tau``:
     what a receive that slept for s seconds waits to be scheduled again, beyond the message itself,
     ``wake_max·(1 - exp(-s / wake_tau))`` (cpu-sim, measured; 0: none, ``wake_wait``).
+    ``late_waits``: ((seconds a send waited for its receive, seconds the message then took beyond
+    its transfer), ...) measured on cpu-sim (empty: none, ``late_wait``).
     ``step_overhead``: seconds each rank spends per step outside its phases (making the batch,
     ``loss.item()``, the loop itself); measured on cpu-sim, 0 for the GPU presets.
     ``stage_overhead``: seconds the pp executor adds to each micro-batch's forward/backward
@@ -82,6 +84,7 @@ class Hardware:
     lone_share: float | None = None
     wake_max: float = 0.0
     wake_tau: float = 0.0
+    late_waits: tuple = ()
     memory_bytes: float | None = None
     precision: str = "fp32"
     allreduce: str = "auto"
@@ -167,6 +170,20 @@ class Hardware:
         if not self.wake_max or slept <= 0:
             return 0.0
         return self.wake_max * (1.0 - math.exp(-slept / self.wake_tau))
+
+    def late_wait(self, waited: float) -> float:
+        """Seconds a message whose send waited ``waited`` seconds for its receive takes beyond its
+        transfer: the receive's notice must wake the sender's event loop (gloo's sends are
+        rendezvous). Interpolated in the measured ``late_waits``, from none at 0 and flat beyond the
+        last; not monotone: beside busy loops 2.7-3.0 ms after 1 ms, 0.2-0.4 ms after 5-20 ms (a
+        thread that slept long is scheduled at once, BENCHMARKS.md)."""
+        points = [(0.0, 0.0), *sorted(map(tuple, self.late_waits))]
+        if len(points) == 1 or waited <= 0:
+            return 0.0
+        for (s0, w0), (s1, w1) in zip(points, points[1:]):
+            if waited <= s1:
+                return w0 + (w1 - w0) * (waited - s0) / (s1 - s0)
+        return points[-1][1]
 
     def compute_stretch(self, concurrency: float) -> float:
         """How much slower compute runs when ``concurrency`` ranks compute at once than it ran in

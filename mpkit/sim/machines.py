@@ -17,7 +17,7 @@ import torch
 from mpkit.sim.hardware import MULTI_NODE, PRESETS, Hardware, Link, gpu_preset
 
 DEFAULT_CACHE = Path.home() / ".cache" / "mpkit" / "cpu-sim.json"
-CALIBRATION_VERSION = 13  # part of the cache key: a cache from an older method is measured again
+CALIBRATION_VERSION = 14  # part of the cache key: a cache from an older method is measured again
 _memory: dict[str, Hardware] = {}
 
 
@@ -31,6 +31,7 @@ def _load(path: Path) -> Hardware | None:
     except (OSError, ValueError, KeyError):
         return None
     data["p2p"], data["collective"] = Link(**data["p2p"]), Link(**data["collective"])
+    data["late_waits"] = tuple(map(tuple, data.get("late_waits", ())))  # JSON gave lists
     return Hardware(**data)
 
 

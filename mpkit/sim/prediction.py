@@ -175,11 +175,11 @@ def fair_share_play(programs, cpu, hw: Hardware, played: Trace | None = None) ->
 
 
 def play(programs, hw: Hardware) -> Trace:
-    """``programs`` played on ``hw``: where receives wait to be scheduled (``hw.wake_max``), a
-    message whose receive came after its send also waits for the sender's wake-up
-    (``simulate``'s ``late_wait``, the same ``hw.wake_wait``: without it the pipelines beside two
-    busy loops were predicted 12-24% too fast in each of five repeats, BENCHMARKS.md)."""
-    return simulate(programs, late_wait=hw.wake_wait if hw.wake_max else None)
+    """``programs`` played on ``hw``: where it was measured (``hw.late_waits``), a message whose
+    receive came after its send waits for the sender's wake-up (``simulate``'s ``late_wait``:
+    without it the pipelines beside two busy loops were predicted 12-24% too fast in each of five
+    repeats, BENCHMARKS.md)."""
+    return simulate(programs, late_wait=hw.late_wait if hw.late_waits else None)
 
 
 def with_wake_ups(programs, played: Trace, hw: Hardware) -> list:
