@@ -149,7 +149,7 @@ def calibrate_now():
           f"{hw.collective.alpha * 1e6:.1f} us {hw.collective.bandwidth / 1e9:.2f} GB/s; {hw.cores} cores, "
           f"background {hw.background:.1f} busy processes, lone share {hw.lone_share or 1.0:.2f}, wake-up wait "
           f"{hw.wake_max * 1e3:.2f} ms (tau {hw.wake_tau * 1e3:.2f} ms), late receive "
-          + "/".join(f"{w * 1e3:.2f}" for _, w in hw.late_waits) + f" ms; {load()}")
+          + ("/".join(f"{w * 1e3:.2f}" for _, w in hw.late_waits) or "not measured") + f" ms; {load()}")
     print("CPU model (seconds of CPU a rank spends per unit): " + ", ".join(f"{k} {v:.3g}" for k, v in hw.cpu.items()),
           flush=True)
     return hw

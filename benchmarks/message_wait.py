@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from costmodel import both_conditions, condition_parser  # benchmarks/costmodel.py
 from machine import load  # benchmarks/machine.py
-from mpkit.sim.calibration import fit_wake_wait, late_waits, p2p_link, wake_waits
+from mpkit.sim.calibration import fit_wake_wait, late_waits, measure_p2p_link, wake_waits
 
 
 def condition(args):
@@ -32,7 +32,7 @@ def condition(args):
     wake_max, wake_tau = fit_wake_wait(points)
     print(f"fitted as the calibration does: wait = {wake_max * 1e3:.2f} ms x (1 - exp(-slept / {wake_tau * 1e3:.2f} ms))\n")
     print("| the send waited ms | the message took beyond its transfer, ms |\n|---:|---:|")
-    for waited, extra in late_waits(opts, p2p_link(opts), messages=args.messages):
+    for waited, extra in late_waits(opts, measure_p2p_link(opts), messages=args.messages):
         print(f"| {waited * 1e3:g} | {extra * 1e3:.2f} |")
     print()
 

@@ -142,6 +142,10 @@ def test_a_receive_posted_after_its_send_waits_for_the_senders_wake_up():
     assert [t for e in messages for t in (e.start, e.end)] == pytest.approx([1.0, 1.75, 1.0, 1.75])
     assert simulate(late).window() == pytest.approx((0.0, 1.5))
     assert simulate(_handoff(), late_wait=late_wait).window() == pytest.approx((0.0, 2.0)) and len(waited) == 2
+    # a remote call (TensorPipe rpc) is not a rendezvous
+    rpc = [[P2P((Msg("send", 1, *message, kind="rpc"),))],
+           [Compute("forward", 1.0), P2P((Msg("recv", 0, *message, kind="rpc"),))]]
+    assert simulate(rpc, late_wait=late_wait).window() == pytest.approx((0.0, 1.5)) and len(waited) == 2
     # predict plays with the machine's measured late waits (none on a machine without them)
     measured = _machine(late_waits=((1e-3, 3e-3), (2e-2, 4e-4)))
     assert play(late, measured).window() == pytest.approx((0.0, 1.5 + 4e-4))  # 1 s: flat beyond the last

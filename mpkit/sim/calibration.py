@@ -78,7 +78,7 @@ _SPIN_SECONDS = 0.6  # long next to the scheduler's time slices, short next to t
 # wait grows with the sleep up to ~3 ms beside busy loops, BENCHMARKS.md), 40 messages each
 _WAKE_GAPS, _WAKE_MESSAGES = (1e-4, 1e-3, 5e-3, 2e-2), 40
 # How long a message takes beyond its transfer when its send waited for the receive (the sender's
-# event loop must wake: 2.7-3.0 ms after 1 ms beside busy loops, 0.2-0.4 ms after 5-20 ms), 40 each
+# event loop must wake: 1.4-2.8 ms after 1 ms beside busy loops, 0.05-0.9 ms after 5-20 ms), 40 each
 _LATE_GAPS = (1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 2e-2)
 _MESSAGE_BYTES = 8192  # the wake-up measurements' messages
 # Real multi-rank steps whose CPU time the CPU model is fitted to: every kind of communication a
@@ -176,7 +176,7 @@ def _pingpong_rank(ctx):
     return [(n, t / 2) for n, t in _sweep(_P2P_SIZES, 1 << 20, 30, 8, pingpong)]  # one way = half a round trip
 
 
-def p2p_link(opts) -> Link:
+def measure_p2p_link(opts) -> Link:
     """``Hardware.p2p``: alpha/beta fitted to a ping-pong sweep between 2 ranks."""
     return _fit([(1, n, t) for n, t in launch(_pingpong_rank, world_size=2, **opts)[0]])
 
@@ -295,7 +295,7 @@ def measure(max_world: int = 4) -> Hardware:
     samples = [_phase_samples(kwargs) for kwargs in _CALIBRATION_MODELS]
     flops, mem_bw, overhead = _fit_compute([s for phases, _ in samples for s in phases])
     step_overhead = statistics.median(outside for _, outside in samples)
-    p2p = p2p_link(opts)
+    p2p = measure_p2p_link(opts)
     late = late_waits(opts, p2p)
     rows, measured = [], {}
     for world in sorted({2, max(2, min(max_world, 4))}):

@@ -124,7 +124,10 @@ def simulate(programs: list[list], step: int = 0, late_wait=None) -> Trace:
     ``late_wait(s)``: seconds a message costs beyond its transfer when its receive is posted ``s``
     seconds after its send (None: nothing). gloo's sends are rendezvous: a send posted first waits
     in the sender's queue, and the receive's notice must wake the sender's event-loop thread to
-    send the data, a wake-up of its own on cores shared with busy processes."""
+    send the data, a wake-up of its own on cores shared with busy processes. Each end compares
+    the time it waits from with the other's post: a deferred send waits from its rank's next
+    batch, so in a pipeline it is mostly the receive that pays. Remote calls (``kind="rpc"``,
+    TensorPipe) are not rendezvous and pay nothing."""
     n = len(programs)
     pc = [0] * n
     clock = [0] * n            # compute lane: when the rank is next free
@@ -186,8 +189,8 @@ def simulate(programs: list[list], step: int = 0, late_wait=None) -> Trace:
             begin = max(post, peer)
             end = begin + op.seconds
             late = peer < post if op.side == "recv" else post < peer  # the receive was posted after the send
-            if late and late_wait is not None:
-                end += late_wait(abs(post - peer))  # both ends wait for the sender's wake-up
+            if late and late_wait is not None and op.kind != "rpc":
+                end += late_wait(abs(post - peer))  # the sender's wake-up
             if op.record:
                 events.append(Event(r, op.kind or op.side, begin, end, op.stage, op.micro_batch,
                                     int(op.nbytes) if op.side == "send" else 0, op.name, step))

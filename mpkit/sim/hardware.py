@@ -175,7 +175,7 @@ class Hardware:
         """Seconds a message whose send waited ``waited`` seconds for its receive takes beyond its
         transfer: the receive's notice must wake the sender's event loop (gloo's sends are
         rendezvous). Interpolated in the measured ``late_waits``, from none at 0 and flat beyond the
-        last; not monotone: beside busy loops 2.7-3.0 ms after 1 ms, 0.2-0.4 ms after 5-20 ms (a
+        last; not monotone: beside busy loops 1.4-2.8 ms after 1 ms, 0.05-0.9 ms after 5-20 ms (a
         thread that slept long is scheduled at once, BENCHMARKS.md)."""
         points = [(0.0, 0.0), *sorted(map(tuple, self.late_waits))]
         if len(points) == 1 or waited <= 0:
