@@ -171,13 +171,17 @@ class Hardware:
             return 0.0
         return self.wake_max * (1.0 - math.exp(-slept / self.wake_tau))
 
+    def __post_init__(self):
+        # one form however it was given (a JSON cache reads back lists): sorted (seconds, seconds) pairs
+        object.__setattr__(self, "late_waits", tuple(sorted(map(tuple, self.late_waits))))
+
     def late_wait(self, waited: float) -> float:
         """Seconds a message whose send waited ``waited`` seconds for its receive takes beyond its
         transfer: the receive's notice must wake the sender's event loop (gloo's sends are
         rendezvous). Interpolated in the measured ``late_waits``, from none at 0 and flat beyond the
         last; not monotone: beside busy loops 1.4-2.8 ms after 1 ms, 0.05-0.9 ms after 5-20 ms (a
         thread that slept long is scheduled at once, BENCHMARKS.md)."""
-        points = [(0.0, 0.0), *sorted(map(tuple, self.late_waits))]
+        points = [(0.0, 0.0), *self.late_waits]
         if len(points) == 1 or waited <= 0:
             return 0.0
         for (s0, w0), (s1, w1) in zip(points, points[1:]):

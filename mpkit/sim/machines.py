@@ -31,7 +31,6 @@ def _load(path: Path) -> Hardware | None:
     except (OSError, ValueError, KeyError):
         return None
     data["p2p"], data["collective"] = Link(**data["p2p"]), Link(**data["collective"])
-    data["late_waits"] = tuple(map(tuple, data.get("late_waits", ())))  # JSON gave lists
     return Hardware(**data)
 
 
