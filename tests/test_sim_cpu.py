@@ -152,6 +152,28 @@ def test_a_receive_posted_after_its_send_waits_for_the_senders_wake_up():
     assert play(late, _machine()).window() == pytest.approx((0.0, 1.5))
 
 
+def test_a_burst_of_sends_wakes_the_senders_loop_once():
+    """Rank 0 posts two sends at once (GPipe's forwards); rank 1 receives the first after 1 s of
+    compute and the second 0.1 s after the first arrived. Both sends waited in rank 0's queue, but
+    its one event loop ran when it sent the first, so the second's receive finds it idle 0.1 s,
+    not the 1.85 s since that send was posted: ``late_wait(0.1)`` (a short idle, cheap to wake),
+    not ``late_wait(1.85)``."""
+    a, b = ("a", 0, 0.5), ("b", 0, 0.5)  # key, bytes, seconds
+    burst = [[P2P((Msg("send", 1, *a), Msg("send", 1, *b)))],
+             [Compute("forward", 1.0), P2P((Msg("recv", 0, *a),)), Compute("forward", 0.1), P2P((Msg("recv", 0, *b),))]]
+    idle = []
+
+    def late_wait(seconds):
+        idle.append(seconds)
+        return 0.25 if seconds >= 0.5 else 0.05
+
+    trace = simulate(burst, late_wait=late_wait)
+    assert sorted(idle) == pytest.approx([0.1, 0.1, 1.0, 1.0])  # each message at each end
+    received = [e for e in sorted(trace.of_rank(1), key=lambda e: e.start) if e.kind == "recv"]
+    assert [(e.start, e.end) for e in received] == pytest.approx([(1.0, 1.75), (1.85, 2.4)])
+    assert trace.window() == pytest.approx((0.0, 2.4))
+
+
 def test_the_late_wait_is_interpolated_in_what_was_measured():
     """Not a curve but the measured points: beside busy loops a sender that waited 1 ms is slow to
     wake (it just ran), one that waited 20 ms is scheduled at once. From none at 0, linear between

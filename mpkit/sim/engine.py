@@ -121,10 +121,13 @@ class _Channels:
 def simulate(programs: list[list], step: int = 0, late_wait=None) -> Trace:
     """Run ``programs[rank]`` (lists of the instructions above) and return their events.
 
-    ``late_wait(s)``: seconds a message costs beyond its transfer when its receive is posted ``s``
-    seconds after its send (None: nothing). gloo's sends are rendezvous: a send posted first waits
-    in the sender's queue, and the receive's notice must wake the sender's event-loop thread to
-    send the data, a wake-up of its own on cores shared with busy processes. Each end compares
+    ``late_wait(s)``: seconds a message whose receive is posted after its send costs beyond its
+    transfer, when the sender's event loop has been idle ``s`` seconds (None: nothing). gloo's
+    sends are rendezvous: a send posted first waits in the sender's queue, and the receive's
+    notice must wake the sender's event-loop thread to send the data, a wake-up of its own on
+    cores shared with busy processes. One loop serves all of a rank's messages, so it last ran at
+    the later of the send's post and the end of the sender's latest message before the receive:
+    a burst of sends (GPipe's forwards) wakes it once, not once per message. Each end compares
     the time it waits from with the other's post: a deferred send waits from its rank's next
     batch, so in a pipeline it is mostly the receive that pays. Remote calls (``kind="rpc"``,
     TensorPipe) are not rendezvous and pay nothing."""
@@ -135,6 +138,7 @@ def simulate(programs: list[list], step: int = 0, late_wait=None) -> Trace:
     posted: dict = {}          # (message key, side, rank) -> time that side was posted
     entered: set = set()       # (rank, pc) of P2P batches already posted
     deferred = [[] for _ in range(n)]  # per rank: (op, post time) of sends not waited yet
+    messaged = [[] for _ in range(n)]  # per rank: when its messages ended (its event loop ran)
     joined: dict = {}          # collective key -> {rank: (ready time, instruction)}
     finished: dict = {}        # collective key -> end time
     have = [set() for _ in range(n)]  # data keys each rank holds
@@ -189,8 +193,13 @@ def simulate(programs: list[list], step: int = 0, late_wait=None) -> Trace:
             begin = max(post, peer)
             end = begin + op.seconds
             late = peer < post if op.side == "recv" else post < peer  # the receive was posted after the send
-            if late and late_wait is not None and op.kind != "rpc":
-                end += late_wait(abs(post - peer))  # the sender's wake-up
+            if late_wait is not None and op.kind != "rpc":
+                if late:  # the sender's wake-up, after its loop idled since the send or its last message
+                    (sender, sent), received = ((op.peer, peer), post) if op.side == "recv" else ((r, post), peer)
+                    ran = max((t for t in messaged[sender] if t <= received), default=sent)
+                    end += late_wait(received - max(sent, ran))
+                messaged[r].append(end)
+                messaged[op.peer].append(end)
             if op.record:
                 events.append(Event(r, op.kind or op.side, begin, end, op.stage, op.micro_batch,
                                     int(op.nbytes) if op.side == "send" else 0, op.name, step))

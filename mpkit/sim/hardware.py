@@ -56,8 +56,9 @@ class Hardware:
     timed at (None: not measured; processor sharing alone, ``sharing``). ``wake_max``/``wake_tau``:
     what a receive that slept for s seconds waits to be scheduled again, beyond the message itself,
     ``wake_max·(1 - exp(-s / wake_tau))`` (cpu-sim, measured; 0: none, ``wake_wait``).
-    ``late_waits``: ((seconds a send waited for its receive, seconds the message then took beyond
-    its transfer), ...) measured on cpu-sim (empty: none, ``late_wait``).
+    ``late_waits``: ((seconds a send waited for its receive, its sender's event loop idle as long,
+    seconds the message then took beyond its transfer), ...) measured on cpu-sim (empty: none,
+    ``late_wait``).
     ``step_overhead``: seconds each rank spends per step outside its phases (making the batch,
     ``loss.item()``, the loop itself); measured on cpu-sim, 0 for the GPU presets.
     ``stage_overhead``: seconds the pp executor adds to each micro-batch's forward/backward
@@ -175,18 +176,20 @@ class Hardware:
         # one form however it was given (a JSON cache reads back lists): sorted (seconds, seconds) pairs
         object.__setattr__(self, "late_waits", tuple(sorted(map(tuple, self.late_waits))))
 
-    def late_wait(self, waited: float) -> float:
-        """Seconds a message whose send waited ``waited`` seconds for its receive takes beyond its
-        transfer: the receive's notice must wake the sender's event loop (gloo's sends are
-        rendezvous). Interpolated in the measured ``late_waits``, from none at 0 and flat beyond the
-        last; not monotone: beside busy loops 1.4-2.8 ms after 1 ms, 0.05-0.9 ms after 5-20 ms (a
-        thread that slept long is scheduled at once, BENCHMARKS.md)."""
+    def late_wait(self, idle: float) -> float:
+        """Seconds a message whose receive came after its send takes beyond its transfer when the
+        sender's event loop had been idle ``idle`` seconds: the receive's notice must wake it
+        (gloo's sends are rendezvous; ``simulate`` says when the loop last ran). Interpolated in
+        the measured ``late_waits`` (there the send waited that long, its loop idle since the
+        previous message), from none at 0 and flat beyond the last; not monotone: beside busy
+        loops 1.4-2.8 ms after 1 ms, 0.05-0.9 ms after 5-20 ms (a thread that slept long is
+        scheduled at once, BENCHMARKS.md)."""
         points = [(0.0, 0.0), *self.late_waits]
-        if len(points) == 1 or waited <= 0:
+        if len(points) == 1 or idle <= 0:
             return 0.0
         for (s0, w0), (s1, w1) in zip(points, points[1:]):
-            if waited <= s1:
-                return w0 + (w1 - w0) * (waited - s0) / (s1 - s0)
+            if idle <= s1:
+                return w0 + (w1 - w0) * (idle - s0) / (s1 - s0)
         return points[-1][1]
 
     def compute_stretch(self, concurrency: float) -> float:

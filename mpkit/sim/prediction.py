@@ -12,7 +12,8 @@ four data-parallel ranks that compute together on two cores run at half speed, e
 all wait in the all-reduce afterwards; other busy processes the calibration saw share the cores too.
 A receive that found its rank asleep waits to be scheduled again (``with_wake_ups``, measured by
 the calibration: milliseconds beside busy loops), and a message whose receive came after its send
-waits for the sender's event loop to wake as well (``play``: gloo's sends are rendezvous). Then the fair share (``fair_share_play``, C from ``mpkit.sim.cpu``): a rank that needs C
+waits for the sender's event loop to wake as well, the longer it idled (``play``: gloo's sends are
+rendezvous). Then the fair share (``fair_share_play``, C from ``mpkit.sim.cpu``): a rank that needs C
 CPU-seconds a step among k runnable processes per core gets about 1/k of a core while busy, so its
 busy part of the step lasts at least k·C (a loaded machine: gloo's threads and every wake-up need
 CPU too); each rank's instructions are lengthened to that and the step is played again, so the
