@@ -441,6 +441,8 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
         assert entry["warm"]["matmuls"] < entry["cold"]["matmuls"]
         for sweep in entry.values():
             assert 0 < sweep["gap"] < 1.0
+            # a relay's two barriers are timed alone and taken out of its hops; collectives have none
+            assert (0 <= sweep["barrier"] < 0.1) if key.startswith("p2p") else "barrier" not in sweep
             times = [t for _, t in sweep["rows"]]
             assert len(times) >= 4 and all(0 < t < 1.0 for t in times) and times == sorted(times)
     assert machines.cpu_sim(cache_file=path) is hw  # this process's copy

@@ -234,19 +234,22 @@ def _collective_rank(ctx, matmuls):
 
 
 def _pipeline_rank(ctx, matmuls):
-    """{"gap": s, "rows": [(bytes, seconds per hop)]}: micro-batch messages relayed down all ranks
-    the way the pp executor talks (irecv + wait, ``gap`` seconds of compute, isend waited at the
-    end). In a world of more ranks than cores a hop costs far more than a ping-pong between two
-    awake ranks (the receiver must be scheduled again), so the table is kept per world size."""
+    """{"gap": s, "barrier": s, "rows": [(bytes, seconds per hop)]}: micro-batch messages relayed
+    down all ranks the way the pp executor talks (irecv + wait, ``gap`` seconds of compute, isend
+    waited at the end). In a world of more ranks than cores a hop costs far more than a ping-pong
+    between two awake ranks (the receiver must be scheduled again), so the table is kept per world
+    size. Each relay is timed between two barriers; what they take around one slot of compute
+    alone (``barrier``: 2 ms on 4 ranks after 0.1 ms of compute here, 4 ms beside busy loops) is
+    no pipeline's and is taken out."""
     n, r, m = ctx.world_size, ctx.rank, _HOP_MESSAGES
     compute, slot = _busy(matmuls)
+    barrier = max(0.0, statistics.fmean(_between_barriers(compute)) - slot)
     rows = []
     for size in _HOP_SIZES:
         bufs = [torch.zeros(size // 4) for _ in range(m)]
-        times = []
-        for rep in range(12):
-            dist.barrier()
-            start, sends = time.perf_counter(), []
+
+        def relay():
+            sends = []
             for buf in bufs:
                 if r > 0:
                     dist.irecv(buf, r - 1).wait()
@@ -255,12 +258,24 @@ def _pipeline_rank(ctx, matmuls):
                     sends.append(dist.isend(buf, r + 1))
             for work_ in sends:
                 work_.wait()
-            dist.barrier()  # the last rank's end is everyone's end
-            if rep >= 2:
-                times.append(time.perf_counter() - start)
+
         # m + n - 1 slots of compute then hop along the critical path
-        rows.append((size, max(statistics.fmean(times) / (m + n - 1) - slot, 1e-6)))
-    return {"gap": slot, "rows": rows}
+        rows.append((size, max((statistics.fmean(_between_barriers(relay)) - barrier) / (m + n - 1) - slot, 1e-6)))
+    return {"gap": slot, "barrier": barrier, "rows": rows}
+
+
+def _between_barriers(work, reps=10, warm_up=2):
+    """Seconds of ``work`` from one barrier to the next (the last rank's end is everyone's end),
+    ``reps`` times after ``warm_up`` untimed rounds."""
+    times = []
+    for rep in range(warm_up + reps):
+        dist.barrier()
+        start = time.perf_counter()
+        work()
+        dist.barrier()
+        if rep >= warm_up:
+            times.append(time.perf_counter() - start)
+    return times
 
 
 def monotone(rows):
@@ -304,8 +319,9 @@ def measure(max_world: int = 4) -> Hardware:
             tables["p2p"] = launch(_pipeline_rank, world_size=world, args=(hop_work,), **opts)[0]
             for kind, table in tables.items():
                 matmuls = hop_work if kind == "p2p" else collective_work
-                measured.setdefault(f"{kind}/{world}", {})[when] = {"gap": table["gap"], "matmuls": matmuls,
-                                                                    "rows": monotone(table["rows"])}
+                measured.setdefault(f"{kind}/{world}", {})[when] = {
+                    "gap": table["gap"], "matmuls": matmuls, "rows": monotone(table["rows"]),
+                    **({"barrier": table["barrier"]} if "barrier" in table else {})}  # taken out of a relay
             if when == "warm":
                 rows += [(2 * (world - 1), 2 * (world - 1) / world * size, t) for size, t in tables["all_reduce"]["rows"]]
     collective = _fit(rows)  # ring all-reduce alpha/beta: for group sizes without a table

@@ -17,7 +17,7 @@ import torch
 from mpkit.sim.hardware import MULTI_NODE, PRESETS, Hardware, Link, gpu_preset
 
 DEFAULT_CACHE = Path.home() / ".cache" / "mpkit" / "cpu-sim.json"
-CALIBRATION_VERSION = 14  # part of the cache key: a cache from an older method is measured again
+CALIBRATION_VERSION = 15  # part of the cache key: a cache from an older method is measured again
 _memory: dict[str, Hardware] = {}
 
 
