@@ -198,6 +198,12 @@ def test_a_receive_that_slept_waits_to_be_scheduled():
     assert lengthened[1][0].ops[0].seconds == pytest.approx(0.003) and lengthened[0] == programs[0]
     assert simulate(lengthened).window() == pytest.approx((0.0, 2.003))
     assert with_wake_ups(programs, simulate(programs), _machine()) == programs
+    # a hop priced 2 ms beyond its link's transfer (a measured relay's, whose receivers slept and
+    # woke too) already holds 2 ms of the 3 ms wake-up: 1 ms more, not 3
+    link = woken.p2p.time(0)
+    held = [[Compute("forward", 1.0), P2P((Msg("send", 1, "a", 0, link + 0.002),))],
+            [P2P((Msg("recv", 0, "a", 0, link + 0.002),)), Compute("forward", 1.0)]]
+    assert with_wake_ups(held, simulate(held), woken)[1][0].ops[0].seconds == pytest.approx(link + 0.003)
     # in predict: the same pipeline, only the measurement differs, is longer by the waits
     kwargs = dict(world_size=2, model="mlp", hidden=64, layers=4, batch_size=32, schedule="gpipe", micro_batches=4)
     plain, waiting = predict("pp", hardware=_machine(), **kwargs), predict("pp", hardware=woken, **kwargs)

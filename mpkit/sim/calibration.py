@@ -9,10 +9,11 @@ Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each
   executor's own seconds per micro-batch forward/backward, from 2-stage GPipe runs of two of
   those models;
 - gloo: a ping-pong sweep between 2 ranks fits alpha/beta for send/recv, and a pipeline relay
-  on 2 and 4 ranks measures a hop per world size; all-reduce, reduce-scatter and all-gather
-  sweeps on 2 and 4 ranks, each after a short and after a long stretch of compute, are kept as
-  tables (``Hardware.measured``, what ``predict`` uses for those sizes); the all-reduce rows fit
-  the ring model 2(N-1)·(alpha + S/N·beta) for other group sizes;
+  on 2 and 4 ranks measures a hop per world size (less the barriers it is timed between);
+  all-reduce, reduce-scatter and all-gather sweeps on 2 and 4 ranks, each after a short and
+  after a long stretch of compute, are kept as tables (``Hardware.measured``, what ``predict``
+  uses for those sizes); the all-reduce rows fit the ring model 2(N-1)·(alpha + S/N·beta) for
+  other group sizes;
 - the machine's other work: as many ranks as cores spin at once and each one's share of a core
   says how many other busy processes the cores are shared with (``Hardware.background``), and
   one rank spinning alone says what share of a core the compute below was timed at
