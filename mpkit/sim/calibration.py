@@ -320,9 +320,9 @@ def measure(max_world: int = 4) -> Hardware:
             tables["p2p"] = launch(_pipeline_rank, world_size=world, args=(hop_work,), **opts)[0]
             for kind, table in tables.items():
                 matmuls = hop_work if kind == "p2p" else collective_work
-                measured.setdefault(f"{kind}/{world}", {})[when] = {
-                    "gap": table["gap"], "matmuls": matmuls, "rows": monotone(table["rows"]),
-                    **({"barrier": table["barrier"]} if "barrier" in table else {})}  # taken out of a relay
+                # gap, rows (and a relay's barrier, taken out of its hops) as measured
+                measured.setdefault(f"{kind}/{world}", {})[when] = {**table, "matmuls": matmuls,
+                                                                    "rows": monotone(table["rows"])}
             if when == "warm":
                 rows += [(2 * (world - 1), 2 * (world - 1) / world * size, t) for size, t in tables["all_reduce"]["rows"]]
     collective = _fit(rows)  # ring all-reduce alpha/beta: for group sizes without a table

@@ -203,12 +203,18 @@ def with_wake_ups(programs, played: Trace, hw: Hardware) -> list:
         for ins in program:
             if isinstance(ins, P2P):
                 ins = replace(ins, ops=tuple(
-                    op._replace(seconds=op.seconds + max(0.0, hw.wake_wait(next(waits, 0.0)) - max(
-                        0.0, op.seconds - hw.p2p_link(op.peer, rank).time(op.nbytes))))  # less the wake-up it holds
+                    _woken(op, next(waits, 0.0), hw, rank)
                     if op.side == "recv" and op.record and (op.kind or "recv") == "recv" else op for op in ins.ops))
             lengthened.append(ins)
         out.append(lengthened)
     return out
+
+
+def _woken(op, slept: float, hw: Hardware, rank: int):
+    """Receive ``op`` of ``rank`` made ``hw.wake_wait(slept)`` longer, less the wake-up its price
+    already holds (what it takes beyond its link's transfer: a measured relay's hop)."""
+    held = max(0.0, op.seconds - hw.p2p_link(op.peer, rank).time(op.nbytes))
+    return op._replace(seconds=op.seconds + max(0.0, hw.wake_wait(slept) - held))
 
 
 def _lengthened(program, factor: float) -> list:
