@@ -29,14 +29,12 @@ BIN = 0.5e-3
 
 
 def kernel_tick() -> str:
-    """The kernel's timer frequency, where its configuration can be read."""
-    for path in ("/proc/config.gz",):
-        try:
-            with gzip.open(path, "rt") as fh:
-                return next((line.strip() for line in fh if line.startswith("CONFIG_HZ=")), "CONFIG_HZ unknown")
-        except OSError:
-            pass
-    return "CONFIG_HZ unknown"
+    """The kernel's timer frequency, where its configuration can be read (``/proc/config.gz``)."""
+    try:
+        with gzip.open("/proc/config.gz", "rt") as fh:
+            return next((line.strip() for line in fh if line.startswith("CONFIG_HZ=")), "CONFIG_HZ unknown")
+    except OSError:
+        return "CONFIG_HZ unknown"
 
 
 def hand_offs(events) -> list[float]:
