@@ -56,7 +56,7 @@ class Hardware:
     timed at (None: not measured; processor sharing alone, ``sharing``). ``wake_max``/``wake_tau``:
     what a receive that slept for s seconds waits to be scheduled again, beyond the message itself,
     ``wake_max·(1 - exp(-s / wake_tau))`` (cpu-sim, measured; 0: none, ``wake_wait``).
-    ``late_waits``: ((seconds a send waited for its receive, its sender's event loop idle as long,
+    ``late_waits``: ((seconds a send waited for its receive, and so its sender's event loop idled,
     seconds the message then took beyond its transfer), ...) measured on cpu-sim (empty: none,
     ``late_wait``).
     ``step_overhead``: seconds each rank spends per step outside its phases (making the batch,
