@@ -452,6 +452,26 @@ def test_bad_input_is_a_clear_error(case, message):
         assert message in reply, reply
 
 
+def test_tensor_parallel_keeps_a_frozen_layer_frozen():
+    # the slices are new Parameters; a frozen layer that came back trainable would silently train
+    from mpkit.parallel import tensor_parallel
+
+    block = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+    block[0].requires_grad_(False)
+    tensor_parallel(block, {"0": "column", "2": "row"}, rank=0, world_size=2)
+    assert [(n, p.requires_grad) for n, p in block.named_parameters()] == [
+        ("0.weight", False), ("0.bias", False), ("2.weight", True), ("2.bias", True)]
+
+
+def test_tensor_parallel_refuses_to_untie_a_tied_layer():
+    # splitting the head would leave the embedding with the full tensor and the head with a new
+    # slice: two tensors trained apart where one device trains one
+    from mpkit.parallel import tensor_parallel
+
+    with pytest.raises(ValueError, match="layer 'head' shares a parameter with 'emb.weight' .* Leave 'head' out"):
+        tensor_parallel(make_net(), {"head": "column"}, rank=0, world_size=2)
+
+
 def _unused_branch_rank(ctx):
     model = make_net()
     opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, average_gradients=True, lr=1e-2)
