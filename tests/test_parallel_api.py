@@ -393,6 +393,49 @@ def test_pipeline_on_a_user_sequential(world_size, schedule, split_points):
         assert out[0][2] == [0]
 
 
+def frozen_input_net():
+    """deep_net with its input layer frozen, as a fine-tuned model's embedding or backbone."""
+    model = deep_net()
+    model[0].requires_grad_(False)
+    return model
+
+
+def _frozen_first_stage_rank(ctx):
+    from mpkit.parallel import pipeline
+
+    pipe = pipeline(frozen_input_net(), split_points=[1], schedule="1f1b", micro_batches=4, loss_fn=F.cross_entropy)
+    opt = torch.optim.AdamW(pipe.parameters(), lr=1e-2, weight_decay=0.1)  # rank 0's are all frozen: skipped
+    losses = []
+    for step in range(3):
+        losses.append(pipe.step(*regression_batch(step)))
+        opt.step()
+        opt.zero_grad()
+    return losses, {f"{i}.{n}": p.detach().clone() for s in pipe.stages.values()
+                    for i, layer in zip(s.layer_ids, s) for n, p in layer.named_parameters()}
+
+
+@pytest.mark.timeout(120)
+def test_pipeline_with_a_frozen_first_stage_matches_single_device():
+    # the first stage computes no gradient at all: its backward has nothing to do (autograd
+    # refuses a backward through an output that needs none), the other stages train as usual
+    model = frozen_input_net()
+    ref_losses, ref_state = train_deep(model), state(model)
+    out = mpkit.launch(_frozen_first_stage_rank, 2, timeout=100)
+    assert out[0][0] == [None] * 3 and max(abs(a - b) for a, b in zip(out[1][0], ref_losses)) <= ATOL
+    params = {**out[0][1], **out[1][1]}
+    assert set(params) == set(ref_state) and torch.equal(params["0.weight"], ref_state["0.weight"])
+    assert all((params[k] - ref_state[k]).abs().max().item() <= ATOL for k in ref_state)
+
+
+def tied_sequential():
+    """An embedding whose weight the output layer reuses, as language models tie them."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(16, 8)
+    head = nn.Linear(8, 16, bias=False)
+    head.weight = emb.weight
+    return nn.Sequential(emb, nn.Linear(8, 8), nn.Tanh(), head)
+
+
 # ---- mpkit.train on a learner's model ---------------------------------------------------------
 
 def deep_data(step, batch_size):
@@ -427,6 +470,7 @@ def _bad_input_rank(ctx, case):
         "too many stages": lambda: pipeline(nn.Sequential(nn.Linear(4, 4)), loss_fn=F.mse_loss),
         "bad style": lambda: tensor_parallel(deep_net(), {"0": "diagonal"}),
         "lbfgs": lambda: ShardedOptimizer(nn.Linear(4, 4).parameters(), torch.optim.LBFGS),
+        "tied across stages": lambda: pipeline(tied_sequential(), split_points=[2], loss_fn=F.cross_entropy),
     }
     try:
         cases[case]()
@@ -446,6 +490,8 @@ def _bad_input_rank(ctx, case):
     ("too many stages", "has 1 layers, fewer than the 2 stages of world_size=2"),
     ("bad style", "use 'column', 'row'"),
     ("lbfgs", "LBFGS updates a tensor as a whole"),
+    # each rank would train its own copy of the tied weight on its own stage's gradient only
+    ("tied across stages", "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1 (tied weights)"),
 ])
 def test_bad_input_is_a_clear_error(case, message):
     for reply in mpkit.launch(_bad_input_rank, 2, args=(case,), timeout=50):
