@@ -119,4 +119,4 @@ def pipeline(stages_or_module, split_points=None, schedule="1f1b", micro_batches
 
 
 __all__ = ["pipeline", "Pipeline", "Stage", "SCHEDULES", "schedule", "simulate", "validate", "partition",
-           "split_layers", "check_schedule_args"]
+           "split_layers", "check_schedule_args", "check_no_tie_across_ranks"]
