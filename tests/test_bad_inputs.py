@@ -96,6 +96,13 @@ TRAIN = [  # (train keyword arguments, what the error must say)
     (dict(strategy="pp", **mine(tied_net)), "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1"),
     (dict(strategy="pp", **mine(lambda: nn.Linear(4, 2))), "Return an nn.Sequential from the model factory"),
     (dict(strategy="pp", schedule="interleaved", **mine(shallow_net)), "cannot cut 3 layers into 4 non-empty stages"),
+    (dict(strategy="tp", world_size=3, plan={"0": "column", "2": "row"}, **mine(shallow_net)),
+     "layer 0: tp size 3 does not divide out_features=8"),
+    (dict(strategy="tp", plan={"fc": "column"}, **mine(shallow_net)),
+     "plan names 'fc', but the module has no such layer"),
+    (dict(strategy="tp", plan={"1": "column"}, **mine(shallow_net)),
+     "ColumnParallelLinear slices an nn.Linear; 1 is a Tanh"),
+    (dict(strategy="tp", plan={"3": "column"}, **mine(tied_net)), "layer '3' shares a parameter with '0.weight'"),
     (dict(strategy="ps", world_size=1), "ps needs a server and at least one worker: use world_size>=2"),
     (dict(strategy="ps", mode="eventual"), "mode='eventual' is unknown; use one of sync, async"),
 ]
