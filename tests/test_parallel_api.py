@@ -471,6 +471,7 @@ def _bad_input_rank(ctx, case):
         "bad style": lambda: tensor_parallel(deep_net(), {"0": "diagonal"}),
         "lbfgs": lambda: ShardedOptimizer(nn.Linear(4, 4).parameters(), torch.optim.LBFGS),
         "tied across stages": lambda: pipeline(tied_sequential(), split_points=[2], loss_fn=F.cross_entropy),
+        "different replicas": lambda: DataParallel(nn.Linear(4, 4 + 4 * ctx.rank)),
     }
     try:
         cases[case]()
@@ -492,6 +493,9 @@ def _bad_input_rank(ctx, case):
     ("lbfgs", "LBFGS updates a tensor as a whole"),
     # each rank would train its own copy of the tied weight on its own stage's gradient only
     ("tied across stages", "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1 (tied weights)"),
+    # rank 1 built a wider layer: the broadcast would fill it with rank 0's values, silently
+    ("different replicas", "the replicas differ: group rank 0 has 2 parameter and buffer tensors (20 elements), "
+                           "group rank 1 has 2 (40 elements)"),
 ])
 def test_bad_input_is_a_clear_error(case, message):
     for reply in mpkit.launch(_bad_input_rank, 2, args=(case,), timeout=50):

@@ -34,6 +34,7 @@ exactly as it would on one device.
 from __future__ import annotations
 
 import math
+import zlib
 from contextlib import contextmanager
 from functools import partial
 
@@ -114,6 +115,27 @@ def group_ranks(group):
     return dist.get_rank(group), dist.get_world_size(group), dist.get_global_rank(group or dist.group.WORLD, 0)
 
 
+def check_same_model(module: nn.Module, group, what: str) -> None:
+    """Every rank's replica must have the same parameters and buffers, in the same order: a rank
+    that built another model (a size read from its rank) would receive the first rank's values
+    into mismatched tensors, silently. One small untraced all-gather of each rank's signature
+    (tensor count, elements, a checksum of the shapes), as DDP checks the shapes at construction."""
+    shapes = [tuple(t.shape) for t in [*module.parameters(), *module.buffers()]]
+    device = next((t.device for t in [*module.parameters(), *module.buffers()]), torch.device("cpu"))
+    mine = torch.tensor([len(shapes), sum(math.prod(shape) for shape in shapes), zlib.crc32(repr(shapes).encode())],
+                        dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    with active.quiet():
+        active.comm().all_gather(every, mine, group=group)
+    for rank, theirs in enumerate(every):
+        if not torch.equal(theirs, every[0]):
+            (n0, e0, _), (n, e, _) = every[0].tolist(), theirs.tolist()
+            other = " in other shapes" if (n, e) == (n0, e0) else ""
+            raise ValueError(f"{what}: the replicas differ: group rank 0 has {n0} parameter and buffer tensors "
+                             f"({e0:,} elements), group rank {rank} has {n} ({e:,} elements){other}; build the "
+                             f"same model on every rank (same sizes, same seed)")
+
+
 def broadcast_module(module: nn.Module, group=None) -> None:
     """Every parameter and buffer of ``module`` from the group's first rank (replicas start equal)."""
     comm, src = active.comm(), group_ranks(group)[2]
@@ -168,6 +190,7 @@ class DataParallel(nn.Module):
         self.world_size = dist.get_world_size(group)
         params = trainable_parameters(module, "DataParallel")
         names = {p: n for n, p in module.named_parameters() if p.requires_grad}
+        check_same_model(module, group, "DataParallel")
         broadcast_module(module, group)
         self.buckets = [_Bucket(i, ps, [names[p] for p in ps])
                         for i, ps in enumerate(plan_buckets(params, *bucket_caps(self.bucket_mb, self.first_bucket_mb)))]
