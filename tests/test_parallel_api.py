@@ -472,6 +472,7 @@ def _bad_input_rank(ctx, case):
         "lbfgs": lambda: ShardedOptimizer(nn.Linear(4, 4).parameters(), torch.optim.LBFGS),
         "tied across stages": lambda: pipeline(tied_sequential(), split_points=[2], loss_fn=F.cross_entropy),
         "different replicas": lambda: DataParallel(nn.Linear(4, 4 + 4 * ctx.rank)),
+        "mixed dtypes": lambda: ShardedOptimizer(half_and_full().parameters(), torch.optim.SGD, lr=0.1),
     }
     try:
         cases[case]()
@@ -494,6 +495,8 @@ def _bad_input_rank(ctx, case):
     # each rank would train its own copy of the tied weight on its own stage's gradient only
     ("tied across stages", "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1 (tied weights)"),
     # rank 1 built a wider layer: the broadcast would fill it with rank 0's values, silently
+    # one flat buffer per group: the bf16 parameters would silently become fp32
+    ("mixed dtypes", "parameter group 0 mixes dtypes (bfloat16, float32)"),
     ("different replicas", "the replicas differ: group rank 0 has 2 parameter and buffer tensors (20 elements), "
                            "group rank 1 has 2 (40 elements)"),
 ])
@@ -520,6 +523,50 @@ def test_tensor_parallel_refuses_to_untie_a_tied_layer():
 
     with pytest.raises(ValueError, match="layer 'head' shares a parameter with 'emb.weight' .* Leave 'head' out"):
         tensor_parallel(make_net(), {"head": "column"}, rank=0, world_size=2)
+
+
+class HalfAndFull(nn.Module):
+    """A bf16 layer feeding an fp32 one: a bucket or a flat shard is one tensor of one dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.low = nn.Linear(4, 4).to(torch.bfloat16)
+        self.full = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.full(self.low(x.to(torch.bfloat16)).float())
+
+
+def half_and_full():
+    torch.manual_seed(0)
+    return HalfAndFull()
+
+
+def _mixed_dtype_rank(ctx):
+    model = half_and_full()
+    dp = DataParallel(model)  # default caps: both layers would fit one bucket
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = regression_batch(0, 4)
+    F.cross_entropy(dp(shard(x[:, :4], ctx.rank, 2)), shard(y % 2, ctx.rank, 2)).backward()
+    dp.finish_gradient_synchronization()
+    opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, len(dp.buckets)
+
+
+@pytest.mark.timeout(60)
+def test_data_parallel_keeps_each_dtype_in_its_own_bucket():
+    # one flat bucket of the first dtype made .grad of another dtype, which torch refuses
+    model = half_and_full()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = regression_batch(0, 4)
+    F.cross_entropy(model(x[:, :4]), y % 2).backward()
+    opt.step()
+    for params, buckets in mpkit.launch(_mixed_dtype_rank, 2, timeout=50):
+        assert buckets == 2
+        for name, ref in model.named_parameters():
+            assert params[name].dtype == ref.dtype
+            # bf16 gradients averaged in bf16 round differently from one device's: 2 bf16 ulps
+            assert (params[name].float() - ref.detach().float()).abs().max().item() <= 2 * 2**-8
 
 
 def _unused_branch_rank(ctx):

@@ -65,14 +65,15 @@ def check_bucket_mb(bucket_mb, name="bucket_mb") -> float:
 def plan_buckets(params, cap_bytes: int, first_cap: int | None = None) -> list[list]:
     """The bucket plan: reverse parameter order, a new bucket whenever the next tensor would
     overflow ``cap_bytes`` (a tensor bigger than the cap gets a bucket of its own; cap 0 = one
-    bucket per tensor). ``first_cap``: a smaller cap for the first bucket (torch DDP's 1 MiB, so
-    communication starts early). Works on meta tensors too, so the cost model prices the very
-    buckets a run reduces."""
+    bucket per tensor) or has another dtype (a bucket is one flat tensor: a bf16 model's fp32
+    norms go apart, as in DDP). ``first_cap``: a smaller cap for the first bucket (torch DDP's
+    1 MiB, so communication starts early). Works on meta tensors too, so the cost model prices
+    the very buckets a run reduces."""
     buckets, current, size = [], [], 0
     cap = cap_bytes if first_cap is None else first_cap
     for p in reversed(list(params)):
         nbytes = p.numel() * p.element_size()
-        if current and size + nbytes > cap:
+        if current and (size + nbytes > cap or p.dtype != current[0].dtype):
             buckets.append(current)
             current, size, cap = [], 0, cap_bytes
         current.append(p)

@@ -131,6 +131,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self.shards.append(None)
                 continue
             names = [f"group {len(self.shards)} param {i}" for i in range(len(trainable))]
+            dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in trainable})
+            if len(dtypes) > 1:  # one flat buffer per group: it would cast every parameter to the first's dtype
+                raise ValueError(f"parameter group {len(self.shards)} mixes dtypes ({', '.join(dtypes)}); "
+                                 f"ShardedOptimizer keeps a group in one flat buffer of one dtype: give each dtype its "
+                                 f"own parameter group, e.g. [{{'params': bf16_params}}, {{'params': fp32_params}}]")
             shard = _GroupShard(trainable, names, self.rank, self.world_size, self.average_gradients)
             self.shards.append(shard)
             inner_groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": [shard.shard]})
