@@ -96,6 +96,10 @@ TRAIN = [  # (train keyword arguments, what the error must say)
     (dict(strategy="pp", **mine(tied_net)), "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1"),
     (dict(strategy="pp", **mine(lambda: nn.Linear(4, 2))), "Return an nn.Sequential from the model factory"),
     (dict(strategy="pp", schedule="interleaved", **mine(shallow_net)), "cannot cut 3 layers into 4 non-empty stages"),
+    # an instance is callable too: calling it ran forward() with no input, in a rank
+    (dict(model=shallow_net(), data=lambda step, batch_size: None), "model= takes a function that builds your "
+                                                                   "model (model=MyNet or model=lambda: MyNet(...))"),
+    (dict(model=shallow_net, data=[(1, 2)]), "data= must be callable, got a list"),
     (dict(strategy="tp", world_size=3, plan={"0": "column", "2": "row"}, **mine(shallow_net)),
      "layer 0: tp size 3 does not divide out_features=8"),
     (dict(strategy="tp", plan={"fc": "column"}, **mine(shallow_net)),
