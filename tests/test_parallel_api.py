@@ -569,6 +569,42 @@ def test_data_parallel_keeps_each_dtype_in_its_own_bucket():
             assert (params[name].float() - ref.detach().float()).abs().max().item() <= 2 * 2**-8
 
 
+def _clipped_rank(ctx, average_gradients):
+    model = deep_net()
+    dp = None if average_gradients else DataParallel(model)
+    opt = ShardedOptimizer(param_groups(model), torch.optim.AdamW, lr=1e-2, average_gradients=average_gradients)
+    norms = []
+    for step in range(STEPS):
+        x, y = regression_batch(step)
+        F.cross_entropy((dp or model)(shard(x, ctx.rank, 2)), shard(y, ctx.rank, 2)).backward()
+        if dp is not None:
+            dp.finish_gradient_synchronization()
+        norms.append(opt.clip_grad_norm_(0.05).item())
+        opt.step()
+        opt.zero_grad()
+    return norms, state(model)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("average_gradients", [True, False])
+def test_sharded_optimizer_clips_the_averaged_gradient(average_gradients):
+    # torch's clip_grad_norm_ on the model after backward would see each rank's own gradient when
+    # the optimizer averages them itself: the clip must act on the average, as on one device
+    model = deep_net()
+    opt = torch.optim.AdamW(param_groups(model), lr=1e-2)
+    ref_norms = []
+    for step in range(STEPS):
+        x, y = regression_batch(step)
+        F.cross_entropy(model(x), y).backward()
+        ref_norms.append(nn.utils.clip_grad_norm_(model.parameters(), 0.05).item())
+        opt.step()
+        opt.zero_grad()
+    assert min(ref_norms) > 0.05  # every step is clipped
+    for norms, params in mpkit.launch(_clipped_rank, 2, args=(average_gradients,), timeout=100):
+        assert max(abs(a - b) for a, b in zip(norms, ref_norms)) <= ATOL
+        assert all((params[k] - v).abs().max().item() <= ATOL for k, v in state(model).items())
+
+
 def _unused_branch_rank(ctx):
     model = make_net()
     opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, average_gradients=True, lr=1e-2)
