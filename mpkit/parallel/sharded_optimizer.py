@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mpkit.errors import MpkitWarning
 from mpkit.observe import active
 from mpkit.parallel.data_parallel import broadcast_module, flat_views, require_process_group
 
@@ -280,7 +281,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if self._had_grad.get(p, has) != has and has:
                 warnings.warn(f"parameter {name!r} has a gradient again after steps without one: the slice's single "
                               f"step counter kept counting, so Adam-like bias correction differs from one device's",
-                              RuntimeWarning, stacklevel=4)
+                              MpkitWarning, stacklevel=4)
             self._had_grad[p] = has
             if has:
                 shard.shard.grad[shard_slice] = p.grad.detach().reshape(-1)[param_slice]
