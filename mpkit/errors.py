@@ -1,4 +1,5 @@
-"""Errors a launch can end with. Each names the rank so a student knows where to look."""
+"""Errors a launch can end with (each names the rank so a student knows where to look), and
+mpkit's own warning category."""
 
 
 class LaunchError(RuntimeError):
@@ -35,3 +36,8 @@ class DeviceOutOfMemory(RuntimeError):
 
 class RankOutOfMemory(LaunchError, DeviceOutOfMemory):
     """In the caller: a rank ran out of (simulated) device memory. Catch either base class."""
+
+
+class MpkitWarning(RuntimeWarning):
+    """A warning mpkit itself raises. One raised in a rank is shown to the caller of ``launch``
+    (a rank's stderr only reaches ``output``, which nobody reads)."""

@@ -252,10 +252,15 @@ class UserModel:
     builtin = False
 
     def __init__(self, factory, data, loss=F.cross_entropy):
+        if isinstance(factory, nn.Module):  # callable too, but calling it runs forward() with no input
+            raise ValueError(f"model= takes a function that builds your model (model=MyNet or "
+                             f"model=lambda: MyNet(...)), so that every rank builds its own copy from the same seed; "
+                             f"got an instance of {type(factory).__name__}")
         for name, value in (("model", factory), ("data", data), ("loss", loss)):
-            if not callable(value):
-                raise ValueError(f"{name}={value!r} must be callable: model=a function returning an nn.Module, "
-                                 f"data=a function (step, batch_size) -> (inputs, targets), loss=(output, target) -> loss")
+            if not callable(value):  # the type, not the repr: a list of batches would print every tensor
+                raise ValueError(f"{name}= must be callable, got a {type(value).__name__}: model=a function "
+                                 f"returning an nn.Module, data=a function (step, batch_size) -> (inputs, targets), "
+                                 f"loss=(output, target) -> loss")
         self.factory, self.data, self.loss_fn = factory, data, loss
 
     def build(self, seed: int = 0) -> nn.Module:

@@ -7,8 +7,10 @@ That stops at the first NaN/inf loss with an error naming the step and the rank 
 file), unless ``check_finite=False``.
 """
 import math
+import re
 
 import pytest
+from torch import nn
 
 import mpkit
 import mpkit.runtime.launch as launch_module
@@ -22,6 +24,23 @@ def no_rank_starts(monkeypatch, no_leftovers):
         raise AssertionError("ranks were started: the input should have been refused before")
 
     monkeypatch.setattr(launch_module, "Guardian", refuse)
+
+
+def shallow_net():
+    """Three layers, the middle one without parameters: a third stage would hold only the Tanh."""
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+def tied_net():
+    """A language-model-like Sequential whose output layer reuses the embedding's weight."""
+    emb, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    return nn.Sequential(emb, nn.Linear(4, 4), nn.Tanh(), head)
+
+
+def mine(factory):
+    """Your own model: ``factory`` and a data function that the checks never call."""
+    return dict(model=factory, data=lambda step, batch_size: None)
 
 
 TRAIN = [  # (train keyword arguments, what the error must say)
@@ -71,13 +90,30 @@ TRAIN = [  # (train keyword arguments, what the error must say)
     (dict(strategy="pp", schedule="zigzag"), "schedule='zigzag' is unknown; use one of 'gpipe', '1f1b'"),
     (dict(strategy="mp", world_size=8), "world_size=8 is more than the 4 layers of the model"),
     (dict(strategy="tp", world_size=3, model="gpt"), "tp size world_size=3 does not divide heads=4"),
+    (dict(strategy="pp", world_size=3, **mine(shallow_net)), "stage 1 would hold only layers [1] (Tanh), which "
+                                                             "have no parameters"),
+    (dict(strategy="mp", world_size=3, **mine(shallow_net)), "use fewer stages than 3"),
+    (dict(strategy="pp", **mine(tied_net)), "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1"),
+    (dict(strategy="pp", **mine(lambda: nn.Linear(4, 2))), "Return an nn.Sequential from the model factory"),
+    (dict(strategy="pp", schedule="interleaved", **mine(shallow_net)), "cannot cut 3 layers into 4 non-empty stages"),
+    # an instance is callable too: calling it ran forward() with no input, in a rank
+    (dict(model=shallow_net(), data=lambda step, batch_size: None), "model= takes a function that builds your "
+                                                                   "model (model=MyNet or model=lambda: MyNet(...))"),
+    (dict(model=shallow_net, data=[(1, 2)]), "data= must be callable, got a list"),
+    (dict(strategy="tp", world_size=3, plan={"0": "column", "2": "row"}, **mine(shallow_net)),
+     "layer 0: tp size 3 does not divide out_features=8"),
+    (dict(strategy="tp", plan={"fc": "column"}, **mine(shallow_net)),
+     "plan names 'fc', but the module has no such layer"),
+    (dict(strategy="tp", plan={"1": "column"}, **mine(shallow_net)),
+     "ColumnParallelLinear slices an nn.Linear; 1 is a Tanh"),
+    (dict(strategy="tp", plan={"3": "column"}, **mine(tied_net)), "layer '3' shares a parameter with '0.weight'"),
     (dict(strategy="ps", world_size=1), "ps needs a server and at least one worker: use world_size>=2"),
     (dict(strategy="ps", mode="eventual"), "mode='eventual' is unknown; use one of sync, async"),
 ]
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("kwargs, message", TRAIN, ids=[repr(k) for k, _ in TRAIN])
+@pytest.mark.parametrize("kwargs, message", TRAIN, ids=[re.sub(" at 0x[0-9a-f]+", "", repr(k)) for k, _ in TRAIN])
 def test_train_refuses_bad_input_before_any_rank_starts(kwargs, message, no_rank_starts):
     call = {"strategy": "dp", "world_size": 2, **kwargs}
     with pytest.raises((ValueError, TypeError)) as info:

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch.distributed as dist
 
 import mpkit
 import mpkit.runtime.launch as launch_module
+from mpkit.errors import MpkitWarning
 from procutil import descendants, fd_count, thread_count, wait_gone
 
 
@@ -60,6 +62,23 @@ def test_prints_are_captured_per_rank(no_leftovers):
     out = mpkit.launch(lambda ctx: print(f"hello from {ctx.rank}"), 2, timeout=20)
     assert out == [None, None]
     assert out.output == ["hello from 0\n", "hello from 1\n"]
+
+
+def _warns_like_a_sharded_optimizer(ctx):
+    if ctx.rank == 1:
+        warnings.warn("slice counter differs", MpkitWarning)  # what ShardedOptimizer raises
+    warnings.warn("torch-style noise", UserWarning)  # not mpkit's: stays in the rank's output
+
+
+@pytest.mark.timeout(30)
+def test_mpkit_warnings_of_a_rank_reach_the_caller(no_leftovers):
+    # a rank's stderr goes to .output, which a student never reads: mpkit's own warnings (a
+    # ShardedOptimizer's bias-correction caveat) must be shown where they called launch/train
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = mpkit.launch(_warns_like_a_sharded_optimizer, 2, timeout=20)
+    assert [(w.category, str(w.message)) for w in caught] == [(MpkitWarning, "rank 1: slice counter differs")]
+    assert all("torch-style noise" in text for text in out.output)
 
 
 # ---- failures: every mode must end fast, name the rank and leave nothing behind ----

@@ -59,6 +59,20 @@ def test_adam_state_after_the_first_step(stepped):
     assert tracker.current()["optimizer"] == held_by_torch == 2 * _param_bytes(model) + 4 * len(params)
 
 
+def test_a_frozen_layer_is_tracked_without_a_gradient_hook():
+    """A learner's model with a frozen layer (fine-tuning): torch refuses a gradient hook on a
+    frozen parameter, so tracking must hook only the trainable ones, and count every parameter."""
+    model, _ = _model_and_adam()
+    model[0].requires_grad_(False)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    tracker = MemoryTracker()
+    _one_step(tracker, model, opt)
+    report = tracker.report()
+    assert report.max_by_category["parameters"] == _param_bytes(model)
+    assert report.max_by_category["gradients"] == _param_bytes(model[2])
+    assert model[0].weight.grad is None and model[2].weight.grad is not None
+
+
 def _activations(tracker, start, stop):
     return [values[CATEGORIES.index("activations")] for _, values in tracker.samples[start:stop]]
 

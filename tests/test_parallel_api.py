@@ -393,6 +393,49 @@ def test_pipeline_on_a_user_sequential(world_size, schedule, split_points):
         assert out[0][2] == [0]
 
 
+def frozen_input_net():
+    """deep_net with its input layer frozen, as a fine-tuned model's embedding or backbone."""
+    model = deep_net()
+    model[0].requires_grad_(False)
+    return model
+
+
+def _frozen_first_stage_rank(ctx):
+    from mpkit.parallel import pipeline
+
+    pipe = pipeline(frozen_input_net(), split_points=[1], schedule="1f1b", micro_batches=4, loss_fn=F.cross_entropy)
+    opt = torch.optim.AdamW(pipe.parameters(), lr=1e-2, weight_decay=0.1)  # rank 0's are all frozen: skipped
+    losses = []
+    for step in range(3):
+        losses.append(pipe.step(*regression_batch(step)))
+        opt.step()
+        opt.zero_grad()
+    return losses, {f"{i}.{n}": p.detach().clone() for s in pipe.stages.values()
+                    for i, layer in zip(s.layer_ids, s) for n, p in layer.named_parameters()}
+
+
+@pytest.mark.timeout(120)
+def test_pipeline_with_a_frozen_first_stage_matches_single_device():
+    # the first stage computes no gradient at all: its backward has nothing to do (autograd
+    # refuses a backward through an output that needs none), the other stages train as usual
+    model = frozen_input_net()
+    ref_losses, ref_state = train_deep(model), state(model)
+    out = mpkit.launch(_frozen_first_stage_rank, 2, timeout=100)
+    assert out[0][0] == [None] * 3 and max(abs(a - b) for a, b in zip(out[1][0], ref_losses)) <= ATOL
+    params = {**out[0][1], **out[1][1]}
+    assert set(params) == set(ref_state) and torch.equal(params["0.weight"], ref_state["0.weight"])
+    assert all((params[k] - ref_state[k]).abs().max().item() <= ATOL for k in ref_state)
+
+
+def tied_sequential():
+    """An embedding whose weight the output layer reuses, as language models tie them."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(16, 8)
+    head = nn.Linear(8, 16, bias=False)
+    head.weight = emb.weight
+    return nn.Sequential(emb, nn.Linear(8, 8), nn.Tanh(), head)
+
+
 # ---- mpkit.train on a learner's model ---------------------------------------------------------
 
 def deep_data(step, batch_size):
@@ -427,6 +470,9 @@ def _bad_input_rank(ctx, case):
         "too many stages": lambda: pipeline(nn.Sequential(nn.Linear(4, 4)), loss_fn=F.mse_loss),
         "bad style": lambda: tensor_parallel(deep_net(), {"0": "diagonal"}),
         "lbfgs": lambda: ShardedOptimizer(nn.Linear(4, 4).parameters(), torch.optim.LBFGS),
+        "tied across stages": lambda: pipeline(tied_sequential(), split_points=[2], loss_fn=F.cross_entropy),
+        "different replicas": lambda: DataParallel(nn.Linear(4, 4 + 4 * ctx.rank)),
+        "mixed dtypes": lambda: ShardedOptimizer(half_and_full().parameters(), torch.optim.SGD, lr=0.1),
     }
     try:
         cases[case]()
@@ -446,10 +492,117 @@ def _bad_input_rank(ctx, case):
     ("too many stages", "has 1 layers, fewer than the 2 stages of world_size=2"),
     ("bad style", "use 'column', 'row'"),
     ("lbfgs", "LBFGS updates a tensor as a whole"),
+    # each rank would train its own copy of the tied weight on its own stage's gradient only
+    ("tied across stages", "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1 (tied weights)"),
+    # rank 1 built a wider layer: the broadcast would fill it with rank 0's values, silently
+    # one flat buffer per group: the bf16 parameters would silently become fp32
+    ("mixed dtypes", "parameter group 0 mixes dtypes (bfloat16, float32)"),
+    ("different replicas", "the replicas differ: group rank 0 has 2 parameter and buffer tensors (20 elements), "
+                           "group rank 1 has 2 (40 elements)"),
 ])
 def test_bad_input_is_a_clear_error(case, message):
     for reply in mpkit.launch(_bad_input_rank, 2, args=(case,), timeout=50):
         assert message in reply, reply
+
+
+def test_tensor_parallel_keeps_a_frozen_layer_frozen():
+    # the slices are new Parameters; a frozen layer that came back trainable would silently train
+    from mpkit.parallel import tensor_parallel
+
+    block = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+    block[0].requires_grad_(False)
+    tensor_parallel(block, {"0": "column", "2": "row"}, rank=0, world_size=2)
+    assert [(n, p.requires_grad) for n, p in block.named_parameters()] == [
+        ("0.weight", False), ("0.bias", False), ("2.weight", True), ("2.bias", True)]
+
+
+def test_tensor_parallel_refuses_to_untie_a_tied_layer():
+    # splitting the head would leave the embedding with the full tensor and the head with a new
+    # slice: two tensors trained apart where one device trains one
+    from mpkit.parallel import tensor_parallel
+
+    with pytest.raises(ValueError, match="layer 'head' shares a parameter with 'emb.weight' .* Leave 'head' out"):
+        tensor_parallel(make_net(), {"head": "column"}, rank=0, world_size=2)
+
+
+class HalfAndFull(nn.Module):
+    """A bf16 layer feeding an fp32 one: a bucket or a flat shard is one tensor of one dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.low = nn.Linear(4, 4).to(torch.bfloat16)
+        self.full = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.full(self.low(x.to(torch.bfloat16)).float())
+
+
+def half_and_full():
+    torch.manual_seed(0)
+    return HalfAndFull()
+
+
+def _mixed_dtype_rank(ctx):
+    model = half_and_full()
+    dp = DataParallel(model)  # default caps: both layers would fit one bucket
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = regression_batch(0, 4)
+    F.cross_entropy(dp(shard(x[:, :4], ctx.rank, 2)), shard(y % 2, ctx.rank, 2)).backward()
+    dp.finish_gradient_synchronization()
+    opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, len(dp.buckets)
+
+
+@pytest.mark.timeout(60)
+def test_data_parallel_keeps_each_dtype_in_its_own_bucket():
+    # one flat bucket of the first dtype made .grad of another dtype, which torch refuses
+    model = half_and_full()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = regression_batch(0, 4)
+    F.cross_entropy(model(x[:, :4]), y % 2).backward()
+    opt.step()
+    for params, buckets in mpkit.launch(_mixed_dtype_rank, 2, timeout=50):
+        assert buckets == 2
+        for name, ref in model.named_parameters():
+            assert params[name].dtype == ref.dtype
+            # bf16 gradients averaged in bf16 round differently from one device's: 2 bf16 ulps
+            assert (params[name].float() - ref.detach().float()).abs().max().item() <= 2 * 2**-8
+
+
+def _clipped_rank(ctx, average_gradients):
+    model = deep_net()
+    dp = None if average_gradients else DataParallel(model)
+    opt = ShardedOptimizer(param_groups(model), torch.optim.AdamW, lr=1e-2, average_gradients=average_gradients)
+    norms = []
+    for step in range(STEPS):
+        x, y = regression_batch(step)
+        F.cross_entropy((dp or model)(shard(x, ctx.rank, 2)), shard(y, ctx.rank, 2)).backward()
+        if dp is not None:
+            dp.finish_gradient_synchronization()
+        norms.append(opt.clip_grad_norm_(0.05).item())
+        opt.step()
+        opt.zero_grad()
+    return norms, state(model)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("average_gradients", [True, False])
+def test_sharded_optimizer_clips_the_averaged_gradient(average_gradients):
+    # torch's clip_grad_norm_ on the model after backward would see each rank's own gradient when
+    # the optimizer averages them itself: the clip must act on the average, as on one device
+    model = deep_net()
+    opt = torch.optim.AdamW(param_groups(model), lr=1e-2)
+    ref_norms = []
+    for step in range(STEPS):
+        x, y = regression_batch(step)
+        F.cross_entropy(model(x), y).backward()
+        ref_norms.append(nn.utils.clip_grad_norm_(model.parameters(), 0.05).item())
+        opt.step()
+        opt.zero_grad()
+    assert min(ref_norms) > 0.05  # every step is clipped
+    for norms, params in mpkit.launch(_clipped_rank, 2, args=(average_gradients,), timeout=100):
+        assert max(abs(a - b) for a, b in zip(norms, ref_norms)) <= ATOL
+        assert all((params[k] - v).abs().max().item() <= ATOL for k, v in state(model).items())
 
 
 def _unused_branch_rank(ctx):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import mpkit
-from mpkit.models import ModelConfig, build_model, loss_fn, make_batch, parameter_count
+from mpkit.models import ModelConfig, UserModel, build_model, loss_fn, make_batch, parameter_count
 
 BATCH = 24  # divisible by 1 and 3 workers (world_size 2 and 4) and by 2 workers (world_size 3)
 
@@ -115,6 +115,36 @@ def test_async_with_one_worker_is_sync():
     run = ps_run(2, mode="async")
     assert run.extra[0]["staleness"] == [0, 0, 0]
     assert run.compare_to_reference().max == 0.0
+
+
+class FrozenAndUnused(torch.nn.Module):
+    """A frozen input layer (no gradient anywhere) and a branch the forward never uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.frozen = torch.nn.Linear(6, 8).requires_grad_(False)
+        self.head = torch.nn.Linear(8, 3)
+        self.unused = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.frozen(x)))
+
+
+def three_classes(step, batch_size):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(batch_size, 6, generator=g)
+    return x, (x[:, :3].sum(1) > 0).long() + (x[:, 3:].sum(1) > 0).long()
+
+
+@pytest.mark.timeout(120)
+def test_sync_trains_a_model_with_frozen_and_unused_parameters():
+    # workers send no gradient where they have none; the server's optimizer skips a parameter no
+    # worker reached, as one device's does (a worker's p.grad.cpu() on None failed before)
+    run = mpkit.train("ps", world_size=3, model=FrozenAndUnused, data=three_classes, steps=3, batch_size=8)
+    assert run.compare_to_reference().max <= ADAM_PARAM_ATOL
+    initial = UserModel(FrozenAndUnused, three_classes).build(run.config.seed).state_dict()
+    for name in ("frozen.weight", "unused.weight"):
+        assert torch.equal(run.params[name], initial[name])
 
 
 @pytest.mark.parametrize("kwargs,message", [

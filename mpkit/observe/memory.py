@@ -14,7 +14,7 @@ import warnings
 from contextlib import contextmanager
 
 import torch
-from mpkit.errors import DeviceOutOfMemory
+from mpkit.errors import DeviceOutOfMemory, MpkitWarning
 from mpkit.observe import torch_memtracker
 
 # Our categories; MemTracker's Parameter+Buffer -> parameters, Gradient -> gradients,
@@ -31,7 +31,7 @@ def _warn_off() -> None:
     if not _warned:
         _warned = True
         warnings.warn(f"memory tracking is off: {torch_memtracker.PROBLEM}. Runs still train; plots show no memory.",
-                      RuntimeWarning, stacklevel=3)
+                      MpkitWarning, stacklevel=3)
 
 
 def parse_bytes(value) -> int | None:

@@ -15,6 +15,7 @@ import importlib
 import weakref
 
 import torch
+from torch import nn
 
 TESTED = ("2.13",)  # torch major.minor versions this module was written and measured against
 
@@ -220,7 +221,12 @@ if PROBLEM is None:
         def _pre_fw_hook(self, module, inputs) -> None:
             if module not in self._seen_modules:
                 self._seen_modules.add(module)
-                self._track_module_params_and_buffers(module, install_grad_hooks=True)
+                # MemTracker hooks the gradient of every parameter, and torch refuses a hook on a
+                # frozen one: track them all, then hook only those that will get a gradient.
+                self._track_module_params_and_buffers(module, install_grad_hooks=False)
+                trainable = [p for p in module.parameters() if p.requires_grad]
+                if trainable:
+                    self._track_module_params_and_buffers(nn.ParameterList(trainable), install_grad_hooks=True)
             elif self._mod_tracker.is_bw and self._ac_mod is None:
                 self._ac_mod = weakref.ref(module)
                 self._in_ac = True

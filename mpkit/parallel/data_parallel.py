@@ -34,6 +34,7 @@ exactly as it would on one device.
 from __future__ import annotations
 
 import math
+import zlib
 from contextlib import contextmanager
 from functools import partial
 
@@ -64,14 +65,15 @@ def check_bucket_mb(bucket_mb, name="bucket_mb") -> float:
 def plan_buckets(params, cap_bytes: int, first_cap: int | None = None) -> list[list]:
     """The bucket plan: reverse parameter order, a new bucket whenever the next tensor would
     overflow ``cap_bytes`` (a tensor bigger than the cap gets a bucket of its own; cap 0 = one
-    bucket per tensor). ``first_cap``: a smaller cap for the first bucket (torch DDP's 1 MiB, so
-    communication starts early). Works on meta tensors too, so the cost model prices the very
-    buckets a run reduces."""
+    bucket per tensor) or has another dtype (a bucket is one flat tensor: a bf16 model's fp32
+    norms go apart, as in DDP). ``first_cap``: a smaller cap for the first bucket (torch DDP's
+    1 MiB, so communication starts early). Works on meta tensors too, so the cost model prices
+    the very buckets a run reduces."""
     buckets, current, size = [], [], 0
     cap = cap_bytes if first_cap is None else first_cap
     for p in reversed(list(params)):
         nbytes = p.numel() * p.element_size()
-        if current and size + nbytes > cap:
+        if current and (size + nbytes > cap or p.dtype != current[0].dtype):
             buckets.append(current)
             current, size, cap = [], 0, cap_bytes
         current.append(p)
@@ -112,6 +114,27 @@ def require_process_group(what: str) -> None:
 def group_ranks(group):
     """(this rank in ``group``, the group's size, the global rank of its first member)."""
     return dist.get_rank(group), dist.get_world_size(group), dist.get_global_rank(group or dist.group.WORLD, 0)
+
+
+def check_same_model(module: nn.Module, group, what: str) -> None:
+    """Every rank's replica must have the same parameters and buffers, in the same order: a rank
+    that built another model (a size read from its rank) would receive the first rank's values
+    into mismatched tensors, silently. One small untraced all-gather of each rank's signature
+    (tensor count, elements, a checksum of the shapes), as DDP checks the shapes at construction."""
+    shapes = [tuple(t.shape) for t in [*module.parameters(), *module.buffers()]]
+    device = next((t.device for t in [*module.parameters(), *module.buffers()]), torch.device("cpu"))
+    mine = torch.tensor([len(shapes), sum(math.prod(shape) for shape in shapes), zlib.crc32(repr(shapes).encode())],
+                        dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    with active.quiet():
+        active.comm().all_gather(every, mine, group=group)
+    for rank, theirs in enumerate(every):
+        if not torch.equal(theirs, every[0]):
+            (n0, e0, _), (n, e, _) = every[0].tolist(), theirs.tolist()
+            other = " in other shapes" if (n, e) == (n0, e0) else ""
+            raise ValueError(f"{what}: the replicas differ: group rank 0 has {n0} parameter and buffer tensors "
+                             f"({e0:,} elements), group rank {rank} has {n} ({e:,} elements){other}; build the "
+                             f"same model on every rank (same sizes, same seed)")
 
 
 def broadcast_module(module: nn.Module, group=None) -> None:
@@ -168,6 +191,7 @@ class DataParallel(nn.Module):
         self.world_size = dist.get_world_size(group)
         params = trainable_parameters(module, "DataParallel")
         names = {p: n for n, p in module.named_parameters() if p.requires_grad}
+        check_same_model(module, group, "DataParallel")
         broadcast_module(module, group)
         self.buckets = [_Bucket(i, ps, [names[p] for p in ps])
                         for i, ps in enumerate(plan_buckets(params, *bucket_caps(self.bucket_mb, self.first_bucket_mb)))]

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mpkit.errors import MpkitWarning
 from mpkit.observe import active
 from mpkit.parallel.data_parallel import broadcast_module, flat_views, require_process_group
 
@@ -104,7 +105,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     ``True``: ``step()`` averages them itself with a reduce-scatter (use it *instead of*
     ``DataParallel``'s all-reduce; then call ``broadcast_parameters()`` once so replicas start
     equal). ``step()`` = ``reduce_scatter_gradients()`` (when averaging) + ``update_shard()`` +
-    ``all_gather_parameters()``; the phases are public so a timeline can show each.
+    ``all_gather_parameters()``; the phases are public so a timeline can show each. Clip
+    gradients with ``opt.clip_grad_norm_(max_norm)``, not torch's function on the model's
+    parameters (with ``average_gradients=True`` those hold this rank's gradient, not the average).
     """
 
     def __init__(self, params, optimizer_cls, group=None, average_gradients: bool = False, **defaults):
@@ -131,6 +134,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self.shards.append(None)
                 continue
             names = [f"group {len(self.shards)} param {i}" for i in range(len(trainable))]
+            dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in trainable})
+            if len(dtypes) > 1:  # one flat buffer per group: it would cast every parameter to the first's dtype
+                raise ValueError(f"parameter group {len(self.shards)} mixes dtypes ({', '.join(dtypes)}); "
+                                 f"ShardedOptimizer keeps a group in one flat buffer of one dtype: give each dtype its "
+                                 f"own parameter group, e.g. [{{'params': bf16_params}}, {{'params': fp32_params}}]")
             shard = _GroupShard(trainable, names, self.rank, self.world_size, self.average_gradients)
             self.shards.append(shard)
             inner_groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": [shard.shard]})
@@ -141,6 +149,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                             self.inner.param_groups):
             g.update({k: v for k, v in inner.items() if k != "params"})  # the inner class's own defaults too
         self._had_grad = {}  # parameter -> whether it had a gradient at the last step
+        self._reduced = False  # clip_grad_norm_ reduce-scattered this step's gradients already
 
     @property
     def shard_parameters(self) -> list[nn.Parameter]:
@@ -228,10 +237,39 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if closure is not None:
             raise ValueError("ShardedOptimizer.step() takes no closure: compute the loss and call backward first")
-        if self.average_gradients:
+        if self.average_gradients and not self._reduced:
             self.reduce_scatter_gradients()
+        self._reduced = False
         self.update_shard()
         self.all_gather_parameters()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._reduced = False  # a step's gradients thrown away: the next step reduces its own
+        super().zero_grad(set_to_none)
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` of the gradient the step will use; returns its total norm.
+
+        With ``average_gradients=True`` the model's ``.grad`` are this rank's own, not the group
+        average, so torch's function on ``model.parameters()`` would clip the wrong gradient, on
+        every rank differently. Here the reduce-scatter runs first (``step()`` then skips it), the
+        norm of the whole averaged gradient comes from every rank's slice (one all-reduce of a
+        scalar; the padding is zero) and this rank scales its slice. With ``average_gradients=False``
+        the ``.grad`` already are the average: this is torch's function on them."""
+        if not self.average_gradients:
+            return torch.nn.utils.clip_grad_norm_([p for s in self.shards if s is not None for p in s.params], max_norm)
+        if not self._reduced:
+            self.reduce_scatter_gradients()
+            self._reduced = True
+        grads = [s.shard.grad for s in self.shards if s is not None]
+        total = torch.stack([g.float().pow(2).sum() for g in grads]).sum()
+        active.comm().all_reduce(total, group=self.group, name="gradient norm")
+        total = total.sqrt()
+        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)  # torch's clip_coef_clamped
+        for g in grads:
+            g.mul_(scale.to(g.dtype))
+        return total
 
     # ---- helpers ----
     def _gather_local_grads(self, shard):
@@ -243,7 +281,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if self._had_grad.get(p, has) != has and has:
                 warnings.warn(f"parameter {name!r} has a gradient again after steps without one: the slice's single "
                               f"step counter kept counting, so Adam-like bias correction differs from one device's",
-                              RuntimeWarning, stacklevel=4)
+                              MpkitWarning, stacklevel=4)
             self._had_grad[p] = has
             if has:
                 shard.shard.grad[shard_slice] = p.grad.detach().reshape(-1)[param_slice]

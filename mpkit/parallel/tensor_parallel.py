@@ -111,11 +111,13 @@ class _ShardedLinear(nn.Module):
             indices = contiguous_split(size, world_size)
         self.indices, self.name = list(indices), name
         own = self.indices[self.rank]
-        self.weight = nn.Parameter(full.weight.detach().index_select(self.dim, own))
+        # a frozen layer stays frozen: its slices are new Parameters, which would default to trainable
+        self.weight = nn.Parameter(full.weight.detach().index_select(self.dim, own), full.weight.requires_grad)
         self.full_shapes = {"weight": tuple(full.weight.shape)}
         if full.bias is not None:
             bias = full.bias.detach()
-            self.bias = nn.Parameter(bias.index_select(0, own) if self.dim == 0 else bias.clone())
+            self.bias = nn.Parameter(bias.index_select(0, own) if self.dim == 0 else bias.clone(),
+                                     full.bias.requires_grad)
             self.full_shapes["bias"] = tuple(bias.shape)
         else:
             self.bias = None
@@ -201,6 +203,15 @@ def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, wor
                              f"{', '.join(linears[:12]) or 'none'}")
         for name in hits:
             targets[name] = split
+    owners = {}  # id(parameter) -> every name it has: a tied parameter has several
+    for pname, param in module.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(pname)
+    for name in targets:
+        for param in module.get_submodule(name).parameters():
+            others = [n for n in owners[id(param)] if not n.startswith(f"{name}.")]
+            if others:
+                raise ValueError(f"layer {name!r} shares a parameter with {others[0]!r} (tied weights); splitting it "
+                                 f"would untie them and train two different tensors. Leave {name!r} out of the plan")
     for name, split in targets.items():
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module

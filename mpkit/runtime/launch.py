@@ -14,11 +14,12 @@ import pickle
 import signal
 import socket
 import time
+import warnings
 from multiprocessing.connection import wait
 
 import torch
 
-from mpkit.errors import LaunchError, LaunchTimeout, RankOutOfMemory
+from mpkit.errors import LaunchError, LaunchTimeout, MpkitWarning, RankOutOfMemory
 from mpkit.observe.active import current
 from mpkit.observe.memory import parse_bytes
 from mpkit.observe.trace import Trace
@@ -180,10 +181,22 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
         guardian.release()
         for conn in conns:
             conn.close()
+    _show_rank_warnings([m.get("warnings", []) for m in messages])
     results = [m["result"] for m in messages]
     merged = Trace.merge(Trace(events=m["events"]) for m in messages)
     return LaunchResult(results, merged, [m["memory"] for m in messages],
                         [m["output"] for m in messages], backend)
+
+
+def _show_rank_warnings(per_rank) -> None:
+    """mpkit's warnings from the ranks, once each, with the ranks that raised them."""
+    ranks = {}
+    for rank, texts in enumerate(per_rank):
+        for text in texts:
+            ranks.setdefault(text, []).append(rank)
+    for text, where in ranks.items():
+        warnings.warn(f"rank{'s' if len(where) > 1 else ''} {', '.join(map(str, where))}: {text}", MpkitWarning,
+                      stacklevel=3)
 
 
 def _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory):

@@ -17,12 +17,13 @@ import pickle
 import signal
 import sys
 import traceback
+import warnings
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from mpkit.errors import DeviceOutOfMemory
+from mpkit.errors import DeviceOutOfMemory, MpkitWarning
 from mpkit.observe.active import recording
 from mpkit.runtime.context import make_context
 from mpkit.runtime.lifeline import die_with_parent
@@ -33,6 +34,13 @@ _BACKSTOP_S = 10.0
 
 def _message(kind, **payload) -> bytes:
     return pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _own_warnings(caught) -> list[str]:
+    """The texts of the warnings mpkit itself raised in this rank (``MpkitWarning``: a
+    ShardedOptimizer's bias correction, say), for the caller to show. torch's own warnings stay
+    only in ``output``; every rank would repeat them."""
+    return [f"{w.message}" for w in caught if issubclass(w.category, MpkitWarning)]
 
 
 def _store(rank, world_size, port, listen_fd, timeout):
@@ -69,11 +77,13 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
         ctx = make_context(rank, world_size, rank, backend, device_memory=options["device_memory"],
                            trace=options["trace"], memory=options["memory"])
         conn.send_bytes(_message("joined"))  # lets a timeout say whether the world ever came up
-        with recording(ctx):
+        with recording(ctx), warnings.catch_warnings(record=True) as caught:
             result = fn(ctx, *args)
+        for w in caught:  # into the output as before, where an uncaught warning would have gone
+            captured.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
         try:
             blob = _message("ok", result=result, events=ctx.trace.events, memory=ctx.memory.report(),
-                            output=captured.getvalue())
+                            output=captured.getvalue(), warnings=_own_warnings(caught))
         except Exception as exc:  # noqa: BLE001 - reported to the caller as a TypeError
             blob = _message("unpicklable", error=f"{type(exc).__name__}: {exc}", type_name=type(result).__name__,
                             output=captured.getvalue())

@@ -7,7 +7,7 @@ step), ``virtual_stages`` (v model chunks per rank, read by "interleaved" only).
 built-in models are balanced by parameter count (``stages.py``); a user's ``nn.Sequential`` is
 cut the same way. ``mp`` is this strategy with one micro-batch.
 """
-from mpkit.parallel.pipeline import check_schedule_args, pipeline, schedule
+from mpkit.parallel.pipeline import check_no_tie_across_ranks, check_schedule_args, pipeline, schedule
 from mpkit.parallel.pipeline.schedules import engine_programs
 from mpkit.parallel.pipeline.split import partition, split_layers
 from mpkit.sim.profile import Cost
@@ -25,6 +25,16 @@ def virtual_stages(cfg) -> int:
 def check_stages(cfg, count: int, what: str) -> None:
     if cfg.model.builtin:
         builtin.check_stage_count(cfg.model, count, what)
+        return
+    # a learner's model is built here, in the caller: a model that cannot be cut fails before any rank starts
+    stages = all_stages(cfg, count)
+    for s, stage in enumerate(stages):
+        if not any(True for _ in stage.parameters()):
+            layers = ", ".join(type(m).__name__ for m in stage)
+            raise ValueError(f"stage {s} would hold only layers {stage.layer_ids} ({layers}), which have no "
+                             f"parameters, so its rank would have nothing to train; use fewer stages than {count} "
+                             f"or a model whose layers each carry parameters (e.g. an activation inside a block)")
+    check_no_tie_across_ranks(stages, cfg.world_size)
 
 
 def validate(cfg):
@@ -37,6 +47,8 @@ def validate(cfg):
     try:
         check_stages(cfg, cfg.world_size * v, "stages")
     except ValueError as exc:
+        if not cfg.model.builtin:  # a learner's model: its message names the stages and the model
+            raise
         raise ValueError(f"{what}: {exc}") from None
 
 

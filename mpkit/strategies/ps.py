@@ -64,6 +64,11 @@ class _Server:
 
     def __init__(self, ctx, model):
         self.ctx, self.params = ctx, list(model.parameters())
+        # Gradients travel for trainable parameters only; one buffer each, made before tracking
+        # starts so ``track`` counts them as gradients; received gradients are copied in
+        # (received tensors are made in rpc threads, which the memory tracker does not see).
+        self.trainable = [p for p in self.params if p.requires_grad]
+        self.grads = [torch.zeros_like(p) for p in self.trainable]
         self.lock = threading.Lock()
         self.version = 0
         self.pushes = queue.Queue()
@@ -92,14 +97,19 @@ def _push(worker, step, version, loss, grads):
     return done
 
 
-def _apply(ctx, model, optimizer, grads_per_worker):
-    """Average the workers' gradients into the server's ``.grad`` buffers, take one step."""
+def _apply(ctx, optimizer, grads_per_worker):
+    """Average the workers' gradients into the server's ``.grad`` buffers, take one step. A worker
+    whose step did not reach a parameter sends None for it, a zero in the average; a parameter no
+    worker reached has no gradient, so the optimizer skips it, as on one device."""
     with ctx.trace.span("compute", name="average gradients"), torch.no_grad():
-        for p, grads in zip(model.parameters(), zip(*grads_per_worker)):
-            p.grad.copy_(grads[0])
-            for g in grads[1:]:
-                p.grad.add_(g.to(p.device))
-            p.grad.div_(len(grads))
+        for p, buffer, grads in zip(_server.trainable, _server.grads, zip(*grads_per_worker)):
+            got = [g for g in grads if g is not None]
+            p.grad = buffer if got else None
+            if got:
+                buffer.copy_(got[0])
+                for g in got[1:]:
+                    buffer.add_(g.to(p.device))
+                buffer.div_(len(grads))
     with ctx.trace.span("optimizer"), _server.lock:
         optimizer.step()
         _server.version += 1
@@ -109,18 +119,15 @@ def _apply(ctx, model, optimizer, grads_per_worker):
 def _serve(ctx, cfg, model, optimizer):
     workers = ctx.world_size - 1
     losses, staleness, order = [], [], []
-    # One gradient buffer per parameter, made before tracking starts so ``track`` counts them as
-    # gradients; received gradients are copied in (received tensors are made in rpc threads,
-    # which the memory tracker does not see).
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
+    for p, buffer in zip(_server.trainable, _server.grads):
+        p.grad = buffer
     with ctx.memory.track(model, optimizer):
         if cfg.option("mode") == "sync":
             for step in range(cfg.steps):
                 ctx.set_step(step)
                 pushes = sorted((_server.pushes.get() for _ in range(workers)), key=lambda p: p.worker)
                 staleness += [_server.version - p.version for p in pushes]
-                version = _apply(ctx, model, optimizer, [p.grads for p in pushes])
+                version = _apply(ctx, optimizer, [p.grads for p in pushes])
                 losses.append(sum(p.loss for p in pushes) / workers)  # equal shards: mean of means
                 order += [(p.worker, p.step) for p in pushes]
                 for p in pushes:
@@ -130,7 +137,7 @@ def _serve(ctx, cfg, model, optimizer):
                 ctx.set_step(i // workers)  # rounds of one push per worker, on average
                 push = _server.pushes.get()
                 staleness.append(_server.version - push.version)
-                push.done.set_result(_apply(ctx, model, optimizer, [push.grads]))
+                push.done.set_result(_apply(ctx, optimizer, [push.grads]))
                 losses.append(push.loss)
                 order.append((push.worker, push.step))
     return losses, {"mode": cfg.option("mode"), "staleness": staleness, "apply_order": order,
@@ -150,10 +157,10 @@ def _pull_into(ctx, model, step) -> int:
 
 def _push_from(ctx, model, step, version, loss) -> None:
     """Send this worker's gradients (computed on parameters of ``version``) and drop them."""
-    grads = [p.grad.cpu() for p in model.parameters()]
+    grads = [None if p.grad is None else p.grad.cpu() for p in model.parameters() if p.requires_grad]
     start = ctx.trace.now()
     rpc.rpc_sync(SERVER, _push, args=(ctx.rank, step, version, loss, grads))
-    ctx.trace.record("rpc", start, ctx.trace.now(), bytes=sum(map(nbytes, grads)),
+    ctx.trace.record("rpc", start, ctx.trace.now(), bytes=sum(nbytes(g) for g in grads if g is not None),
                      name=f"push (pulled version {version})")
     model.zero_grad(set_to_none=True)
 

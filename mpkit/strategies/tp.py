@@ -37,6 +37,9 @@ def validate(cfg):
         if not isinstance(plan, dict) or not plan:
             raise ValueError("tp on your own model needs plan={'<module name>': 'column' | 'row', ...}, e.g. "
                              "plan={'mlp.up': 'column', 'mlp.down': 'row'}")
+        # rank 0's split of the learner's model, here in the caller: a layer the plan misnames, one that is
+        # not an nn.Linear, a size tp does not divide or a tied weight fails before any rank starts
+        tensor_parallel(cfg.model.build(cfg.seed), plan, rank=0, world_size=cfg.world_size)
         return
     if plan is not None:
         raise ValueError("the built-in models come with their Megatron plan; plan= is for model=<your factory>")

@@ -60,6 +60,22 @@ class Pipeline(nn.Module):
                            "in the schedule's order), not by calling it")
 
 
+def check_no_tie_across_ranks(stages, p: int) -> None:
+    """A parameter shared by stages on different ranks (an embedding tied to the output layer)
+    would become one copy per rank, each trained on its own stage's gradient only: refuse it."""
+    seen = {}  # id(parameter) -> (stage, name) where first met
+    for s, stage in enumerate(stages):
+        for name, param in stage.named_parameters(remove_duplicate=False):
+            if isinstance(stage, Stage):  # the original model's name: layer index, not index in the stage
+                index, _, rest = name.partition(".")
+                name = f"{stage.layer_ids[int(index)]}.{rest}"
+            first = seen.setdefault(id(param), (s, name))
+            if first[0] % p != s % p:
+                raise ValueError(f"parameter {first[1]!r} of stage {first[0]} is shared with {name!r} of stage {s} "
+                                 f"(tied weights), and the two stages are on different ranks, which would train two "
+                                 f"copies apart; put both layers in one stage (split_points) or untie them")
+
+
 def pipeline(stages_or_module, split_points=None, schedule="1f1b", micro_batches=4, group=None, loss_fn=None,
              virtual_stages=None) -> Pipeline:
     """Cut ``stages_or_module`` into ``world_size x virtual_stages`` stages and keep this rank's.
@@ -96,10 +112,11 @@ def pipeline(stages_or_module, split_points=None, schedule="1f1b", micro_batches
     else:
         raise TypeError(f"pipeline() takes an nn.Sequential or a list of stage modules; got "
                         f"{type(stages_or_module).__name__}")
+    check_no_tie_across_ranks(stages, p)
     rank = dist.get_rank(group)
     mine = {s: stages[s] for s in range(rank, count, p)}
     return Pipeline(mine, count, schedule, micro_batches, loss_fn, group, virtual)
 
 
 __all__ = ["pipeline", "Pipeline", "Stage", "SCHEDULES", "schedule", "simulate", "validate", "partition",
-           "split_layers", "check_schedule_args"]
+           "split_layers", "check_schedule_args", "check_no_tie_across_ranks"]

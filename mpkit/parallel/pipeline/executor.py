@@ -151,7 +151,8 @@ class PipelineExecutor:
 
     def _backward(self, mb, stage):
         out, grad = self.outputs.pop((mb, stage)), self.grads.pop((mb, stage), None)
-        torch.autograd.backward(out, grad)  # accumulates into the parameters' .grad
+        if out.requires_grad:  # else a frozen first stage: nothing before it to compute a gradient for
+            torch.autograd.backward(out, grad)  # accumulates into the parameters' .grad
         if stage > 0:
             self.dx[(mb, stage)] = self.inputs.pop((mb, stage)).pop()
 
