@@ -90,6 +90,8 @@ BAD_INPUTS = {
     "key written twice": (MP, "    answer: O\n", "    answer: O\n    answer: X\n", (7, "mp-001"),
                           "key 'answer' appears twice (first on line 6)"),
     "bad id": (MP, "id: mp-003", "id: mp 003", (19, "(item 3)"), "id must be text of letters"),
+    "pitfall a list": (MP, "pitfall: split-criterion", "pitfall: [split-criterion]", (23, "mp-003"),
+                       "pitfall must be one tag from pitfalls.yaml"),
 }
 
 
@@ -141,6 +143,15 @@ def test_balance_warning_and_report(bank_dir):
     assert "model_parallel       4    4    0     100%  <- unbalanced" in text
     assert "pipeline             2    1    1      50%" in text
     assert load_bank(bank_dir).items["mp-002"].corrected is None
+
+
+def test_report_of_a_topic_whose_every_item_has_errors(bank_dir):
+    path = bank_dir / "pipeline.yaml"
+    path.write_text(path.read_text(encoding="utf-8").replace("    answer: ", "    answer: maybe-"),
+                    encoding="utf-8")
+    report = lint(bank_dir)
+    assert report.balance["pipeline"] == (0, 0) and not report.ok
+    assert "pipeline             0    0    0        -" in report.format()
 
 
 def test_bank_dir_resolution(monkeypatch, tmp_path):

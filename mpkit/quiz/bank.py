@@ -352,7 +352,10 @@ def _read_item(raw, node, position, topic, pitfalls, rep):
     elif answer == "O" and "corrected" in raw:
         rep.warn(at("corrected"), label, "corrected is ignored for O items; remove it or check the answer")
     pitfall = raw.get("pitfall")
-    if "pitfall" in raw and pitfalls is not None and pitfall not in pitfalls:
+    if "pitfall" in raw and not isinstance(pitfall, str):
+        rep.error(at("pitfall"), label, f"pitfall must be one tag from {PITFALLS_FILE} like "
+                                        f"'confuses-dp-with-mp', got {pitfall!r}")
+    elif "pitfall" in raw and pitfalls is not None and pitfall not in pitfalls:
         rep.error(at("pitfall"), label, f"unknown pitfall {pitfall!r}; define it in {PITFALLS_FILE} "
                                         f"or use one of: {', '.join(sorted(pitfalls))}")
     difficulty = raw.get("difficulty")
