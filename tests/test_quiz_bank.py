@@ -166,6 +166,13 @@ def test_bank_dir_resolution(monkeypatch, tmp_path):
         load_bank(tmp_path)
 
 
+def test_a_file_given_as_the_bank_folder_is_called_a_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"pitfalls.yaml is a file, not a folder; give the folder"):
+        load_bank(GOOD / "pitfalls.yaml")
+    with pytest.raises(FileNotFoundError, match=r"nowhere does not exist; give the folder"):
+        lint(tmp_path / "nowhere")
+
+
 @pytest.mark.skipif(not any(REPO_BANK.glob("*.yaml")), reason="the real item bank has not landed yet")
 def test_real_bank_lints_clean():
     report = lint(REPO_BANK)

@@ -160,8 +160,9 @@ def read_bank(bank_dir=None):
     """Read everything that can be read; return ``(bank, problems)`` without raising on content."""
     bank = Bank(resolve_bank_dir(bank_dir))
     if not bank.dir.is_dir():
-        raise FileNotFoundError(f"quiz bank folder {bank.dir} does not exist; "
-                                "pass bank_dir= (or --bank) or set MPKIT_QUIZ_DIR")
+        problem = "is a file, not a folder" if bank.dir.exists() else "does not exist"
+        raise FileNotFoundError(f"quiz bank folder {bank.dir} {problem}; give the folder that holds the "
+                                "<topic>.yaml files: pass bank_dir= (or --bank) or set MPKIT_QUIZ_DIR")
     topic_files = sorted(p for p in bank.dir.glob("*.yaml") if p.name not in (PITFALLS_FILE, GLOSSARY_FILE))
     if not topic_files:
         raise FileNotFoundError(f"no topic files (<topic>.yaml) in quiz bank folder {bank.dir}")
