@@ -49,6 +49,7 @@ STRINGS = {
     'sheet_saved': {"ko": '이 셀을 실행한 뒤 노트북을 저장하고 제출하세요.', "en": 'Now save the notebook and submit it.'},
     'no_sheet': {"ko": '노트북에 답안지가 없습니다: 저장하기 전에 답안 제출 셀을 실행하지 않았습니다', "en": 'no answer sheet in the notebook: the hand-in cell was not run before saving'},
     'saved_in': {"ko": '퀴즈 답안 저장 위치: {path} (다른 폴더를 쓰려면 MPKIT_RESULTS_DIR를 설정하세요)', "en": 'Quiz answers are saved in {path} (set MPKIT_RESULTS_DIR to use another folder)'},
+    'not_saved': {"ko": '답을 저장하지 못했습니다: {error}. 이 문제를 해결한 뒤 다시 누르세요 (저장 폴더는 MPKIT_RESULTS_DIR로 바꿀 수 있습니다).', "en": 'Your answer was not saved: {error}. Fix this, then press again (MPKIT_RESULTS_DIR sets another folder).'},
     'copied_in': {"ko": '이전 버전이 {old}에 저장한 답안 {count}개를 {new}에 옮겨 적었습니다 (원래 파일은 그대로 둡니다)', "en": 'Copied {count} answers an earlier mpkit saved in {old} to {new} (the old file is left as it is)'},
     # ---- plots ----
     'timeline': {"ko": '타임라인', "en": 'Timeline'},

@@ -111,6 +111,11 @@ def test_nbgrader_release_autograde_export(tmp_path):
         item: {"answer": a, "correct": True, "at": "2025-01-01T00:00:00", "box": 5,
                "history": [{"answer": a, "correct": True}]} for item, a in KEY.items()}}), encoding="utf-8")
     assert sorted(p.name for p in (course / "submitted" / "kim" / "hw1").iterdir()) == ["hw1.ipynb"]
+    ran = tmp_path / "student-code-ran"   # ... and kim adds a cell of code to the notebook
+    kim = course / "submitted" / "kim" / "hw1" / "hw1.ipynb"
+    nb = nbformat.read(kim, as_version=4)
+    nb.cells.insert(2, nbformat.v4.new_code_cell(f"open({str(ran)!r}, 'w').write('ran')"))
+    nbformat.write(nb, kim)
 
     nbgrader(course, "autograde", "hw1", env=env)
     nbgrader(course, "export", env=env)
@@ -125,6 +130,9 @@ def test_nbgrader_release_autograde_export(tmp_path):
     assert "4 item(s) answered again after the key was shown: graded on the first answer" in report
     assert cell.outputs[-1]["output_type"] == "execute_result" and cell.outputs[-1]["data"]["text/plain"] == "1.0"
     assert not grader_store.exists()   # autograde never read or wrote the grader's own answers
+    assert not ran.exists()            # nor ran a cell a student added (kept as a raw cell to read)
+    graded = nbformat.read(course / "autograded" / "kim" / "hw1" / "hw1.ipynb", as_version=4)
+    assert [c.cell_type for c in graded.cells if str(ran) in c.source] == ["raw"]
 
 
 # ---- the two preprocessors and configure(), on notebooks built here (no kernel, fast) ----
@@ -197,12 +205,29 @@ def test_a_missing_or_broken_sheet_scores_zero_and_says_why(outputs, problem):
     assert cell.outputs[-1]["data"]["text/plain"] == "0.0" and problem in cell.outputs[0]["data"]["text/html"]
 
 
+def test_cells_the_student_added_are_kept_but_never_run():
+    from nbgrader.preprocessors import ClearOutput
+    from mpkit.quiz.nbgrader import CollectQuizAnswers, SkipAddedCells
+
+    nb = _assignment(_sheet({}))
+    nb.cells.insert(1, nbformat.v4.new_code_cell("import os; os.remove('gradebook.db')"))
+    nb.cells.insert(2, nbformat.v4.new_code_cell("print('x')", metadata={"nbgrader": {"locked": False}}))
+    nb.cells.insert(3, nbformat.v4.new_markdown_cell("my notes"))
+    nb.cells[0].metadata["nbgrader"] = {"grade_id": "setup", "locked": True, "grade": False, "solution": False}
+    nb, _ = ClearOutput().preprocess(CollectQuizAnswers().preprocess(nb, {})[0], {})
+    nb, _ = SkipAddedCells().preprocess(nb, {})
+    assert [c.cell_type for c in nb.cells] == ["code", "raw", "raw", "markdown", "code"]
+    assert "os.remove" in nb.cells[1].source and "outputs" not in nb.cells[1]
+    nbformat.validate(nb)
+
+
 def test_notebooks_that_are_not_mpkit_assignments_are_left_alone():
-    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers
+    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers, SkipAddedCells
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])
     before = json.loads(json.dumps(nb))
     nb = ScoreQuizAnswers().preprocess(CollectQuizAnswers().preprocess(nb, {})[0], {})[0]
+    nb = SkipAddedCells().preprocess(nb, {})[0]
     assert json.loads(json.dumps(nb)) == before
 
 
@@ -225,7 +250,7 @@ def test_configure_inserts_around_nbgraders_own_steps_once():
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, Execute, OverwriteCells, SaveAutoGrades
     from traitlets.config import Config
 
-    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers, configure
+    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers, SkipAddedCells, configure
 
     c = Config()
     configure(c)
@@ -234,10 +259,11 @@ def test_configure_inserts_around_nbgraders_own_steps_once():
     assert sanitize.count(CollectQuizAnswers) == 1 and autograde.count(ScoreQuizAnswers) == 1
     assert sanitize.index(CollectQuizAnswers) < sanitize.index(ClearOutput) < sanitize.index(OverwriteCells)
     assert autograde.index(Execute) + 1 == autograde.index(ScoreQuizAnswers) < autograde.index(SaveAutoGrades)
+    assert autograde.index(SkipAddedCells) + 1 == autograde.index(Execute) and autograde.count(SkipAddedCells) == 1
     custom = Config()
     custom.Autograde.autograde_preprocessors = [Execute, SaveAutoGrades]
     custom.Autograde.sanitize_preprocessors.append(OverwriteCells)           # a lazy edit is kept too
     configure(custom)
-    assert custom.Autograde.autograde_preprocessors == [Execute, ScoreQuizAnswers, SaveAutoGrades]
+    assert custom.Autograde.autograde_preprocessors == [SkipAddedCells, Execute, ScoreQuizAnswers, SaveAutoGrades]
     assert custom.Autograde.sanitize_preprocessors[0] is CollectQuizAnswers
     assert custom.Autograde.sanitize_preprocessors[-2:] == [CheckCellMetadata, OverwriteCells]

@@ -90,6 +90,8 @@ BAD_INPUTS = {
     "key written twice": (MP, "    answer: O\n", "    answer: O\n    answer: X\n", (7, "mp-001"),
                           "key 'answer' appears twice (first on line 6)"),
     "bad id": (MP, "id: mp-003", "id: mp 003", (19, "(item 3)"), "id must be text of letters"),
+    "pitfall a list": (MP, "pitfall: split-criterion", "pitfall: [split-criterion]", (23, "mp-003"),
+                       "pitfall must be one tag from pitfalls.yaml"),
 }
 
 
@@ -143,6 +145,15 @@ def test_balance_warning_and_report(bank_dir):
     assert load_bank(bank_dir).items["mp-002"].corrected is None
 
 
+def test_report_of_a_topic_whose_every_item_has_errors(bank_dir):
+    path = bank_dir / "pipeline.yaml"
+    path.write_text(path.read_text(encoding="utf-8").replace("    answer: ", "    answer: maybe-"),
+                    encoding="utf-8")
+    report = lint(bank_dir)
+    assert report.balance["pipeline"] == (0, 0) and not report.ok
+    assert "pipeline             0    0    0        -" in report.format()
+
+
 def test_bank_dir_resolution(monkeypatch, tmp_path):
     monkeypatch.delenv("MPKIT_QUIZ_DIR", raising=False)
     assert resolve_bank_dir() == REPO_BANK
@@ -153,6 +164,13 @@ def test_bank_dir_resolution(monkeypatch, tmp_path):
         load_bank(tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match="no topic files"):
         load_bank(tmp_path)
+
+
+def test_a_file_given_as_the_bank_folder_is_called_a_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"pitfalls.yaml is a file, not a folder; give the folder"):
+        load_bank(GOOD / "pitfalls.yaml")
+    with pytest.raises(FileNotFoundError, match=r"nowhere does not exist; give the folder"):
+        lint(tmp_path / "nowhere")
 
 
 @pytest.mark.skipif(not any(REPO_BANK.glob("*.yaml")), reason="the real item bank has not landed yet")

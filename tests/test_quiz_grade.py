@@ -121,6 +121,26 @@ def test_csv_cells_never_become_spreadsheet_formulas(tmp_path, name):
     assert list(summary(out)) == [f"'{name}"]
 
 
+def test_outputs_never_write_through_a_link_or_into_a_fifo(tmp_path, capsys):
+    folder = tmp_path / "collected"
+    answer(folder, "kim", {"mp-001": "O"})
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me", encoding="utf-8")
+    (folder / "grades.summary.csv").symlink_to(precious)     # planted among the collected files
+    assert run("grade", "--bank", GOOD, "--items", MP, folder, "--out", folder / "grades.csv") == 2
+    assert "grades.summary.csv is a symbolic link; give the name of a new or regular file" in capsys.readouterr().err
+    assert precious.read_text(encoding="utf-8") == "keep me"
+    os.mkfifo(tmp_path / "fifo.csv")
+    assert run("grade", "--bank", GOOD, "--items", MP, folder, "--out", tmp_path / "fifo.csv") == 2
+    assert "fifo.csv is not a regular file" in capsys.readouterr().err
+    (tmp_path / "s.key.md").symlink_to(precious)
+    assert run("sheet", "--bank", GOOD, "--items", MP, "--out", tmp_path / "s.md") == 2
+    assert "s.key.md is a symbolic link" in capsys.readouterr().err and precious.read_text(encoding="utf-8") == "keep me"
+    (tmp_path / "hw.ipynb").symlink_to(precious)
+    assert run("assign", "--bank", GOOD, "--items", MP, "--out", tmp_path / "hw.ipynb") == 2
+    assert precious.read_text(encoding="utf-8") == "keep me"
+
+
 def test_the_first_answer_counts_and_retakes_are_reported(tmp_path):
     folder = tmp_path / "collected"
     answer(folder, "park", {"mp-001": "X", "mp-002": "X", "mp-003": None})     # submitted: key shown

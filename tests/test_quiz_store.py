@@ -158,7 +158,9 @@ def test_failed_write_leaves_the_old_file_intact(tmp_path, monkeypatch):
     (json.dumps({"format": FORMAT, "version": 99, "student": "kim", "items": {}}), "version 99"),
     (json.dumps({"format": FORMAT, "version": 1, "student": "kim", "items": {"pp-001": {"answer": "Y"}}}),
      "item 'pp-001' needs answer O/X"),
-], ids=["broken", "deep", "foreign", "version", "bad-answer"])
+    (json.dumps({"format": FORMAT, "version": 2, "student": "kim", "items": {"pp-001": {
+        "answer": "O", "box": 1, "at": "x", "history": [{"answer": "O", "at": 5}]}}}), "item 'pp-001' needs answer O/X"),
+], ids=["broken", "deep", "foreign", "version", "bad-answer", "time-not-text"])
 def test_corrupt_or_foreign_file_is_moved_aside_not_overwritten(tmp_path, content, reason):
     (tmp_path / "kim.json").write_text(content, encoding="utf-8")
     with pytest.warns(UserWarning, match=reason) as caught:
@@ -332,6 +334,17 @@ def test_an_unreadable_old_file_or_folder_warns_and_the_quiz_works_on(default_fo
         FileNotFoundError("the kernel's folder was deleted"))))
     with pytest.warns(UserWarning, match="folder was deleted"):
         assert set(ResultStore().data["items"]) == {"pp-001"}
+
+
+def test_an_old_file_with_times_that_are_not_text_warns_and_the_quiz_works_on(default_folder):
+    ResultStore().record([("pp-001", "O", True)], lang="ko", mode="drill")
+    old = _first_version_file(".", "kim", [("pp-001", "X", False, "2026-11-01T09:00:00.000+00:00")])
+    data = json.loads(old.read_text(encoding="utf-8"))
+    data["items"]["pp-001"]["history"][0]["at"] = 5   # sorting by time would compare 5 with text
+    old.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.warns(UserWarning, match="not copied"):
+        store = ResultStore()
+    assert store_module.answers(store.data) == {"pp-001": ["O"]}
 
 
 def test_a_legacy_folder_linked_to_the_data_folder_is_this_file(default_folder, monkeypatch):

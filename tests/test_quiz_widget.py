@@ -65,6 +65,20 @@ def test_drill_click_gives_text_feedback_and_records(make):
     assert (saved["mp-001"]["answer"], saved["mp-001"]["box"]) == ("X", 1)
 
 
+def test_a_click_whose_answer_cannot_be_saved_says_so_in_the_widget(tmp_path):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("", encoding="utf-8")        # the results folder cannot be made: a file is there
+    for mode in ("drill", "exam"):
+        q = quiz.show("model_parallel", bank_dir=GOOD, results_dir=blocked, student="kim", mode=mode, lang="en")
+        q.views["mp-001"].buttons["O"].click()
+        if mode == "exam":
+            q.submit_button.click()
+        assert "Your answer was not saved:" in q.notice.value and "답을 저장하지 못했습니다" in q.notice.value
+        assert not q.views["mp-001"].revealed and not q.submitted   # nothing shown as if it were saved
+        with pytest.raises(OSError):                                # the programmatic path raises as before
+            q.answer("mp-001", "O") if mode == "drill" else q.submit()
+
+
 def test_drill_item_is_answered_once(make):
     q = make()
     q.answer("mp-001", "O")

@@ -160,8 +160,9 @@ def read_bank(bank_dir=None):
     """Read everything that can be read; return ``(bank, problems)`` without raising on content."""
     bank = Bank(resolve_bank_dir(bank_dir))
     if not bank.dir.is_dir():
-        raise FileNotFoundError(f"quiz bank folder {bank.dir} does not exist; "
-                                "pass bank_dir= (or --bank) or set MPKIT_QUIZ_DIR")
+        problem = "is a file, not a folder" if bank.dir.exists() else "does not exist"
+        raise FileNotFoundError(f"quiz bank folder {bank.dir} {problem}; give the folder that holds the "
+                                "<topic>.yaml files: pass bank_dir= (or --bank) or set MPKIT_QUIZ_DIR")
     topic_files = sorted(p for p in bank.dir.glob("*.yaml") if p.name not in (PITFALLS_FILE, GLOSSARY_FILE))
     if not topic_files:
         raise FileNotFoundError(f"no topic files (<topic>.yaml) in quiz bank folder {bank.dir}")
@@ -352,7 +353,10 @@ def _read_item(raw, node, position, topic, pitfalls, rep):
     elif answer == "O" and "corrected" in raw:
         rep.warn(at("corrected"), label, "corrected is ignored for O items; remove it or check the answer")
     pitfall = raw.get("pitfall")
-    if "pitfall" in raw and pitfalls is not None and pitfall not in pitfalls:
+    if "pitfall" in raw and not isinstance(pitfall, str):
+        rep.error(at("pitfall"), label, f"pitfall must be one tag from {PITFALLS_FILE} like "
+                                        f"'confuses-dp-with-mp', got {pitfall!r}")
+    elif "pitfall" in raw and pitfalls is not None and pitfall not in pitfalls:
         rep.error(at("pitfall"), label, f"unknown pitfall {pitfall!r}; define it in {PITFALLS_FILE} "
                                         f"or use one of: {', '.join(sorted(pitfalls))}")
     difficulty = raw.get("difficulty")

@@ -47,9 +47,17 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def check_output_file(path, example):
-    """ValueError unless ``path`` can be written as a file (checked before any work starts)."""
-    if Path(path).is_dir():
-        raise ValueError(f"{path} is a folder; give a file name like {Path(path) / example}")
+    """ValueError unless ``path`` can be written as a file (checked before any work starts): a new
+    name or a regular file. A link is refused (writing through it would replace the file it points
+    to, e.g. one a student put among the collected files), and so is a FIFO (writing would wait forever)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise ValueError(f"{path} is a symbolic link; give the name of a new or regular file "
+                         "(writing would replace the file the link points to)")
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give a file name like {path / example}")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path} is not a regular file (a FIFO or a device); give the name of a new or regular file")
 
 
 def neutralise(value):

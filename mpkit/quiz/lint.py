@@ -52,6 +52,9 @@ class LintReport:
         lines.append(f"O/X balance per topic (O share should be {BALANCE[0]:.0%}-{BALANCE[1]:.0%}):")
         lines.append(f"  {'topic':<16} {'items':>5} {'O':>4} {'X':>4} {'O share':>8}")
         for topic, (o, x) in self.balance.items():
+            if not o + x:  # every item of the topic has errors (listed above)
+                lines.append(f"  {topic:<16} {0:>5} {0:>4} {0:>4} {'-':>8}")
+                continue
             flag = "" if _balanced(o, x) else "  <- unbalanced"
             lines.append(f"  {topic:<16} {o + x:>5} {o:>4} {x:>4} {o / (o + x):>8.0%}{flag}")
         lines.append(f"{len(self.errors)} errors, {len(self.warnings)} warnings in {self.bank_dir}")

@@ -12,6 +12,10 @@ The answers live in the hand-in cell's output, which ``ClearOutput`` would erase
 * :class:`CollectQuizAnswers`, first in the sanitize pass: copies the answer sheet of the
   submitted hand-in cell into the notebook's metadata (under ``mpkit_quiz``; anything a student
   put there is replaced), where it survives to the second pass;
+* :class:`SkipAddedCells`, right before ``Execute``: turns every code cell that is not one of the
+  assignment's own (after ``OverwriteCells`` those are exactly the cells with a ``grade_id``, their
+  source restored from nbgrader's database) into a raw cell, so a cell the student added is kept
+  for the instructor to read but never run in the grader's kernel (the quiz needs no student code);
 * :class:`ScoreQuizAnswers`, right after ``Execute``: reads the key from the restored hand-in
   cell with :func:`ast.literal_eval` (nothing a student wrote is executed by it), marks the sheet
   with :mod:`mpkit.quiz.marking` (first answers count) and makes the cell's output the per-item
@@ -27,12 +31,13 @@ config serves every assignment. In ``nbgrader_config.py``::
 import ast
 
 import nbformat
+from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.converters import Autograde
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 
 from mpkit.i18n import LANGS, t
 from mpkit.quiz.assignment import KEY_NAME
-from mpkit.quiz.handin import AnswerSheetError, hand_in_cell, marked_html, sheet_in_cell
+from mpkit.quiz.handin import HAND_IN_ID, AnswerSheetError, hand_in_cell, marked_html, sheet_in_cell
 from mpkit.quiz.marking import mark
 from mpkit.quiz.store import ANSWERS
 
@@ -56,6 +61,36 @@ class CollectQuizAnswers(NbGraderPreprocessor):
             self.log.warning("mpkit quiz: %s", problem)
         nb.metadata[STASH] = {"sheet": sheet, "problem": problem}
         return nb, resources
+
+
+class SkipAddedCells(NbGraderPreprocessor):
+    """Autograde pass, before ``Execute``: code cells the student added become raw cells (not run)."""
+
+    def preprocess(self, nb, resources):
+        if not _is_quiz_assignment(nb, resources):
+            return nb, resources
+        for cell in nb.cells:
+            meta = cell.get("metadata")
+            nbgrader = meta.get("nbgrader") if isinstance(meta, dict) else None
+            if cell.cell_type == "code" and not (isinstance(nbgrader, dict) and nbgrader.get("grade_id")):
+                cell.cell_type = "raw"
+                cell.pop("outputs", None)
+                cell.pop("execution_count", None)
+        return nb, resources
+
+
+def _is_quiz_assignment(nb, resources):
+    """Whether the assignment has an mpkit hand-in cell: asked of nbgrader's database when there is
+    one (a student who deleted the cell from the notebook does not change the answer), else of ``nb``."""
+    where = resources.get("nbgrader") if isinstance(resources, dict) else None
+    if not where or "db_url" not in where:
+        return hand_in_cell(nb, "the notebook") is not None
+    with Gradebook(where["db_url"]) as gradebook:
+        try:
+            gradebook.find_source_cell(HAND_IN_ID, where["notebook"], where["assignment"])
+        except MissingEntry:
+            return False
+    return True
 
 
 class ScoreQuizAnswers(NbGraderPreprocessor):
@@ -98,8 +133,9 @@ def read_key(source):
 
 
 def configure(c):
-    """Add :class:`CollectQuizAnswers` and :class:`ScoreQuizAnswers` to nbgrader's autograde
-    preprocessors in config ``c`` (idempotent; keeps lists the course already customised)."""
+    """Add :class:`CollectQuizAnswers`, :class:`SkipAddedCells` and :class:`ScoreQuizAnswers` to
+    nbgrader's autograde preprocessors in config ``c`` (idempotent; keeps lists the course already
+    customised)."""
     def current(name):
         default = list(Autograde.class_traits()[name].default())
         value = c.Autograde.get(name)
@@ -108,10 +144,10 @@ def configure(c):
         return list(value) if isinstance(value, list) else default
 
     sanitize = [p for p in current("sanitize_preprocessors") if p is not CollectQuizAnswers]
-    autograde = [p for p in current("autograde_preprocessors") if p is not ScoreQuizAnswers]
+    autograde = [p for p in current("autograde_preprocessors") if p not in (SkipAddedCells, ScoreQuizAnswers)]
     run = next((i for i, p in enumerate(autograde) if isinstance(p, type) and issubclass(p, Execute)), None)
     if run is None:
         raise ValueError("Autograde.autograde_preprocessors has no Execute step to score after")
-    autograde.insert(run + 1, ScoreQuizAnswers)
+    autograde[run:run + 1] = [SkipAddedCells, autograde[run], ScoreQuizAnswers]
     c.Autograde.sanitize_preprocessors = [CollectQuizAnswers, *sanitize]
     c.Autograde.autograde_preprocessors = autograde

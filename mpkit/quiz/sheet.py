@@ -26,6 +26,7 @@ def write_sheet(items, bank, out, lang="ko"):
     """Write the question sheet to ``out`` (.html or .md) and the key beside it; return both paths."""
     out = Path(out)
     check_output_file(out, "sheet.html")
+    check_output_file(key_path(out), "sheet.key.html")
     if out.suffix not in FORMATS:
         raise ValueError(f"--out must end in .html or .md, got {out.name!r}")
     topics = {item.topic for item in items}

@@ -142,9 +142,10 @@ def check_results(data, where):
         if (not isinstance(entry, dict) or entry.get("answer") not in (*ANSWERS, None)
                 or entry.get("box") not in range(1, BOXES + 1) or not isinstance(entry.get("at"), str)
                 or not isinstance(entry.get("history"), list)
-                or not all(isinstance(e, dict) and e.get("answer") in (*ANSWERS, None) for e in entry["history"])):
+                or not all(isinstance(e, dict) and e.get("answer") in (*ANSWERS, None)
+                           and isinstance(e.get("at", ""), str) for e in entry["history"])):
             raise ResultsFileError(f"{where}: item {item_id!r} needs answer O/X, box 1-{BOXES}, "
-                                   "an \"at\" time and a history list of answers")
+                                   "an \"at\" time and a history list of answers, each with its \"at\" time as text")
     return data
 
 

@@ -103,7 +103,7 @@ class Quiz:
         if mode == "exam":
             self.submit_button = W.Button(icon="check")
             self.submit_button.add_class("mpkit-quiz-submit")
-            self.submit_button.on_click(lambda _button: self.submitted or self._submit())
+            self.submit_button.on_click(lambda _button: self.submitted or self._clicked(self._submit))
             children.append(self.submit_button)
         self.widget = W.VBox([*children, self.score_html, self.summary, self.notice])
         self.widget.add_class("mpkit-quiz")
@@ -173,7 +173,16 @@ class Quiz:
             self.set_lang(change["new"])
 
     def _on_click(self, item_id, choice):
-        self._accept(item_id, choice)  # a click on a locked item is simply ignored
+        self._clicked(self._accept, item_id, choice)  # a click on a locked item is simply ignored
+
+    def _clicked(self, action, *args):
+        """Run a click's action; an answer that could not be saved (a full disk, a folder that cannot be
+        written) is said in the widget, since nobody sees what a click's callback raises."""
+        try:
+            action(*args)
+        except (OSError, ValueError) as exc:
+            error = html.escape(str(exc))
+            self.notice.value = "<br>".join(f"<b>{t('not_saved', lang, error=error)}</b>" for lang in LANGS)
 
     def _accept(self, item_id, choice):
         """Take the answer, or return why not (the buttons are disabled in those cases)."""
