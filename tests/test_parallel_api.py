@@ -631,3 +631,42 @@ def test_sharded_optimizer_averaging_itself_names_a_parameter_without_gradient()
 def test_needs_a_process_group():
     with pytest.raises(RuntimeError, match="needs a process group"):
         DataParallel(nn.Linear(2, 2))
+
+
+def batch_norm_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _batch_norm_rank(ctx, ours, broadcast_buffers):
+    model = batch_norm_net()
+    if ctx.rank == 1:  # another replica's statistics, which a buffer broadcast must overwrite
+        model[1].running_mean.fill_(5.0)
+    wrap = (DataParallel(model, broadcast_buffers=broadcast_buffers) if ours
+            else DistributedDataParallel(model, broadcast_buffers=broadcast_buffers))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x, y = regression_batch(step)
+        if ctx.rank == 1:
+            model[1].running_var.fill_(3.0)  # drifts between steps: only a per-forward broadcast undoes it
+        F.cross_entropy(wrap(shard(x, ctx.rank, 2)), shard(y % 4, ctx.rank, 2)).backward()
+        if ours:
+            wrap.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad()
+    return state(model)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("broadcast_buffers", [True, False])
+def test_data_parallel_syncs_batch_norm_statistics_as_ddp_does(broadcast_buffers):
+    # DDP (broadcast_buffers=True) copies rank 0's buffers into every replica before each training
+    # forward; each rank then updates them from its own slice. Same ops in the same order on each
+    # rank, so ours must equal DDP's rank by rank up to the gradient sum's order (ATOL).
+    theirs = mpkit.launch(_batch_norm_rank, 2, args=(False, broadcast_buffers), timeout=100)
+    ours = mpkit.launch(_batch_norm_rank, 2, args=(True, broadcast_buffers), timeout=100)
+    for mine, ddp in zip(ours, theirs):
+        assert mine.keys() == ddp.keys()
+        assert all((mine[k].float() - ddp[k].float()).abs().max().item() <= ATOL for k in mine)
+    # and the broadcast matters: rank 1's drifted variance survives only without it
+    assert (ours[1]["1.running_var"] > 2.0).all() != broadcast_buffers

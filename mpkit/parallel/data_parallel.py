@@ -5,7 +5,8 @@ would take on the whole batch.
 The mechanics, in order:
 
 1. at construction every parameter and buffer is broadcast from the group's first rank, so the
-   replicas start identical whatever each rank's seed did;
+   replicas start identical whatever each rank's seed did (buffers too are broadcast again before
+   each training forward, and not at all with ``broadcast_buffers=False``, as in DDP);
 2. each rank runs forward/backward on its slice;
 3. gradients are all-reduced and divided by the group size, packed in flat *buckets* of at most
    ``bucket_mb`` MiB (fewer, larger messages: latency is paid per message; DDP's
@@ -137,11 +138,13 @@ def check_same_model(module: nn.Module, group, what: str) -> None:
                              f"same model on every rank (same sizes, same seed)")
 
 
-def broadcast_module(module: nn.Module, group=None) -> None:
-    """Every parameter and buffer of ``module`` from the group's first rank (replicas start equal)."""
+def broadcast_module(module: nn.Module, group=None, parameters: bool = True, buffers: bool = True) -> None:
+    """Every parameter and buffer of ``module`` from the group's first rank (replicas start equal);
+    ``parameters=False``: just the buffers (BatchNorm's running statistics, before a training forward)."""
     comm, src = active.comm(), group_ranks(group)[2]
+    named = [*(module.named_parameters() if parameters else ()), *(module.named_buffers() if buffers else ())]
     with torch.no_grad():
-        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        for name, tensor in named:
             comm.broadcast(tensor.data, src=src, group=group, name=name)
 
 
@@ -171,10 +174,18 @@ class DataParallel(nn.Module):
 
     Inside ``mpkit.launch`` every all-reduce is a traced event (bucket sizes, overlap with the
     backward in the timeline); in any other process group it just runs.
+
+    ``broadcast_buffers`` (DDP's, default True): before each training forward the buffers
+    (BatchNorm's running statistics) come from the group's first rank, so every replica
+    normalises with the same statistics at eval time; each rank still normalises a training
+    batch with its own slice's statistics, as in DDP (``nn.SyncBatchNorm`` computes them over
+    the whole batch). ``False`` leaves buffers rank-local, at construction too (DDP's, torch 2.13).
+    A model without buffers sends nothing.
     """
 
     def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True, group=None,
-                 find_unused_parameters: bool = False, first_bucket_mb: float = FIRST_BUCKET_MB):
+                 find_unused_parameters: bool = False, first_bucket_mb: float = FIRST_BUCKET_MB,
+                 broadcast_buffers: bool = True):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"DataParallel wraps an nn.Module; got {type(module).__name__}")
@@ -188,11 +199,13 @@ class DataParallel(nn.Module):
         self.overlap = overlap
         self.group = group
         self.find_unused_parameters = bool(find_unused_parameters)
+        self.broadcast_buffers = bool(broadcast_buffers) and any(True for _ in module.buffers())
+        self._buffers_due = True  # DDP's require_forward_param_sync: set by the previous forward
         self.world_size = dist.get_world_size(group)
         params = trainable_parameters(module, "DataParallel")
         names = {p: n for n, p in module.named_parameters() if p.requires_grad}
         check_same_model(module, group, "DataParallel")
-        broadcast_module(module, group)
+        broadcast_module(module, group, buffers=self.broadcast_buffers)
         self.buckets = [_Bucket(i, ps, [names[p] for p in ps])
                         for i, ps in enumerate(plan_buckets(params, *bucket_caps(self.bucket_mb, self.first_bucket_mb)))]
         self._slot = {p: (b, k) for b in self.buckets for k, p in enumerate(b.params)}
@@ -205,6 +218,10 @@ class DataParallel(nn.Module):
         if self._awaiting_finish:
             raise RuntimeError("the last backward's gradients were never synchronised: call "
                                "finish_gradient_synchronization() after backward, before optimizer.step()")
+        if self.broadcast_buffers and self._buffers_due:
+            broadcast_module(self.module, self.group, parameters=False)
+        # as DDP: the next forward syncs buffers if this one is a synchronising training forward
+        self._buffers_due = torch.is_grad_enabled() and self._sync
         return self.module(*args, **kwargs)
 
     def _name(self, p) -> str:
