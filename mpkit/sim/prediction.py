@@ -38,6 +38,7 @@ from mpkit.strategies import get_strategy, make_config
 # cluster-scale layouts in closed form instead.
 MAX_RANKS = 1024
 MAX_STAGES = 64
+MAX_LAYERS = 128  # profiled one by one: ~0.01 s per mlp layer, ~0.06 s per gpt block (layers=10**4: minutes)
 
 
 class Prediction:
@@ -129,6 +130,10 @@ def _config(strategy, world_size, model, batch_size, options):
     if not cfg.model.builtin:
         raise ValueError("the cost model profiles the built-in models (model='mlp' or 'gpt' with their sizes); "
                          "it cannot count the operations of a model factory")
+    if cfg.model.layers > MAX_LAYERS:
+        raise ValueError(f"layers={cfg.model.layers}: predict profiles every layer (up to 0.06 s each), at most "
+                         f"{MAX_LAYERS}; for deeper models use mpkit.sim.plan(model=..., hardware=..., gpus=..., "
+                         f"global_batch=...)")
     return cfg
 
 
