@@ -187,6 +187,17 @@ def test_tp_stays_inside_a_node_when_nvlink_is_faster():
     assert "노드 안에 둡니다" in table.explain("ko")
 
 
+def test_tp_across_nodes_is_compared_under_the_same_pins():
+    """The wide-TP comparison changes only where TP runs: with gpipe and pp=8 pinned it used to
+    compare with an unpinned 1f1b layout without recomputation and claim TP across nodes faster."""
+    table = plan("gpt3-175b", "Nx8xA100-ib", gpus=1024, global_batch=1536, pp=8, tp=8, schedule="gpipe")
+    best, wide = table.best, table.across_nodes()
+    assert best.setup.schedule == "gpipe" and best.setup.recompute == "full"
+    assert (wide.setup.layout.pp, wide.setup.layout.tp, wide.setup.schedule) == (8, 16, "gpipe")
+    assert wide.step_time > best.step_time
+    assert "That is why TP stays inside a node" in table.explain("en")
+
+
 def test_pinned_knobs_are_respected():
     table = plan("gpt3-175b", "Nx8xA100-ib", gpus=1536, global_batch=2304, tp=8, pp=8, recompute="full", zero=0,
                  flash=False, sequence_parallel=False, overlap_dp=False)

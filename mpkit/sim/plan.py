@@ -148,13 +148,18 @@ class LayoutTable:
         return t("plan_link_" + where, lang)
 
     def across_nodes(self) -> Estimate | None:
-        """The best layout whose TP groups span two or more nodes (None where none can exist)."""
+        """The best layout whose TP groups span two or more nodes (None where none can exist),
+        under the same pins as this table (schedule, virtual, zero, recompute and pp where the
+        wider TP leaves room for it): only where TP runs differs."""
         per_node = self.hardware.devices_per_node
-        wide = next((tp for tp in range(2 * per_node, self.gpus + 1, per_node) if self.gpus % tp == 0
+        pins = dict(self.software)
+        pp = pins.pop("pp", None) or 1
+        wide = next((tp for tp in range(2 * per_node, self.gpus + 1, per_node) if self.gpus % (tp * pp) == 0
                      and self.model.heads % tp == 0 and self.model.kv % tp == 0), None)
         if wide is None:
             return None
-        return plan(self.model, self.hardware, self.gpus, self.global_batch, tp=wide, **self.software).best
+        return plan(self.model, self.hardware, self.gpus, self.global_batch, tp=wide, pp=None if pp == 1 else pp,
+                    **pins).best
 
     def _explain_tp(self, best, lang, per_node):
         lay = best.setup.layout
@@ -284,7 +289,8 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     _check(model, hw, gpus, global_batch, pinned, max_micro_batch)
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp)
     table = LayoutTable(model, hw, gpus, global_batch, lang=lang, top=top,
-                        software=dict(software, zero=zero, recompute=recompute, max_micro_batch=max_micro_batch))
+                        software=dict(software, zero=zero, recompute=recompute, schedule=schedule, virtual=virtual,
+                                      pp=pp, max_micro_batch=max_micro_batch))
     per_node = hw.devices_per_node
     for setup in list(_candidates(model, gpus, global_batch, pinned, max_micro_batch, software, table.skipped,
                                   per_node)):
