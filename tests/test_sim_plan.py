@@ -237,6 +237,16 @@ def test_huge_sizes_answer_fast(gpus, batch):
     assert table.gpus == gpus and all(e.setup.layout.world_size == gpus for e in table.rows)
 
 
+def test_too_many_gpus_for_the_batch_says_so_not_add_gpus():
+    """With global_batch=1 dp is 1, and 10**6 GPUs cannot be cut into pp <= 96 and tp <= 8:
+    nothing was priced, so the advice is fewer GPUs or a larger batch (it used to say 'add GPUs')."""
+    table = plan("gpt3-175b", "Nx8xH100-ib", gpus=10**6, global_batch=1)
+    assert table.best is None and not table.dropped
+    text = table.explain("en")
+    assert "use fewer GPUs, a larger global_batch" in text and "add GPUs" not in text
+    assert "GPU를 줄이거나" in table.to_text("ko")
+
+
 # ---- the widget, headless ------------------------------------------------------------------------------
 
 def test_planner_widget_recomputes_and_keeps_the_last_good_table():

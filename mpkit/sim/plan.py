@@ -91,7 +91,9 @@ class LayoutTable:
             lines.append(t("plan_dropped", lang, n=len(self.dropped), layout=closest, why=tightest.over_memory(lang)))
         for (key, value), n in sorted(self.skipped.items()):
             lines.append(t("plan_skipped", lang, n=n, reason=t(key, lang, value=value)))
-        if not self.rows:
+        if not self.rows and not self.dropped:  # nothing to price: not memory, the sizes themselves
+            lines.append(t("plan_no_layout", lang, gpus=self.gpus, batch=self.global_batch, layers=self.model.layers))
+        elif not self.rows:
             lines.append(t("plan_nothing_fits", lang))
         return "\n".join(lines)
 
