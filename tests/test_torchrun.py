@@ -148,3 +148,55 @@ def test_torchrun_summary_holds_each_failed_ranks_traceback(tmp_path):
     assert sorted(sections) == [0, 1], summary
     assert 'raise RuntimeError("boom on rank 1")' in sections[1] and "RuntimeError: boom on rank 1" in sections[1]
     assert "Connection closed by peer" in sections[0]  # rank 0 only saw its peer go
+
+
+SLEEPER = '''
+import sys, time
+from pathlib import Path
+import mpkit
+
+def fn(ctx, out):
+    Path(out, f"rank{ctx.rank}.ready").write_text("")
+    time.sleep(120)
+
+mpkit.launch(fn, 2, args=(sys.argv[1],), timeout=120)
+'''
+
+
+@pytest.mark.timeout(90)
+def test_killing_torchrun_with_sigkill_leaves_no_rank(tmp_path):
+    """torchrun starts each rank in a session of its own and can forward nothing once it is
+    SIGKILLed: the ranks that joined through mpkit die with it (they used to sleep on, orphaned)."""
+    import signal
+    import time
+
+    from procutil import descendants, is_running
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                              str(tmp_path / "sleeper.py"), str(tmp_path)], env=env, cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ranks = set()
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"rank{r}.ready").exists() for r in range(2)):
+            assert time.monotonic() < deadline and agent.poll() is None, "the ranks never started"
+            time.sleep(0.05)
+        ranks = descendants(agent.pid)
+        assert len(ranks) >= 2, ranks
+        agent.kill()
+        agent.wait()
+        deadline = time.monotonic() + 5
+        while any(is_running(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in ranks if is_running(p)], "ranks outlived their torchrun"
+    finally:
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()

@@ -10,6 +10,7 @@ without one) and hide the wrong program.
 from __future__ import annotations
 
 import atexit
+import os
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -23,6 +24,7 @@ from mpkit.observe.memory import parse_bytes
 from mpkit.observe.trace import Trace
 from mpkit.runtime.context import make_context
 from mpkit.runtime.env import env_int
+from mpkit.runtime.lifeline import die_with_parent
 from mpkit.runtime.result import LaunchResult
 
 _CLOCK_ROUNDS = 10  # exchanges per rank; the shortest round trip is kept
@@ -99,9 +101,12 @@ def join_world(backend=None, timeout=None) -> str:
     Destroying and re-creating the group would reuse the first group's keys in torchrun's
     store (it outlives the group), and ranks then race on stale addresses; so the group lives
     until the process exits. The runtime's private group is made here too, once, by every rank.
+    A rank that torchrun's agent started dies with the agent (``lifeline.die_with_parent``).
     """
     global _runtime_group
     kwargs = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's agent started this rank in a session of its own:
+        die_with_parent(os.getppid())  # a SIGKILLed agent forwards nothing, so the kernel stops the rank
     if not dist.is_initialized():
         backend = backend or torchrun_backend(env_int("LOCAL_RANK", 0))
         dist.init_process_group(backend, init_method="env://", rank=env_int("RANK"),
