@@ -5,6 +5,7 @@ import math
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from mpkit.parallel.layout import Layout
@@ -235,6 +236,15 @@ def test_huge_sizes_answer_fast(gpus, batch):
     table = plan("gpt3-175b", "Nx8xH100-ib", gpus=gpus, global_batch=batch)
     assert time.perf_counter() - start < 10  # ~0.4 s measured; generous for a busy 2-core CI machine
     assert table.gpus == gpus and all(e.setup.layout.world_size == gpus for e in table.rows)
+
+
+def test_numpy_integers_are_whole_numbers():
+    """As everywhere else in mpkit (a sweep over np.arange): they used to be refused as
+    'gpus=np.int64(64) must be a whole number >= 1'."""
+    plain = plan("gpt3-175b", "8x8xH100-ib", gpus=64, global_batch=512, tp=8)
+    numpy = plan("gpt3-175b", "8x8xH100-ib", gpus=np.int64(64), global_batch=np.int64(512), tp=np.int64(8))
+    assert numpy.best.setup == plain.best.setup and numpy.best.step_time == plain.best.step_time
+    assert type(numpy.gpus) is int and formulas.bubble_fraction(np.int64(4), np.int64(8)) == 3 / 11
 
 
 def test_too_many_gpus_for_the_batch_says_so_not_add_gpus():

@@ -289,10 +289,14 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     pinned = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, zero=zero, recompute=recompute,
                   schedule=schedule, virtual=virtual)
     _check(model, hw, gpus, global_batch, pinned, max_micro_batch)
+    # numpy's integers (a sweep over np.arange) as Python's: plain arithmetic from here on
+    gpus, global_batch, max_micro_batch = int(gpus), int(global_batch), int(max_micro_batch)
+    pinned = {k: v if v is None or isinstance(v, str) else int(v) for k, v in pinned.items()}
+    zero = pinned["zero"]
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp)
     table = LayoutTable(model, hw, gpus, global_batch, lang=lang, top=top,
-                        software=dict(software, zero=zero, recompute=recompute, schedule=schedule, virtual=virtual,
-                                      pp=pp, max_micro_batch=max_micro_batch))
+                        software=dict(software, zero=zero, recompute=recompute, schedule=schedule,
+                                      virtual=pinned["virtual"], pp=pinned["pp"], max_micro_batch=max_micro_batch))
     per_node = hw.devices_per_node
     for setup in list(_candidates(model, gpus, global_batch, pinned, max_micro_batch, software, table.skipped,
                                   per_node)):

@@ -21,6 +21,7 @@ ranks that wait for it wait longer.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import replace
 
 from mpkit.models import describe
@@ -112,8 +113,8 @@ class Prediction:
 
 def _check_size(strategy, world_size):
     """Fail fast on worlds predict cannot play in reasonable time (before any work)."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        return  # make_config says what to pass
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
+        return  # make_config says what to pass (numpy's integers are whole numbers there too)
     if world_size > MAX_RANKS:
         raise ValueError(f"world_size={world_size} is more ranks than predict simulates one by one (at most "
                          f"{MAX_RANKS}); for cluster-scale layouts use mpkit.sim.plan(model=..., "
