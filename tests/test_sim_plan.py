@@ -247,6 +247,13 @@ def test_numpy_integers_are_whole_numbers():
     assert type(numpy.gpus) is int and formulas.bubble_fraction(np.int64(4), np.int64(8)) == 3 / 11
 
 
+def test_a_bool_zero_and_a_misspelt_model_field_are_refused_by_name():
+    with pytest.raises(ValueError, match="zero=True is unknown; use one of 0, 1, 2, 3"):
+        plan("7B", "8xH100-nvlink", gpus=8, global_batch=8, zero=True)  # was taken as ZeRO-1
+    with pytest.raises(ValueError, match=r"'hiden' not a Transformer field; use layers, hidden, heads"):
+        plan(dict(layers=2, hiden=128, heads=2), "8xH100-nvlink", gpus=8, global_batch=8)  # was a TypeError
+
+
 def test_too_many_gpus_for_the_batch_says_so_not_add_gpus():
     """With global_batch=1 dp is 1, and 10**6 GPUs cannot be cut into pp <= 96 and tp <= 8:
     nothing was priced, so the advice is fewer GPUs or a larger batch (it used to say 'add GPUs')."""

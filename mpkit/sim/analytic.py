@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property, lru_cache
 
 from mpkit.i18n import t
@@ -166,6 +166,10 @@ def transformer(model) -> Transformer:
     if isinstance(model, Transformer):
         return model
     if isinstance(model, dict):
+        unknown = sorted(set(model) - {f.name for f in fields(Transformer)})
+        if unknown:
+            raise ValueError(f"model={model!r}: {', '.join(map(repr, unknown))} not a Transformer field; use "
+                             f"{', '.join(f.name for f in fields(Transformer))}")
         return Transformer(**model)
     if isinstance(model, str) and model.lower() in MODELS:
         return MODELS[model.lower()]

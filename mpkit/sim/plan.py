@@ -38,7 +38,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def _choice(name, value, allowed):
-    if value is not None and value not in allowed:
+    if value is not None and (isinstance(value, bool) or value not in allowed):  # zero=True is not ZeRO-1
         raise ValueError(f"{name}={value!r} is unknown; use one of {', '.join(map(repr, allowed))}")
 
 
