@@ -254,6 +254,12 @@ def test_a_bool_zero_and_a_misspelt_model_field_are_refused_by_name():
         plan(dict(layers=2, hiden=128, heads=2), "8xH100-nvlink", gpus=8, global_batch=8)  # was a TypeError
 
 
+def test_tp_on_pcie_cards_is_not_called_nvlink():
+    text = plan("7B", "8xH100-pcie", gpus=8, global_batch=64, tp=8).explain("en")
+    assert "Tensor parallel tp=8 talks over the links inside one node (PCIe, no NVLink)" in text
+    assert "NVLink" in plan("7B", "8xH100-nvlink", gpus=8, global_batch=64, tp=8).explain("en")
+
+
 def test_too_many_gpus_for_the_batch_says_so_not_add_gpus():
     """With global_batch=1 dp is 1, and 10**6 GPUs cannot be cut into pp <= 96 and tp <= 8:
     nothing was priced, so the advice is fewer GPUs or a larger batch (it used to say 'add GPUs')."""

@@ -147,6 +147,8 @@ class LayoutTable:
         return next((e for e in self.rows if keep(e)), None)
 
     def _link_text(self, where, lang):
+        if where == "intra" and self.hardware.name.lower().endswith("-pcie"):  # 8xH100-pcie: cards on PCIe
+            where = "intra_pcie"
         return t("plan_link_" + where, lang)
 
     def across_nodes(self) -> Estimate | None:
