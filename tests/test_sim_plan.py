@@ -238,6 +238,18 @@ def test_huge_sizes_answer_fast(gpus, batch):
     assert table.gpus == gpus and all(e.setup.layout.world_size == gpus for e in table.rows)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("model,gpus,batch", [(1e15, 8 * 720720, 16 * 720720),
+                                              (dict(layers=10**6, hidden=128, heads=128), 8 * 720720, 8 * 720720)])
+def test_searches_too_large_to_price_in_a_second_are_refused_at_once(model, gpus, batch):
+    """Many layers (pp divisors) times many divisors of gpus: 73,000-153,000 layouts took 1.5-2.8 s."""
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="layouts to price for gpus=5765760; pin some of dp, tp, pp or micro_batch"):
+        plan(model, "Nx8xH100-ib", gpus=gpus, global_batch=batch)
+    assert time.perf_counter() - start < 1.0  # ~0.2 s measured
+    assert plan(model, "Nx8xH100-ib", gpus=gpus, global_batch=batch, tp=8, pp=4).gpus == gpus  # pinned: it answers
+
+
 def test_numpy_integers_are_whole_numbers():
     """As everywhere else in mpkit (a sweep over np.arange): they used to be refused as
     'gpus=np.int64(64) must be a whole number >= 1'."""
