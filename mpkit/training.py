@@ -13,8 +13,8 @@ from mpkit.models import describe
 from mpkit.observe.memory import CATEGORIES
 from mpkit.observe.trace import Trace
 from mpkit.runtime.context import make_context
-from mpkit.runtime.env import in_torchrun
-from mpkit.runtime.launch import launch
+from mpkit.runtime.env import env_int, in_torchrun
+from mpkit.runtime.launch import check_torchrun_world, launch
 from mpkit.runtime.result import LaunchResult
 from mpkit.strategies import get_strategy, make_config
 
@@ -158,11 +158,13 @@ def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, de
           memory=True, **kwargs) -> Run | None:
     """Run ``strategy`` for ``steps`` optimizer steps on ``world_size`` ranks; see README for options.
 
-    ``world_size`` defaults to 1 for ``single`` and 4 otherwise. Under torchrun every rank calls
-    this; rank 0 gets the Run and the other ranks ``None``.
+    ``world_size`` defaults to 1 for ``single`` and 4 otherwise (under torchrun: its WORLD_SIZE).
+    Under torchrun every rank calls this; rank 0 gets the Run and the other ranks ``None``.
     """
     if world_size is None:
-        world_size = 1 if strategy == "single" else 4
+        world_size = 1 if strategy == "single" else (env_int("WORLD_SIZE") if in_torchrun() else 4)
+    elif in_torchrun() and isinstance(world_size, int) and not isinstance(world_size, bool):
+        check_torchrun_world(world_size)
     cfg = make_config(strategy, world_size, **kwargs)
     result = launch(get_strategy(strategy).run_rank, world_size=cfg.world_size, args=(cfg,), timeout=timeout, backend=backend,
                     device_memory=device_memory, trace=trace, memory=memory)

@@ -133,15 +133,28 @@ def test_parse_option_reads_literals_else_strings():
 
 
 @pytest.mark.timeout(120)
-def test_run_under_torchrun_reports_once_from_rank_0():
+@pytest.mark.parametrize("world", [["--world-size", "2"], []], ids=["given", "torchrun's"])
+def test_run_under_torchrun_reports_once_from_rank_0(world):
+    """Without --world-size the run takes torchrun's WORLD_SIZE (it used to ask for 4 ranks and fail)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "mpkit", "run", "--strategy", "dp", "--world-size", "2", "--steps", "3", "--compare"]
+           "-m", "mpkit", "run", "--strategy", "dp", *world, "--steps", "3", "--compare"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110)
     assert out.returncode == 0, out.stderr
     lines = PARITY.findall(out.stdout)
     assert len(lines) == 1, out.stdout
     assert all(float(x) <= ATOL for x in lines[0])
     assert out.stdout.count("dp on 2 rank(s)") == 1
+
+
+def test_a_world_size_that_is_not_torchruns_is_named_before_the_batch(monkeypatch):
+    """Under torchrun a wrong world size is the error, not the batch it does not divide (no
+    batch_size fixes it); the check comes before any process group is joined."""
+    import mpkit
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"world_size=3\) inside a torchrun world of WORLD_SIZE=2: pass world_size=2"):
+        mpkit.train("dp", 3)  # 3 does not divide batch_size=32 either
 
 
 @pytest.mark.timeout(120)

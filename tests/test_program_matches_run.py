@@ -56,3 +56,19 @@ def test_predicted_and_measured_events_agree(strategy, world_size, options):
         assert measured[1] == predicted[1], f"rank {rank}: collectives"
         assert measured[2] == predicted[2], f"rank {rank}: messages per channel"
         assert measured[0], "a step with no compute"
+
+
+@pytest.mark.timeout(120)
+def test_3d_stage_that_starts_at_a_row_parallel_layer():
+    """A pipeline stage of the mlp whose first layer is row-parallel receives the column-parallel
+    layer's slice (hidden/tp features): the cost model prices that message, as the run sends it
+    (it used to profile the stage on the full width and crash in the matmul)."""
+    options = {"dp": 1, "tp": 2, "pp": 2, "layers": 3}  # stages: layer 0 (column) | layers 1 (row), 2
+    run = mpkit.train("3d", 4, steps=2, **options)
+    prediction = predict("3d", hardware=MACHINE, world_size=4, **options)
+
+    def sends(events, step):
+        return sorted((e.rank, e.micro_batch, e.bytes) for e in events if e.kind == "send" and e.step == step)
+
+    assert sends(prediction.trace.events, 0) == sends(run.trace.events, 1)
+    assert {b for _, _, b in sends(run.trace.events, 1)} == {32 // 2 * 64 // 2 * 4}  # micro-batch x hidden/tp, fp32

@@ -3,10 +3,11 @@ worlds beyond a machine refused with the presets named), worlds too large to sim
 once, and a prediction that does not fit in device memory says so."""
 import time
 
+import numpy as np
 import pytest
 
 from mpkit.sim import GPU_PRESETS, get_hardware, predict
-from mpkit.sim.prediction import MAX_RANKS, MAX_STAGES
+from mpkit.sim.prediction import MAX_LAYERS, MAX_RANKS, MAX_STAGES
 
 
 @pytest.mark.parametrize("name,nodes,memory,inter_gb_s", [
@@ -49,8 +50,15 @@ def test_a_world_beyond_one_node_needs_a_multi_node_preset():
     (dict(strategy="dp", world_size=10**6, batch_size=10**6), f"at most {MAX_RANKS}"),
     (dict(strategy="dp", world_size=MAX_RANKS + 1, batch_size=2 * (MAX_RANKS + 1)), "mpkit.sim.plan"),
     (dict(strategy="pp", world_size=MAX_STAGES * 2, layers=MAX_STAGES * 2), f"at most {MAX_STAGES}"),
+    (dict(strategy="dp", world_size=8, layers=10**4), f"at most {MAX_LAYERS}"),  # used to profile for 90 s
+    (dict(strategy="single", model="gpt", layers=10**6), "mpkit.sim.plan"),
 ])
 def test_worlds_too_large_to_play_fail_at_once(kwargs, match):
+    if kwargs.get("world_size", 0) > MAX_RANKS:  # numpy's integers too (they skipped the check and ran on)
+        start = time.perf_counter()
+        with pytest.raises(ValueError, match=match):
+            predict(hardware="Nx8xH100-ib", **{**kwargs, "world_size": np.int64(kwargs["world_size"])})
+        assert time.perf_counter() - start < 5
     start = time.perf_counter()
     with pytest.raises(ValueError, match=match):
         predict(hardware="Nx8xH100-ib", **kwargs)

@@ -5,6 +5,7 @@ import math
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from mpkit.parallel.layout import Layout
@@ -187,6 +188,17 @@ def test_tp_stays_inside_a_node_when_nvlink_is_faster():
     assert "노드 안에 둡니다" in table.explain("ko")
 
 
+def test_tp_across_nodes_is_compared_under_the_same_pins():
+    """The wide-TP comparison changes only where TP runs: with gpipe and pp=8 pinned it used to
+    compare with an unpinned 1f1b layout without recomputation and claim TP across nodes faster."""
+    table = plan("gpt3-175b", "Nx8xA100-ib", gpus=1024, global_batch=1536, pp=8, tp=8, schedule="gpipe")
+    best, wide = table.best, table.across_nodes()
+    assert best.setup.schedule == "gpipe" and best.setup.recompute == "full"
+    assert (wide.setup.layout.pp, wide.setup.layout.tp, wide.setup.schedule) == (8, 16, "gpipe")
+    assert wide.step_time > best.step_time
+    assert "That is why TP stays inside a node" in table.explain("en")
+
+
 def test_pinned_knobs_are_respected():
     table = plan("gpt3-175b", "Nx8xA100-ib", gpus=1536, global_batch=2304, tp=8, pp=8, recompute="full", zero=0,
                  flash=False, sequence_parallel=False, overlap_dp=False)
@@ -224,6 +236,50 @@ def test_huge_sizes_answer_fast(gpus, batch):
     table = plan("gpt3-175b", "Nx8xH100-ib", gpus=gpus, global_batch=batch)
     assert time.perf_counter() - start < 10  # ~0.4 s measured; generous for a busy 2-core CI machine
     assert table.gpus == gpus and all(e.setup.layout.world_size == gpus for e in table.rows)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("model,gpus,batch", [(1e15, 8 * 720720, 16 * 720720),
+                                              (dict(layers=10**6, hidden=128, heads=128), 8 * 720720, 8 * 720720)])
+def test_searches_too_large_to_price_in_a_second_are_refused_at_once(model, gpus, batch):
+    """Many layers (pp divisors) times many divisors of gpus: 73,000-153,000 layouts took 1.5-2.8 s."""
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="layouts to price for gpus=5765760; pin some of dp, tp, pp or micro_batch"):
+        plan(model, "Nx8xH100-ib", gpus=gpus, global_batch=batch)
+    assert time.perf_counter() - start < 1.0  # ~0.2 s measured
+    assert plan(model, "Nx8xH100-ib", gpus=gpus, global_batch=batch, tp=8, pp=4).gpus == gpus  # pinned: it answers
+
+
+def test_numpy_integers_are_whole_numbers():
+    """As everywhere else in mpkit (a sweep over np.arange): they used to be refused as
+    'gpus=np.int64(64) must be a whole number >= 1'."""
+    plain = plan("gpt3-175b", "8x8xH100-ib", gpus=64, global_batch=512, tp=8)
+    numpy = plan("gpt3-175b", "8x8xH100-ib", gpus=np.int64(64), global_batch=np.int64(512), tp=np.int64(8))
+    assert numpy.best.setup == plain.best.setup and numpy.best.step_time == plain.best.step_time
+    assert type(numpy.gpus) is int and formulas.bubble_fraction(np.int64(4), np.int64(8)) == 3 / 11
+
+
+def test_a_bool_zero_and_a_misspelt_model_field_are_refused_by_name():
+    with pytest.raises(ValueError, match="zero=True is unknown; use one of 0, 1, 2, 3"):
+        plan("7B", "8xH100-nvlink", gpus=8, global_batch=8, zero=True)  # was taken as ZeRO-1
+    with pytest.raises(ValueError, match=r"'hiden' not a Transformer field; use layers, hidden, heads"):
+        plan(dict(layers=2, hiden=128, heads=2), "8xH100-nvlink", gpus=8, global_batch=8)  # was a TypeError
+
+
+def test_tp_on_pcie_cards_is_not_called_nvlink():
+    text = plan("7B", "8xH100-pcie", gpus=8, global_batch=64, tp=8).explain("en")
+    assert "Tensor parallel tp=8 talks over the links inside one node (PCIe, no NVLink)" in text
+    assert "NVLink" in plan("7B", "8xH100-nvlink", gpus=8, global_batch=64, tp=8).explain("en")
+
+
+def test_too_many_gpus_for_the_batch_says_so_not_add_gpus():
+    """With global_batch=1 dp is 1, and 10**6 GPUs cannot be cut into pp <= 96 and tp <= 8:
+    nothing was priced, so the advice is fewer GPUs or a larger batch (it used to say 'add GPUs')."""
+    table = plan("gpt3-175b", "Nx8xH100-ib", gpus=10**6, global_batch=1)
+    assert table.best is None and not table.dropped
+    text = table.explain("en")
+    assert "use fewer GPUs, a larger global_batch" in text and "add GPUs" not in text
+    assert "GPU를 줄이거나" in table.to_text("ko")
 
 
 # ---- the widget, headless ------------------------------------------------------------------------------

@@ -114,3 +114,89 @@ def test_clock_offset_finds_a_known_shift_with_its_sign(shift):
     (zero, zero_error), (offset, error) = mpkit.launch(_estimate_known_offset, 2, args=(shift,), timeout=30)
     assert (zero, zero_error) == (0.0, 0.0)
     assert 0.0 < error < 1.0 and abs(offset - shift) <= error, (offset, error)
+
+
+FAILING = '''
+import mpkit, torch
+
+def fn(ctx):
+    t = torch.ones(1)
+    ctx.comm.all_reduce(t)
+    if ctx.rank == 1:
+        raise RuntimeError("boom on rank 1")
+    ctx.comm.all_reduce(t)  # rank 0 then fails too: its peer closed the connection
+
+mpkit.launch(fn, 2, timeout=30)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_summary_holds_each_failed_ranks_traceback(tmp_path):
+    """torchrun's closing summary lists each failed rank with its exception and traceback (mpkit
+    writes torchrun's error file for it, as @record would), not 'To enable traceback see ...'.
+    Which rank it calls the root cause is torchrun's pick: error files carry whole seconds, so a
+    peer that failed in the same second may be named; the raiser is listed under its own rank."""
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           str(script)], capture_output=True, text=True, timeout=100, env=env, cwd=tmp_path)
+    assert proc.returncode != 0
+    summary = proc.stderr.split("failing.py FAILED")[-1]
+    assert "To enable traceback" not in summary, proc.stderr[-3000:]
+    sections = {int(part.split("(local_rank")[0]): part for part in summary.split("rank      : ")[1:]}
+    assert sorted(sections) == [0, 1], summary
+    assert 'raise RuntimeError("boom on rank 1")' in sections[1] and "RuntimeError: boom on rank 1" in sections[1]
+    assert "Connection closed by peer" in sections[0]  # rank 0 only saw its peer go
+
+
+SLEEPER = '''
+import sys, time
+from pathlib import Path
+import mpkit
+
+def fn(ctx, out):
+    Path(out, f"rank{ctx.rank}.ready").write_text("")
+    time.sleep(120)
+
+mpkit.launch(fn, 2, args=(sys.argv[1],), timeout=120)
+'''
+
+
+@pytest.mark.timeout(90)
+def test_killing_torchrun_with_sigkill_leaves_no_rank(tmp_path):
+    """torchrun starts each rank in a session of its own and can forward nothing once it is
+    SIGKILLed: the ranks that joined through mpkit die with it (they used to sleep on, orphaned)."""
+    import signal
+    import time
+
+    from procutil import descendants, is_running
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                              str(tmp_path / "sleeper.py"), str(tmp_path)], env=env, cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ranks = set()
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"rank{r}.ready").exists() for r in range(2)):
+            assert time.monotonic() < deadline and agent.poll() is None, "the ranks never started"
+            time.sleep(0.05)
+        ranks = descendants(agent.pid)
+        assert len(ranks) >= 2, ranks
+        agent.kill()
+        agent.wait()
+        deadline = time.monotonic() + 5
+        while any(is_running(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in ranks if is_running(p)], "ranks outlived their torchrun"
+    finally:
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()

@@ -27,7 +27,7 @@ def register(subparsers):
                                           "rank, bubble and communication share.")
     # No defaults here: an unset flag leaves train's default, and --option may set it instead (not both).
     p.add_argument("--strategy", required=True, choices=list(STRATEGIES))
-    p.add_argument("--world-size", type=int, help="ranks (default: 1 for single, else 4)")
+    p.add_argument("--world-size", type=int, help="ranks (default: 1 for single, else 4; under torchrun its WORLD_SIZE)")
     p.add_argument("--steps", type=int, help="optimizer steps (default 3)")
     p.add_argument("--model", help="mlp (default) or gpt (sizes through --option, e.g. hidden=128)")
     p.add_argument("--batch-size", type=int, help="global batch (default 32)")

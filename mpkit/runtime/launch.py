@@ -199,12 +199,19 @@ def _show_rank_warnings(per_rank) -> None:
                       stacklevel=3)
 
 
-def _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory):
-    """The same call under torchrun: the world already exists, so join it instead of forking."""
+def check_torchrun_world(world_size) -> None:
+    """Inside a torchrun world, a ValueError unless ``world_size`` is its WORLD_SIZE (``train``
+    asks before it checks anything else: no batch size fixes a world of the wrong size)."""
     env_size = int(os.environ["WORLD_SIZE"])
     if world_size != env_size:
         raise ValueError(f"launch(world_size={world_size}) inside a torchrun world of WORLD_SIZE={env_size}: "
-                         f"pass world_size={env_size}, or start torchrun with --nproc-per-node {world_size}")
+                         f"pass world_size={env_size}, or start torchrun with {world_size} processes in all "
+                         f"(--nnodes x --nproc-per-node)")
+
+
+def _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory):
+    """The same call under torchrun: the world already exists, so join it instead of forking."""
+    check_torchrun_world(world_size)
     return torchrun.run_in_torchrun(fn, tuple(args), capacity, trace, memory, backend=backend, timeout=timeout)
 
 

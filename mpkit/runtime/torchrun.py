@@ -10,18 +10,21 @@ without one) and hide the wrong program.
 from __future__ import annotations
 
 import atexit
+import os
 import time
 from dataclasses import replace
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
 from mpkit.observe.active import recording
 from mpkit.observe.memory import parse_bytes
 from mpkit.observe.trace import Trace
 from mpkit.runtime.context import make_context
 from mpkit.runtime.env import env_int
+from mpkit.runtime.lifeline import die_with_parent
 from mpkit.runtime.result import LaunchResult
 
 _CLOCK_ROUNDS = 10  # exchanges per rank; the shortest round trip is kept
@@ -79,6 +82,14 @@ def _shifted(events, memory, offset):
     return events, memory
 
 
+def _tell_torchrun(exc: BaseException) -> None:
+    """Write ``exc`` with its traceback and time to the error file torchrun gave this rank (what
+    ``@record`` does for a script's main): torchrun's closing summary then shows it under this
+    rank instead of 'To enable traceback see ...'. (Its root cause is the earliest file in whole
+    seconds: a peer that only saw the connection close in the same second may be named.)"""
+    get_error_handler().record_exception(exc)  # nothing without TORCHELASTIC_ERROR_FILE
+
+
 def _leave() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -90,9 +101,12 @@ def join_world(backend=None, timeout=None) -> str:
     Destroying and re-creating the group would reuse the first group's keys in torchrun's
     store (it outlives the group), and ranks then race on stale addresses; so the group lives
     until the process exits. The runtime's private group is made here too, once, by every rank.
+    A rank that torchrun's agent started dies with the agent (``lifeline.die_with_parent``).
     """
     global _runtime_group
     kwargs = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's agent started this rank in a session of its own:
+        die_with_parent(os.getppid())  # a SIGKILLed agent forwards nothing, so the kernel stops the rank
     if not dist.is_initialized():
         backend = backend or torchrun_backend(env_int("LOCAL_RANK", 0))
         dist.init_process_group(backend, init_method="env://", rank=env_int("RANK"),
@@ -109,8 +123,9 @@ def run_in_torchrun(fn, args=(), device_memory=None, trace=True, memory=True, *,
     Returns a ``LaunchResult`` on rank 0 (``.clock_offsets``: seconds subtracted per rank, all 0
     on one host; ``.clock_errors``: how far each offset can be off, see ``clock_offset``) and
     ``None`` on the others; ``.output`` is empty, as prints already went to
-    torchrun's console. A rank that raises lets the exception propagate: torchrun then stops
-    the world and reports it.
+    torchrun's console. A rank that raises lets the exception propagate, recorded in torchrun's
+    error file first: torchrun then stops the world and its summary lists each failed rank
+    with its traceback.
     """
     backend = join_world(backend, timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -118,7 +133,11 @@ def run_in_torchrun(fn, args=(), device_memory=None, trace=True, memory=True, *,
                        device_memory=parse_bytes(device_memory), trace=trace, memory=memory,
                        launcher="torchrun")
     with recording(ctx):
-        result = fn(ctx, *args)
+        try:
+            result = fn(ctx, *args)
+        except Exception as exc:
+            _tell_torchrun(exc)
+            raise
     # One host shares one perf_counter; across hosts, move every rank onto rank 0's clock.
     multi_host = env_int("LOCAL_WORLD_SIZE", world_size) != world_size
     offset, error = clock_offset(_runtime_group) if multi_host else (0.0, 0.0)

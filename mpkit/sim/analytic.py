@@ -36,8 +36,9 @@ real 3-D run uses (TP innermost), cut into nodes of ``hw.devices_per_node``.
 from __future__ import annotations
 
 import math
+import numbers
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property, lru_cache
 
 from mpkit.i18n import t
@@ -130,8 +131,8 @@ class Transformer:
 
 
 def whole_number(name, value) -> None:
-    """A ValueError naming ``name`` unless ``value`` is a whole number >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """A ValueError naming ``name`` unless ``value`` is a whole number >= 1 (numpy's integers too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, numbers.Integral)) or value < 1:
         raise ValueError(f"{name}={value!r} must be a whole number >= 1")
 
 
@@ -165,6 +166,10 @@ def transformer(model) -> Transformer:
     if isinstance(model, Transformer):
         return model
     if isinstance(model, dict):
+        unknown = sorted(set(model) - {f.name for f in fields(Transformer)})
+        if unknown:
+            raise ValueError(f"model={model!r}: {', '.join(map(repr, unknown))} not a Transformer field; use "
+                             f"{', '.join(f.name for f in fields(Transformer))}")
         return Transformer(**model)
     if isinstance(model, str) and model.lower() in MODELS:
         return MODELS[model.lower()]

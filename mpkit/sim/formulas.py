@@ -6,6 +6,7 @@ model in ``predict`` all quote the same formula. Sizes are bytes, times seconds,
 from __future__ import annotations
 
 import math
+import numbers
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -19,7 +20,7 @@ def _positive(**values) -> None:
 
 def _whole(**values) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, (int, numbers.Integral)) or value < 1:
             raise ValueError(f"{name}={value!r} must be a whole number >= 1")
 
 

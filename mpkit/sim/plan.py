@@ -29,7 +29,10 @@ from mpkit.sim.machines import get_hardware
 
 RECOMPUTE = formulas.RECOMPUTE
 VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
-MAX_CANDIDATES = 2_000_000  # a search this large would take minutes: refuse instead
+# Each candidate is priced in ~20 us: 50,000 take about a second, so a larger search is refused at
+# once (the published runs' searches hold 600-5,000; a 1e15-parameter model on 5.8 million GPUs
+# held 73,000 and took 1.5 s, layers=10**6 153,000 and 2.8 s)
+MAX_CANDIDATES = 50_000
 
 
 def _divisors(n: int) -> list[int]:
@@ -38,7 +41,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def _choice(name, value, allowed):
-    if value is not None and value not in allowed:
+    if value is not None and (isinstance(value, bool) or value not in allowed):  # zero=True is not ZeRO-1
         raise ValueError(f"{name}={value!r} is unknown; use one of {', '.join(map(repr, allowed))}")
 
 
@@ -91,7 +94,9 @@ class LayoutTable:
             lines.append(t("plan_dropped", lang, n=len(self.dropped), layout=closest, why=tightest.over_memory(lang)))
         for (key, value), n in sorted(self.skipped.items()):
             lines.append(t("plan_skipped", lang, n=n, reason=t(key, lang, value=value)))
-        if not self.rows:
+        if not self.rows and not self.dropped:  # nothing to price: not memory, the sizes themselves
+            lines.append(t("plan_no_layout", lang, gpus=self.gpus, batch=self.global_batch, layers=self.model.layers))
+        elif not self.rows:
             lines.append(t("plan_nothing_fits", lang))
         return "\n".join(lines)
 
@@ -145,16 +150,23 @@ class LayoutTable:
         return next((e for e in self.rows if keep(e)), None)
 
     def _link_text(self, where, lang):
+        if where == "intra" and self.hardware.name.lower().endswith("-pcie"):  # 8xH100-pcie: cards on PCIe
+            where = "intra_pcie"
         return t("plan_link_" + where, lang)
 
     def across_nodes(self) -> Estimate | None:
-        """The best layout whose TP groups span two or more nodes (None where none can exist)."""
+        """The best layout whose TP groups span two or more nodes (None where none can exist),
+        under the same pins as this table (schedule, virtual, zero, recompute and pp where the
+        wider TP leaves room for it): only where TP runs differs."""
         per_node = self.hardware.devices_per_node
-        wide = next((tp for tp in range(2 * per_node, self.gpus + 1, per_node) if self.gpus % tp == 0
+        pins = dict(self.software)
+        pp = pins.pop("pp", None) or 1
+        wide = next((tp for tp in range(2 * per_node, self.gpus + 1, per_node) if self.gpus % (tp * pp) == 0
                      and self.model.heads % tp == 0 and self.model.kv % tp == 0), None)
         if wide is None:
             return None
-        return plan(self.model, self.hardware, self.gpus, self.global_batch, tp=wide, **self.software).best
+        return plan(self.model, self.hardware, self.gpus, self.global_batch, tp=wide, pp=None if pp == 1 else pp,
+                    **pins).best
 
     def _explain_tp(self, best, lang, per_node):
         lay = best.setup.layout
@@ -282,9 +294,14 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     pinned = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, zero=zero, recompute=recompute,
                   schedule=schedule, virtual=virtual)
     _check(model, hw, gpus, global_batch, pinned, max_micro_batch)
+    # numpy's integers (a sweep over np.arange) as Python's: plain arithmetic from here on
+    gpus, global_batch, max_micro_batch = int(gpus), int(global_batch), int(max_micro_batch)
+    pinned = {k: v if v is None or isinstance(v, str) else int(v) for k, v in pinned.items()}
+    zero = pinned["zero"]
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp)
     table = LayoutTable(model, hw, gpus, global_batch, lang=lang, top=top,
-                        software=dict(software, zero=zero, recompute=recompute, max_micro_batch=max_micro_batch))
+                        software=dict(software, zero=zero, recompute=recompute, schedule=schedule,
+                                      virtual=pinned["virtual"], pp=pinned["pp"], max_micro_batch=max_micro_batch))
     per_node = hw.devices_per_node
     for setup in list(_candidates(model, gpus, global_batch, pinned, max_micro_batch, software, table.skipped,
                                   per_node)):

@@ -21,6 +21,7 @@ ranks that wait for it wait longer.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import replace
 
 from mpkit.models import describe
@@ -38,6 +39,7 @@ from mpkit.strategies import get_strategy, make_config
 # cluster-scale layouts in closed form instead.
 MAX_RANKS = 1024
 MAX_STAGES = 64
+MAX_LAYERS = 128  # profiled one by one: ~0.01 s per mlp layer, ~0.06 s per gpt block (layers=10**4: minutes)
 
 
 class Prediction:
@@ -111,8 +113,8 @@ class Prediction:
 
 def _check_size(strategy, world_size):
     """Fail fast on worlds predict cannot play in reasonable time (before any work)."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        return  # make_config says what to pass
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
+        return  # make_config says what to pass (numpy's integers are whole numbers there too)
     if world_size > MAX_RANKS:
         raise ValueError(f"world_size={world_size} is more ranks than predict simulates one by one (at most "
                          f"{MAX_RANKS}); for cluster-scale layouts use mpkit.sim.plan(model=..., "
@@ -129,6 +131,10 @@ def _config(strategy, world_size, model, batch_size, options):
     if not cfg.model.builtin:
         raise ValueError("the cost model profiles the built-in models (model='mlp' or 'gpt' with their sizes); "
                          "it cannot count the operations of a model factory")
+    if cfg.model.layers > MAX_LAYERS:
+        raise ValueError(f"layers={cfg.model.layers}: predict profiles every layer (up to 0.06 s each), at most "
+                         f"{MAX_LAYERS}; for deeper models use mpkit.sim.plan(model=..., hardware=..., gpus=..., "
+                         f"global_batch=...)")
     return cfg
 
 

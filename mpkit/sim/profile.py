@@ -167,9 +167,11 @@ def _example(cfg: ModelConfig, batch: int):
     return torch.empty(shape, dtype=torch.long, device="meta"), torch.empty(shape, dtype=torch.long, device="meta")
 
 
-def _stage_input(cfg: ModelConfig, batch: int):
-    """What a later pipeline stage receives: the previous layer's output (it needs a gradient)."""
-    width = (batch, cfg.seq_len, cfg.hidden) if cfg.kind == "gpt" else (batch, cfg.hidden)
+def _stage_input(cfg: ModelConfig, batch: int, layer):
+    """What a later pipeline stage receives: the previous layer's output (it needs a gradient).
+    An mlp stage takes what its first Linear takes: under tensor parallelism a stage that starts
+    at a row-parallel layer receives the column-parallel layer's slice (hidden/tp features)."""
+    width = (batch, cfg.seq_len, cfg.hidden) if cfg.kind == "gpt" else (batch, layer.fc.weight.shape[1])
     return torch.empty(width, device="meta", requires_grad=True)
 
 
@@ -201,7 +203,7 @@ def profile_piece(cfg: ModelConfig, first: int, last: int, batch: int, tp: int =
     with tracker.track(piece, optimizer), _CpuKernels(), counter, active.recording(recorder):
         h, y = _example(cfg, batch)
         if first > 0:
-            h = _stage_input(cfg, batch)
+            h = _stage_input(cfg, batch, model.layers[first])
         prof.input_bytes = _nbytes(h)
         outputs = []
         for i, layer in zip(layers, piece):
