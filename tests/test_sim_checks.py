@@ -2,11 +2,15 @@
 worlds beyond a machine refused with the presets named), worlds too large to simulate fail at
 once, and a prediction that does not fit in device memory says so."""
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from mpkit.parallel.layout import Layout
 from mpkit.sim import GPU_PRESETS, get_hardware, predict
+from mpkit.sim.analytic import Setup, estimate
+from mpkit.sim.hardware import USABLE_MEMORY
 from mpkit.sim.prediction import MAX_LAYERS, MAX_RANKS, MAX_STAGES
 
 
@@ -72,3 +76,16 @@ def test_a_prediction_that_does_not_fit_says_so():
     assert "WARNING: does not fit" in big.summary() and "does not fit in memory" in repr(big)
     small = predict("dp", hardware="8xH100-nvlink", world_size=8, batch_size=64)
     assert small.fits and small.memory_warning == "" and "WARNING" not in small.summary()
+
+
+def test_predict_and_plan_count_the_same_usable_memory():
+    # a step filling 95% of the device fits it but not the 90% a real GPU leaves (CUDA context,
+    # NCCL buffers, fragmentation): predict must say so, as sim.plan drops such a layout
+    h100 = get_hardware("8xH100-nvlink")
+    peak = predict("dp", hardware=h100, world_size=8, batch_size=64).peak_memory
+    for share, fits in ((0.95, False), (0.85, True)):
+        hw = replace(h100, memory_bytes=peak / share)
+        assert hw.usable_memory == pytest.approx(hw.memory_bytes * USABLE_MEMORY)
+        step = predict("dp", hardware=hw, world_size=8, batch_size=64)
+        assert step.fits == fits and ("GB usable" in step.memory_warning) != fits
+        assert estimate("7B", hw, Setup(Layout(dp=8, pp=1, tp=1)), 512).capacity == hw.usable_memory

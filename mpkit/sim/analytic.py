@@ -44,11 +44,10 @@ from functools import cached_property, lru_cache
 from mpkit.i18n import t
 from mpkit.parallel.layout import Layout
 from mpkit.sim import formulas
-from mpkit.sim.hardware import Hardware
+from mpkit.sim.hardware import USABLE_MEMORY, Hardware
 
 BYTES = 2  # bf16 activations, gradients and the weights the matmuls read
 ADAM_BYTES = 28  # per parameter: read fp32 master, m, v (12) + bf16 grad (2); write master, m, v + bf16 weight (14)
-USABLE_MEMORY = 0.9  # CUDA context, NCCL buffers and allocator fragmentation take the rest of a GPU
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 
 
@@ -291,7 +290,7 @@ class Estimate:
 
     @property
     def capacity(self) -> float:
-        return (self.hardware.memory_bytes or math.inf) * USABLE_MEMORY
+        return self.hardware.usable_memory
 
     @property
     def fits(self) -> bool:

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 PHASES = ("forward", "backward", "optimizer")
+USABLE_MEMORY = 0.9  # CUDA context, NCCL buffers and allocator fragmentation take the rest of a GPU
 
 
 def runnable_per_core(processes: float, background: float, cores: int) -> float:
@@ -129,6 +130,12 @@ class Hardware:
         share = (gap - entry["warm"]["gap"]) / (cold["gap"] - entry["warm"]["gap"])
         # a longer sleep never wakes a peer faster: a cold mean below the warm one is noise
         return warm + min(max(share, 0.0), 1.0) * max(_interpolate(cold["rows"], nbytes) - warm, 0.0)
+
+    @property
+    def usable_memory(self) -> float:
+        """Bytes a rank can fill on one device, ``USABLE_MEMORY`` of ``memory_bytes`` (inf: no
+        capacity): ``sim.predict``'s ``fits`` and ``sim.plan``'s both read this one number."""
+        return math.inf if self.memory_bytes is None else self.memory_bytes * USABLE_MEMORY
 
     @property
     def bytes_per_element(self) -> int:

@@ -82,8 +82,9 @@ class Prediction:
 
     @property
     def fits(self) -> bool:
-        """Whether every rank's peak fits the device (always, where the hardware has no capacity)."""
-        return self.hardware.memory_bytes is None or self.peak_memory <= self.hardware.memory_bytes
+        """Whether every rank's peak fits the device's usable memory (``Hardware.usable_memory``, as
+        ``sim.plan`` counts; always, where the hardware has no capacity)."""
+        return self.peak_memory <= self.hardware.usable_memory
 
     @property
     def memory_warning(self) -> str:
@@ -92,7 +93,8 @@ class Prediction:
             return ""
         worst = max(self.memory, key=lambda m: m.peak_total)
         return (f"does not fit: rank {worst.rank} needs {self.peak_memory / 1e9:,.1f} GB, the device has "
-                f"{self.hardware.memory_bytes / 1e9:,.0f} GB ({self.hardware.name}); a real run would fail with "
+                f"{self.hardware.memory_bytes / 1e9:,.0f} GB, {self.hardware.usable_memory / 1e9:,.1f} GB usable "
+                f"({self.hardware.name}); a real run would fail with "
                 f"out-of-memory — shard more (zero1, fsdp, tp, pp) or use more ranks")
 
     def summary(self) -> str:
