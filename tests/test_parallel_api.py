@@ -454,6 +454,23 @@ def test_train_accepts_a_model_factory(strategy, options):
     assert len(run.losses) == 3 and run.trace.events
 
 
+def token_data(step, batch_size):
+    g = torch.Generator().manual_seed(step)
+    return torch.randint(0, 16, (batch_size, 4), generator=g), torch.randint(0, 16, (batch_size,), generator=g)
+
+
+@pytest.mark.timeout(200)
+def test_train_dp_on_a_model_with_an_unused_branch():
+    # Net has an unused branch (and a frozen layer and tied weights): dp asks for the option by
+    # name, then with it trains as one device does
+    with pytest.raises(mpkit.LaunchError, match="find_unused_parameters=True"):
+        mpkit.train("dp", 2, model=make_net, data=token_data, steps=1, batch_size=8)
+    run = mpkit.train("dp", 2, model=make_net, data=token_data, steps=3, batch_size=8, optimizer="adam",
+                      find_unused_parameters=True)
+    assert run.compare_to_reference().max <= ATOL
+    assert any(e.name == "used-parameter mask" for e in run.trace.events)
+
+
 # ---- bad input ---------------------------------------------------------------------------------
 
 def _bad_input_rank(ctx, case):

@@ -17,7 +17,8 @@ from mpkit.sim import Hardware, Link, predict
 MACHINE = Hardware(name="test", flops=1e9, mfu=1.0, mem_bw=math.inf,
                    op_overhead={"forward": 1e-6, "backward": 1e-6, "optimizer": 1e-6},
                    p2p=Link(1e-6, 1e-12), collective=Link(1e-6, 1e-12))
-CASES = [("single", 1, {}), ("dp", 2, {}), ("dp", 2, {"overlap": True, "bucket_mb": 0}), ("ddp", 2, {}),
+CASES = [("single", 1, {}), ("dp", 2, {}), ("dp", 2, {"overlap": True, "bucket_mb": 0}),
+         ("dp", 2, {"find_unused_parameters": True}), ("ddp", 2, {}),
          ("zero1", 2, {}), ("fsdp", 2, {}), ("mp", 2, {}), ("tp", 2, {}), ("pp", 2, {"schedule": "1f1b"}),
          ("pp", 2, {"schedule": "interleaved"}), ("ps", 3, {"mode": "sync"}),
          ("3d", 8, {"dp": 2, "tp": 2, "pp": 2, "model": "gpt"}), ("3d", 4, {"dp": 2, "pp": 2, "zero": True})]

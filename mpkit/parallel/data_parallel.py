@@ -298,8 +298,9 @@ class DataParallel(nn.Module):
         if unused and not self.find_unused_parameters:
             names = ", ".join(repr(self._name(p)) for _, p in unused[:5])
             raise RuntimeError(f"parameter(s) {names}{' ...' if len(unused) > 5 else ''} got no gradient this step "
-                               f"(not used to compute the loss). Pass DataParallel(..., find_unused_parameters=True), "
-                               f"as torch DDP asks, or freeze them with requires_grad_(False)")
+                               f"(not used to compute the loss). Pass DataParallel(..., find_unused_parameters=True) "
+                               f"(mpkit.train('dp', ..., find_unused_parameters=True)), as torch DDP asks, or "
+                               f"freeze them with requires_grad_(False)")
         nowhere = self._global_use(unused) if self.find_unused_parameters else set()
         kept = {}
         for _, p in unused:  # a slice nobody wrote this step: its stale values must not be summed

@@ -6,7 +6,8 @@ no-ops and this is exactly ``single``.
 Options: ``bucket_mb`` (MiB per all-reduce, as DDP's ``bucket_cap_mb``; 0 = one per parameter
 tensor), ``first_bucket_mb`` (the first bucket's cap, 1 MiB as in DDP, so the first all-reduce
 starts early) and ``overlap`` (start each bucket's all-reduce from a backward hook the moment it
-is full, or all after backward).
+is full, or all after backward), ``find_unused_parameters`` (your model has a branch a step may
+not use: DataParallel's one extra all-reduce of a used-parameter mask per step, as DDP's).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from mpkit.sim.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible, state_of
 from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
 
-OPTIONS = {"bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": False}
+OPTIONS = {"bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": False, "find_unused_parameters": False}
 
 
 def validate_batch(cfg) -> None:
@@ -28,15 +29,18 @@ def validate(cfg):
     validate_batch(cfg)
     check_bucket_mb(cfg.option("bucket_mb"))
     check_bucket_mb(cfg.option("first_bucket_mb"), "first_bucket_mb")
-    if not isinstance(cfg.option("overlap"), bool):
-        raise ValueError(f"overlap={cfg.option('overlap')!r} must be True (all-reduce buckets during backward) "
-                         f"or False (after backward)")
+    for name, meaning in (("overlap", "True (all-reduce buckets during backward) or False (after backward)"),
+                          ("find_unused_parameters", "True (some steps leave parameters without a gradient) "
+                                                     "or False")):
+        if not isinstance(cfg.option(name), bool):
+            raise ValueError(f"{name}={cfg.option(name)!r} must be {meaning}")
 
 
 def run_rank(ctx, cfg):
     model = cfg.model.build(cfg.seed).to(ctx.device)
     dp = DataParallel(model, bucket_mb=cfg.option("bucket_mb"), overlap=cfg.option("overlap"),
-                      first_bucket_mb=cfg.option("first_bucket_mb"))
+                      first_bucket_mb=cfg.option("first_bucket_mb"),
+                      find_unused_parameters=cfg.option("find_unused_parameters"))
     opt = make_optimizer(model.parameters(), cfg)
 
     def step(x, y):
@@ -54,10 +58,12 @@ def run_rank(ctx, cfg):
                       extra=extra)
 
 
-def bucket_program(pricer, cap_bytes, first_cap, overlap):
+def bucket_program(pricer, cap_bytes, first_cap, overlap, find_unused=False):
     """One data-parallel step (dp, ddp): forward, backward (layer by layer when buckets start
     from backward hooks), the buckets of ``plan_buckets`` on the model's real parameters, each
-    all-reduced once the backward of the earliest layer it holds is done, then the optimizer."""
+    all-reduced once the backward of the earliest layer it holds is done, then the optimizer;
+    ``find_unused``: the used-parameter mask's all-reduce (a float per parameter tensor) after
+    backward, before the buckets not yet started."""
     prof = pricer.piece(batch=pricer.batch // pricer.world)
     model = pricer.meta_model()
     layer_of = {p: i for i, layer in enumerate(model.layers) for p in layer.parameters()}
@@ -75,6 +81,11 @@ def bucket_program(pricer, cap_bytes, first_cap, overlap):
             program += [all_reduce(k) for k in range(len(buckets)) if done_at[k] == i]
     else:
         program.append(Compute("backward", pricer.seconds(prof.cost("backward"), "backward")))
+    if find_unused:
+        tensors = sum(len(bucket) for bucket in buckets)
+        program.append(pricer.collective("all_reduce", pricer.all_ranks, 4 * tensors, ("mask",),
+                                         name="used-parameter mask"))
+    if not overlap:
         program += [all_reduce(k) for k in range(len(buckets))]
     program += [Wait(("bucket", k)) for k in range(len(buckets))]
     program.append(optimizer(pricer, prof))
@@ -83,7 +94,8 @@ def bucket_program(pricer, cap_bytes, first_cap, overlap):
 
 def program(pricer):
     o = pricer.options
-    return bucket_program(pricer, *bucket_caps(o["bucket_mb"], o["first_bucket_mb"]), o["overlap"])
+    return bucket_program(pricer, *bucket_caps(o["bucket_mb"], o["first_bucket_mb"]), o["overlap"],
+                          o["find_unused_parameters"])
 
 
 STRATEGY = Strategy("dp", OPTIONS, validate, run_rank, program)
