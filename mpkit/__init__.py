@@ -6,7 +6,7 @@ ARCHITECTURE.md). Everything but the error types loads on first use, so ``import
 """
 from mpkit.lazy import lazy_getattr
 
-from mpkit.errors import DeviceOutOfMemory, LaunchError, LaunchTimeout
+from mpkit.errors import DeviceOutOfMemory, LaunchError, LaunchTimeout, MpkitWarning
 
 __version__ = "0.1.0"
 
@@ -23,7 +23,7 @@ _LAZY = {
     "parallel": ("mpkit.parallel", None),
 }
 
-__all__ = ["LaunchError", "LaunchTimeout", "DeviceOutOfMemory", *_LAZY]
+__all__ = ["LaunchError", "LaunchTimeout", "DeviceOutOfMemory", "MpkitWarning", *_LAZY]
 
 
 __getattr__ = lazy_getattr('mpkit', _LAZY, globals())
