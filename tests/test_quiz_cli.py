@@ -236,6 +236,11 @@ def test_stats_hardest_items_and_pitfall_error_rates(tmp_path, capsys):
     wrong.write_text("a,b\n1,2\n", encoding="utf-8")
     assert run("stats", wrong) == 2
     assert "is not a grades CSV from `mpkit quiz grade` (missing columns: answer_given" in capsys.readouterr().err
+    header = out.read_text(encoding="utf-8").splitlines()[0]
+    for bad in ("park,mp-001,model_parallel", "park,mp-001,t,p,O,O,1,1,O,extra", "park,mp-001,t,p,O,O,yes,1,O"):
+        wrong.write_text(f"{header}\n{bad}\n", encoding="utf-8")
+        assert run("stats", wrong) == 2  # a short, long or mangled row, not a silent 'None' row
+        assert "line 2: not a row of `mpkit quiz grade`" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("suffix", [".html", ".md"])

@@ -180,7 +180,12 @@ def stats(grades_csv):
             if missing:
                 raise ValueError(f"{grades_csv} is not a grades CSV from `mpkit quiz grade` "
                                  f"(missing columns: {', '.join(sorted(missing))})")
-            rows = list(reader)
+            rows = []
+            for row in reader:  # a short row reads None, a long one keeps its extra values under None
+                if None in row or None in row.values() or row["correct"] not in ("0", "1"):
+                    raise ValueError(f"{grades_csv}, line {reader.line_num}: not a row of `mpkit quiz grade` "
+                                     f"({len(GRADE_COLUMNS)} values, correct 0 or 1); grade the submissions again")
+                rows.append(row)
         except csv.Error as exc:
             raise ValueError(f"{grades_csv}, near line {reader.line_num + 1}: not a grades CSV from "
                              f"`mpkit quiz grade` ({exc})") from None
