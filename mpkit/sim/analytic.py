@@ -131,7 +131,7 @@ class Transformer:
 
 def whole_number(name, value) -> None:
     """A ValueError naming ``name`` unless ``value`` is a whole number >= 1 (numpy's integers too)."""
-    if isinstance(value, bool) or not isinstance(value, (int, numbers.Integral)) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name}={value!r} must be a whole number >= 1")
 
 

@@ -20,7 +20,7 @@ def _positive(**values) -> None:
 
 def _whole(**values) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, numbers.Integral)) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ValueError(f"{name}={value!r} must be a whole number >= 1")
 
 
