@@ -36,7 +36,6 @@ real 3-D run uses (TP innermost), cut into nodes of ``hw.devices_per_node``.
 from __future__ import annotations
 
 import math
-import numbers
 import re
 from dataclasses import dataclass, field, fields
 from functools import cached_property, lru_cache
@@ -131,8 +130,7 @@ class Transformer:
 
 def whole_number(name, value) -> None:
     """A ValueError naming ``name`` unless ``value`` is a whole number >= 1 (numpy's integers too)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a whole number >= 1")
+    formulas.require_whole(**{name: value})
 
 
 MODELS = {

@@ -18,7 +18,8 @@ def _positive(**values) -> None:
             raise ValueError(f"{name}={value!r} must be a positive number")
 
 
-def _whole(**values) -> None:
+def require_whole(**values) -> None:
+    """A ValueError naming the first value that is not a whole number >= 1 (numpy's integers are)."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ValueError(f"{name}={value!r} must be a whole number >= 1")
@@ -42,7 +43,7 @@ def bubble_fraction(p: int, m: int, v: int = 1, schedule: str = "gpipe", relativ
     (p-1)/(v·m+p-1)) or ``"ideal"`` (bubble / compute time, (p-1)/(v·m)); by default each
     schedule uses the form it is usually quoted in (step for gpipe/1f1b, ideal for interleaved).
     """
-    _whole(p=p, m=m, v=v)
+    require_whole(p=p, m=m, v=v)
     if _schedule(schedule) != "interleaved" and v != 1:
         raise ValueError(f"v={v} virtual stages only apply to schedule='interleaved'")
     if relative_to is None:
@@ -62,7 +63,7 @@ def inflight_activations(schedule: str, p: int, m: int, rank: int, v: int = 1) -
     schedule, v model chunks per device) counts chunk-micro-batches (each 1/v of the rank's
     layers): its warm-up of 2(p-r-1) + (v-1)·p forwards plus the one in flight, at most v·m.
     """
-    _whole(p=p, m=m, v=v)
+    require_whole(p=p, m=m, v=v)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < p:
         raise ValueError(f"rank={rank!r} must be in 0..{p - 1}")
     if _schedule(schedule) == "gpipe":
@@ -78,14 +79,14 @@ def ring_allreduce_bytes(S: float, N: int) -> float:
     """Bytes one rank sends in a ring all-reduce of S bytes over N ranks: 2(N-1)/N · S
     (reduce-scatter then all-gather, each N-1 steps of S/N; Patarasuk & Yuan 2009)."""
     _positive(S=S)
-    _whole(N=N)
+    require_whole(N=N)
     return 2 * (N - 1) / N * S
 
 
 def reduce_scatter_bytes(S: float, N: int) -> float:
     """Ring reduce-scatter of S bytes: (N-1)/N · S per rank (N-1 steps of S/N)."""
     _positive(S=S)
-    _whole(N=N)
+    require_whole(N=N)
     return (N - 1) / N * S
 
 
@@ -119,7 +120,7 @@ def bus_bandwidth(algbw: float, N: int) -> float:
     """nccl-tests bus bandwidth of an all-reduce: algbw · 2(N-1)/N (nccl-tests doc/PERFORMANCE.md),
     where algbw = S / time. It is the per-link rate the ring achieved, comparable to hardware peak."""
     _positive(algbw=algbw)
-    _whole(N=N)
+    require_whole(N=N)
     return algbw * 2 * (N - 1) / N
 
 
@@ -133,7 +134,7 @@ def zero_memory(psi: float, N: int, stage: int, param_bytes: float = 2, grad_byt
     parameter: fp16 weights and gradients, fp32 master weights + momentum + variance); our fp32
     CPU runs use param_bytes=4, grad_bytes=4, optim_bytes=8."""
     _positive(psi=psi)
-    _whole(N=N)
+    require_whole(N=N)
     if stage not in ZERO_STAGES:
         raise ValueError(f"stage={stage!r} is unknown; use one of {ZERO_STAGES}")
     for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes), ("optim_bytes", optim_bytes)):
@@ -158,7 +159,7 @@ def activation_memory_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sequ
     sequence parallelism (those are split along the sequence too). ``recompute="selective"``
     drops the attention-score terms (5·a·s/h: recomputed in backward), ``"full"`` keeps only each
     layer's input, 2·s·b·h (split t ways under sequence parallelism)."""
-    _whole(s=s, b=b, h=h, a=a, t=t)
+    require_whole(s=s, b=b, h=h, a=a, t=t)
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r} is unknown; use one of {', '.join(RECOMPUTE)}")
     split = t if sequence_parallel else 1
@@ -176,7 +177,7 @@ def megatron_flops(B: int, s: int, l: int, h: int, V: int, recompute: bool = Tru
     second forward of every layer, not of the logit layer), 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))
     without. Only matrix multiplications count; papers divide it by time and GPUs for "TFLOP/s
     per GPU", so it turns a published throughput back into a step time."""
-    _whole(B=B, s=s, l=l, h=h, V=V)
+    require_whole(B=B, s=s, l=l, h=h, V=V)
     if recompute:
         return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
     return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
@@ -200,7 +201,7 @@ def p2p_time(nbytes: float, alpha: float, beta: float) -> float:
 def ring_allreduce_time(S: float, N: int, alpha: float, beta: float) -> float:
     """Ring all-reduce: 2(N-1) steps, each one message of S/N (Thakur et al. 2005)."""
     _positive(S=S)
-    _whole(N=N)
+    require_whole(N=N)
     _alpha_beta(alpha, beta)
     return 2 * (N - 1) * (alpha + S / N * beta)
 
@@ -208,7 +209,7 @@ def ring_allreduce_time(S: float, N: int, alpha: float, beta: float) -> float:
 def ring_reduce_scatter_time(S: float, N: int, alpha: float, beta: float) -> float:
     """Ring reduce-scatter (or all-gather) of S bytes: N-1 steps of S/N (Thakur et al. 2005)."""
     _positive(S=S)
-    _whole(N=N)
+    require_whole(N=N)
     _alpha_beta(alpha, beta)
     return (N - 1) * (alpha + S / N * beta)
 
@@ -221,7 +222,7 @@ def tree_allreduce_time(S: float, N: int, alpha: float, beta: float) -> float:
     (Thakur et al. 2005). Fewer latencies than the ring, N/(N-1)·log2 N times the bytes: it wins
     for small messages, the ring for large ones."""
     _positive(S=S)
-    _whole(N=N)
+    require_whole(N=N)
     _alpha_beta(alpha, beta)
     return 2 * math.ceil(math.log2(N)) * (alpha + S * beta) if N > 1 else 0.0
 
@@ -240,7 +241,7 @@ def hierarchical_allreduce_time(S: float, k: int, n: int, intra: tuple[float, fl
     2018; NCCL reaches the same cost with one ring per NIC). k = 1 is a plain all-reduce across
     nodes, n = 1 one inside a node."""
     _positive(S=S)
-    _whole(k=k, n=n)
+    require_whole(k=k, n=n)
     inside = 2 * ring_reduce_scatter_time(S, k, *intra) if k > 1 else 0.0
     across = allreduce_time(S / k, n, *inter) if n > 1 else 0.0
     return inside + across
@@ -251,7 +252,7 @@ def hierarchical_reduce_scatter_time(S: float, k: int, n: int, intra: tuple[floa
     """Reduce-scatter of S bytes (or all-gather to S bytes) over k ranks on each of n nodes: inside
     the node first (S/k each), then across nodes (S/(k·n) each): half a hierarchical all-reduce."""
     _positive(S=S)
-    _whole(k=k, n=n)
+    require_whole(k=k, n=n)
     inside = ring_reduce_scatter_time(S, k, *intra) if k > 1 else 0.0
     across = ring_reduce_scatter_time(S / k, n, *inter) if n > 1 else 0.0
     return inside + across
