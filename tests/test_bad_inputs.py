@@ -107,6 +107,8 @@ TRAIN = [  # (train keyword arguments, what the error must say)
     (dict(strategy="tp", plan={"1": "column"}, **mine(shallow_net)),
      "ColumnParallelLinear slices an nn.Linear; 1 is a Tanh"),
     (dict(strategy="tp", plan={"3": "column"}, **mine(tied_net)), "layer '3' shares a parameter with '0.weight'"),
+    # a column layer alone: its split output met the next layer's full weight, in a rank, as a shape error
+    (dict(strategy="tp", plan={"0": "column"}, **mine(shallow_net)), "plan splits 0 by columns but no layer by rows"),
     (dict(strategy="ps", world_size=1), "ps needs a server and at least one worker: use world_size>=2"),
     (dict(strategy="ps", mode="eventual"), "mode='eventual' is unknown; use one of sync, async"),
 ]

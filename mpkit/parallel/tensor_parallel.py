@@ -218,6 +218,13 @@ def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, wor
         layer = getattr(parent, attr)
         sharded = _STYLES[split.style](layer, group, split.indices, rank=rank, world_size=world_size, name=name)
         setattr(parent, attr, sharded)
+    styles = {split.style for split in targets.values()}
+    if len(styles) == 1:  # a column layer's output (a row layer's input) stays split: the next layer fails in forward
+        [style] = styles
+        other = "row" if style == "column" else "column"
+        raise ValueError(f"plan splits {', '.join(targets)} by {style}s but no layer by {other}s: a column-parallel layer "
+                         f"leaves each rank a slice of its output features, which only a row-parallel layer after it "
+                         f"can take; pair them, e.g. {{'mlp.up': 'column', 'mlp.down': 'row'}}")
     return module
 
 
