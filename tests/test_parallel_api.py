@@ -687,3 +687,13 @@ def test_data_parallel_syncs_batch_norm_statistics_as_ddp_does(broadcast_buffers
         assert all((mine[k].float() - ddp[k].float()).abs().max().item() <= ATOL for k in mine)
     # and the broadcast matters: rank 1's drifted variance survives only without it
     assert (ours[1]["1.running_var"] > 2.0).all() != broadcast_buffers
+
+
+def test_tensor_parallel_refuses_an_unpaired_plan_before_touching_the_model():
+    from mpkit.parallel import tensor_parallel
+
+    model = deep_net()
+    before = [type(m) for m in model.modules()]
+    with pytest.raises(ValueError, match="plan splits 0 by columns but no layer by rows"):
+        tensor_parallel(model, {"0": "column"}, rank=0, world_size=2)
+    assert [type(m) for m in model.modules()] == before  # still whole: usable on one device
