@@ -212,20 +212,20 @@ def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, wor
             if others:
                 raise ValueError(f"layer {name!r} shares a parameter with {others[0]!r} (tied weights); splitting it "
                                  f"would untie them and train two different tensors. Leave {name!r} out of the plan")
+    sharded = {}  # built first, swapped in last: a bad plan leaves the module whole
+    for name, split in targets.items():
+        layer = module.get_submodule(name)
+        sharded[name] = _STYLES[split.style](layer, group, split.indices, rank=rank, world_size=world_size, name=name)
     styles = {split.style for split in targets.values()}
-    if len(styles) == 1:  # checked before any layer is swapped: the module stays whole
-        # a column layer's output (a row layer's input) stays split: the next layer would fail in forward
+    if len(styles) == 1:  # a column layer's output (a row layer's input) stays split: the next layer would fail
         [style] = styles
         other = "row" if style == "column" else "column"
         raise ValueError(f"plan splits {', '.join(targets)} by {style}s but no layer by {other}s: a column-parallel layer "
                          f"leaves each rank a slice of its output features, which only a row-parallel layer after it "
                          f"can take; pair them, e.g. {{'mlp.up': 'column', 'mlp.down': 'row'}}")
-    for name, split in targets.items():
+    for name, layer in sharded.items():
         parent_name, _, attr = name.rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        layer = getattr(parent, attr)
-        sharded = _STYLES[split.style](layer, group, split.indices, rank=rank, world_size=world_size, name=name)
-        setattr(parent, attr, sharded)
+        setattr(module.get_submodule(parent_name) if parent_name else module, attr, layer)
     return module
 
 
