@@ -64,8 +64,9 @@ def model_config(model, sizes, data=None, loss=None) -> ModelConfig | UserModel:
 SEED_LIMIT = 2**32  # seeds are mixed with the step number into torch generator seeds; keep them plain
 
 
-def _whole(value) -> bool:
-    """An integer (numpy's too) that is not a bool: ``steps=True`` is a mistake, not one step."""
+def is_whole(value) -> bool:
+    """An integer (numpy's too) that is not a bool: ``steps=True`` is a mistake, not one step. The
+    runtime, ``train`` and ``sim.predict`` ask this too (``sim.formulas`` keeps its own, torch-free)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -73,11 +74,11 @@ def _check_shared(world_size, steps, batch_size, lr, optimizer, seed) -> None:
     """The arguments every strategy takes, checked in the caller: each error names the argument and
     says what to pass. How many ranks this machine can hold is the launcher's check
     (``mpkit.runtime.devices.check_world_size``): ``sim.predict`` plans clusters bigger than this machine."""
-    if not _whole(world_size) or world_size < 1:
+    if not is_whole(world_size) or world_size < 1:
         raise ValueError(f"world_size={world_size!r}: pass a whole number >= 1")
-    if not _whole(steps) or steps < 1:
+    if not is_whole(steps) or steps < 1:
         raise ValueError(f"steps={steps!r}: pass a whole number of optimizer steps >= 1, e.g. steps=3")
-    if not _whole(batch_size) or batch_size < 1:
+    if not is_whole(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: pass a whole number >= 1, e.g. batch_size=32")
     if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r} is unknown; use one of {', '.join(OPTIMIZERS)}")
@@ -85,7 +86,7 @@ def _check_shared(world_size, steps, batch_size, lr, optimizer, seed) -> None:
         raise ValueError(f"lr={lr!r}: the learning rate must be a number, e.g. lr=0.01")
     if not (0 < lr < math.inf):
         raise ValueError(f"lr={lr!r}: the learning rate must be positive and finite, e.g. lr=0.01")
-    if not _whole(seed) or not 0 <= seed < SEED_LIMIT:
+    if not is_whole(seed) or not 0 <= seed < SEED_LIMIT:
         raise ValueError(f"seed={seed!r}: pass a whole number from 0 to {SEED_LIMIT - 1}, e.g. seed=0")
 
 

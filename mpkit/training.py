@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from mpkit.config import TrainConfig
+from mpkit.config import TrainConfig, is_whole
 from mpkit.models import describe
 from mpkit.observe.memory import CATEGORIES
 from mpkit.observe.trace import Trace
@@ -163,7 +163,7 @@ def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, de
     """
     if world_size is None:
         world_size = 1 if strategy == "single" else (env_int("WORLD_SIZE") if in_torchrun() else 4)
-    elif in_torchrun() and isinstance(world_size, int) and not isinstance(world_size, bool):
+    elif in_torchrun() and is_whole(world_size):
         check_torchrun_world(world_size)
     cfg = make_config(strategy, world_size, **kwargs)
     result = launch(get_strategy(strategy).run_rank, world_size=cfg.world_size, args=(cfg,), timeout=timeout, backend=backend,

@@ -8,7 +8,6 @@ torch shared memory left behind).
 from __future__ import annotations
 
 import multiprocessing as mp
-import numbers
 import os
 import pickle
 import signal
@@ -19,6 +18,7 @@ from multiprocessing.connection import wait
 
 import torch
 
+from mpkit.config import is_whole
 from mpkit.errors import LaunchError, LaunchTimeout, MpkitWarning, RankOutOfMemory
 from mpkit.observe.active import current
 from mpkit.observe.memory import parse_bytes
@@ -59,7 +59,7 @@ def _check_args(fn, world_size, args, timeout, backend):
         raise TypeError(f"fn must be a function fn(ctx, *args); got {type(fn).__name__}")
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args={args!r}: pass fn's extra arguments as a tuple, e.g. args=({args!r},)")
-    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
+    if not is_whole(world_size) or world_size < 1:
         raise ValueError(f"world_size={world_size!r}: pass a whole number of ranks >= 1, e.g. world_size=4")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise ValueError(f"timeout={timeout!r}: pass a positive, finite number of seconds, e.g. timeout=60")

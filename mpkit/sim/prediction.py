@@ -21,9 +21,9 @@ ranks that wait for it wait longer.
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import replace
 
+from mpkit.config import is_whole
 from mpkit.models import describe
 from mpkit.observe.trace import Trace, merged_spans, union_seconds
 from mpkit.sim.cpu import rank_cpu
@@ -115,7 +115,7 @@ class Prediction:
 
 def _check_size(strategy, world_size):
     """Fail fast on worlds predict cannot play in reasonable time (before any work)."""
-    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
+    if not is_whole(world_size):
         return  # make_config says what to pass (numpy's integers are whole numbers there too)
     if world_size > MAX_RANKS:
         raise ValueError(f"world_size={world_size} is more ranks than predict simulates one by one (at most "
