@@ -81,6 +81,23 @@ def test_mpkit_warnings_of_a_rank_reach_the_caller(no_leftovers):
     assert all("torch-style noise" in text for text in out.output)
 
 
+def _warns_then_fails(ctx):
+    warnings.warn("before the print", UserWarning)
+    print("a print")
+    raise KeyError("boom-warn")
+
+
+@pytest.mark.timeout(30)
+def test_a_failing_rank_keeps_its_warnings_in_order(no_leftovers):
+    # a warning goes into the rank's output when it is raised, as an unhandled one would: a rank
+    # that then fails still shows it, before the print that followed it
+    with pytest.raises(mpkit.LaunchError) as info:
+        mpkit.launch(_warns_then_fails, 1, timeout=20)
+    output = info.value.output
+    assert "UserWarning: before the print" in output and "a print" in output
+    assert output.index("before the print") < output.index("a print")
+
+
 # ---- failures: every mode must end fast, name the rank and leave nothing behind ----
 
 def _fail(mode):

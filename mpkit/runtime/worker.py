@@ -36,11 +36,19 @@ def _message(kind, **payload) -> bytes:
     return pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _own_warnings(caught) -> list[str]:
-    """The texts of the warnings mpkit itself raised in this rank (``MpkitWarning``: a
-    ShardedOptimizer's bias correction, say), for the caller to show. torch's own warnings stay
-    only in ``output``; every rank would repeat them."""
-    return [f"{w.message}" for w in caught if issubclass(w.category, MpkitWarning)]
+class _Warnings:
+    """``warnings.showwarning`` for a rank: each warning goes into the rank's output as it is
+    raised (where an unhandled one goes, so it stays in order and survives a failing ``fn``), and
+    the texts of mpkit's own (``MpkitWarning``: a ShardedOptimizer's bias correction, say) are kept
+    for the caller to show; torch's own stay only in ``output``, since every rank would repeat them."""
+
+    def __init__(self, output):
+        self.output, self.own = output, []
+
+    def show(self, message, category, filename, lineno, file=None, line=None):
+        self.output.write(warnings.formatwarning(message, category, filename, lineno, line))
+        if issubclass(category, MpkitWarning):
+            self.own.append(str(message))
 
 
 def _store(rank, world_size, port, listen_fd, timeout):
@@ -77,13 +85,13 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
         ctx = make_context(rank, world_size, rank, backend, device_memory=options["device_memory"],
                            trace=options["trace"], memory=options["memory"])
         conn.send_bytes(_message("joined"))  # lets a timeout say whether the world ever came up
-        with recording(ctx), warnings.catch_warnings(record=True) as caught:
+        shown = _Warnings(captured)
+        with recording(ctx), warnings.catch_warnings():
+            warnings.showwarning = shown.show
             result = fn(ctx, *args)
-        for w in caught:  # into the output as before, where an uncaught warning would have gone
-            captured.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
         try:
             blob = _message("ok", result=result, events=ctx.trace.events, memory=ctx.memory.report(),
-                            output=captured.getvalue(), warnings=_own_warnings(caught))
+                            output=captured.getvalue(), warnings=shown.own)
         except Exception as exc:  # noqa: BLE001 - reported to the caller as a TypeError
             blob = _message("unpicklable", error=f"{type(exc).__name__}: {exc}", type_name=type(result).__name__,
                             output=captured.getvalue())
