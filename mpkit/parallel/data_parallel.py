@@ -122,8 +122,9 @@ def check_same_model(module: nn.Module, group, what: str) -> None:
     that built another model (a size read from its rank) would receive the first rank's values
     into mismatched tensors, silently. One small untraced all-gather of each rank's signature
     (tensor count, elements, a checksum of the shapes), as DDP checks the shapes at construction."""
-    shapes = [tuple(t.shape) for t in [*module.parameters(), *module.buffers()]]
-    device = next((t.device for t in [*module.parameters(), *module.buffers()]), torch.device("cpu"))
+    tensors = [*module.parameters(), *module.buffers()]
+    shapes = [tuple(t.shape) for t in tensors]
+    device = tensors[0].device if tensors else torch.device("cpu")
     mine = torch.tensor([len(shapes), sum(math.prod(shape) for shape in shapes), zlib.crc32(repr(shapes).encode())],
                         dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
