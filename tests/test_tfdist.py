@@ -65,6 +65,54 @@ def test_timeout_kills_the_child_and_leaves_nothing(no_leftovers):
     assert time.monotonic() - start < 15
 
 
+PEER_TAIL = ("tensorflow.python.framework.errors_impl.InternalError: 2 root error(s) found.\n"
+             ":UNKNOWN:Error received from peer  {grpc_message:\"Unable to parse request\", grpc_status:13}\n")
+
+
+def _children(*outcomes):
+    """A stand-in for run_isolated that fails or succeeds in the given order, counting its calls."""
+    calls = []
+
+    def fake(demo, timeout, **kwargs):
+        outcome = outcomes[len(calls)]
+        calls.append(kwargs)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return tfdist.PSResult(outcome)
+    return fake, calls
+
+
+def test_ps_demo_runs_again_after_a_grpc_transport_failure(monkeypatch):
+    fake, calls = _children(tfdist.TFDistError("ps_train exited with code 1", PEER_TAIL), {"losses": [1.0]})
+    monkeypatch.setattr(tfdist, "run_isolated", fake)
+    with pytest.warns(RuntimeWarning, match="gRPC transport .*Unable to parse request.*attempt 2 of 2"):
+        res = tfdist.ps_demo(workers=2, ps=2, steps=3)
+    assert len(calls) == 2 and res.losses == [1.0]
+    assert len(res.transport_errors) == 1 and "grpc_status:13" in res.transport_errors[0]
+
+
+@pytest.mark.parametrize("first", [
+    tfdist.TFDistError("ps_train exited with code 1", "Traceback ...\nValueError: bad shape\n"),   # our bug
+    tfdist.TFDistTimeout("ps_train did not finish in 1 s", PEER_TAIL),                           # a hang
+])
+def test_ps_demo_raises_a_python_error_or_a_timeout_at_once(monkeypatch, first):
+    fake, calls = _children(first, {"losses": [1.0]})
+    monkeypatch.setattr(tfdist, "run_isolated", fake)
+    with pytest.raises(type(first)):
+        tfdist.ps_demo()
+    assert len(calls) == 1
+
+
+def test_ps_demo_gives_up_after_its_attempts(monkeypatch):
+    fake, calls = _children(*[tfdist.TFDistError("ps_train exited with code 1", PEER_TAIL)] * 3)
+    monkeypatch.setattr(tfdist, "run_isolated", fake)
+    with pytest.warns(RuntimeWarning), pytest.raises(tfdist.TFDistError, match="code 1"):
+        tfdist.ps_demo(attempts=3)
+    assert len(calls) == 3
+    with pytest.raises(ValueError, match="attempts=0"):
+        tfdist.ps_demo(attempts=0)
+
+
 MIRRORED_CHILD = textwrap.dedent("""
     import importlib.util, json, sys
     spec = importlib.util.spec_from_file_location("tfdist", sys.argv[1])
@@ -133,6 +181,7 @@ def test_parameter_server_cluster_trains_asynchronously(no_leftovers):
     assert sum(losses[-5:]) / 5 < 0.1 * sum(losses[:5]) / 5   # loss decreases
     assert max(abs(a - b) for a, b in zip(res.w, res.true_w)) < 0.1
     assert res.inter_op_threads >= 3
+    assert all("grpc_status" in e or "from peer" in e for e in res.transport_errors)
 
 
 @pytest.mark.parametrize("lang", ["ko", "en"])
