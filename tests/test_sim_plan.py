@@ -199,6 +199,26 @@ def test_tp_across_nodes_is_compared_under_the_same_pins():
     assert "That is why TP stays inside a node" in table.explain("en")
 
 
+def test_tp_across_nodes_keeps_a_pin_to_one_stage_and_a_pinned_micro_batch():
+    """Every pin of the table but tp is carried: pp=1 used to be passed as "unpinned" (the wide
+    layout below took pp=2) and a pinned micro_batch was dropped (the wide layout took 16)."""
+    flat = plan("gpt3-175b", "Nx8xA100-ib", gpus=128, global_batch=512, pp=1, zero=1)
+    wide = flat.across_nodes()
+    assert flat.pins["pp"] == 1 and flat.pins["zero"] == 1
+    assert (wide.setup.layout.pp, wide.setup.layout.tp, wide.setup.zero) == (1, 16, 1) and wide.links["tp"] == "inter"
+    small = plan("7B", "8x8xH100-ib", gpus=64, global_batch=512, micro_batch=2)
+    wide = small.across_nodes()
+    assert small.pins["micro_batch"] == 2 and (wide.setup.layout.tp, wide.setup.micro_batch) == (16, 2)
+    assert {e.setup.micro_batch for e in small.rows} == {2}
+
+
+def test_tp_across_nodes_keeps_a_pinned_dp_and_says_none_when_the_pins_leave_no_room():
+    table = plan("7B", "8x8xH100-ib", gpus=64, global_batch=512, dp=4)
+    wide = table.across_nodes()
+    assert (wide.setup.layout.dp, wide.setup.layout.pp, wide.setup.layout.tp) == (4, 1, 16)
+    assert plan("7B", "8x8xH100-ib", gpus=64, global_batch=512, dp=8, pp=1).across_nodes() is None  # tp must be 8
+
+
 def test_pinned_knobs_are_respected():
     table = plan("gpt3-175b", "Nx8xA100-ib", gpus=1536, global_batch=2304, tp=8, pp=8, recompute="full", zero=0,
                  flash=False, sequence_parallel=False, overlap_dp=False)
