@@ -111,7 +111,7 @@ STRINGS = {
     'breakdown_bubble': {"ko": '버블 (유휴)', "en": 'bubble (idle)'},
     'breakdown_title': {"ko": '예측한 스텝 시간', "en": 'Predicted step time'},
     'breakdown_xlabel': {"ko": '옵티마이저 스텝당 시간 (ms)', "en": 'time per optimizer step (ms)'},
-    # ---- 3-D runs: communication by mesh dimension ----
+    # ---- 3D runs: communication by mesh dimension ----
     'group_tp': {"ko": "텐서 병렬 통신 (tp)", "en": "tensor-parallel comm (tp)"},
     'group_pp': {"ko": "파이프라인 통신 (pp)", "en": "pipeline comm (pp)"},
     'group_dp': {"ko": "데이터 병렬 통신 (dp)", "en": "data-parallel comm (dp)"},

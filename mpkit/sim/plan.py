@@ -5,7 +5,7 @@ key/value heads and a node's GPUs, pp at most the layers), every micro-batch siz
 schedule, ZeRO stage and activation recomputation; drops what does not fit in GPU memory (with
 the reason); ranks the rest by the step time ``mpkit.sim.analytic.estimate`` prices. Which link
 a TP, PP or DP group uses comes from ``mpkit.parallel.layout.Layout``, the same rank grid the real
-3-D run uses. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
+3D run uses. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
 on InfiniBand: the explanation compares the winner with the best such layout.
 
 Any knob can be pinned (``tp=8, pp=8, recompute="full"``); the others are searched. Inputs are
