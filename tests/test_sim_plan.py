@@ -2,6 +2,7 @@
 memory filter with its reasons, the ranking, the links read from Layout, bad input, the fast answer
 for huge sizes, and the planner widget driven headlessly."""
 import importlib
+import json
 import math
 import time
 from dataclasses import replace
@@ -298,6 +299,30 @@ def test_tp_on_pcie_cards_is_not_called_nvlink():
     text = plan("7B", "8xH100-pcie", gpus=8, global_batch=64, tp=8).explain("en")
     assert "Tensor parallel tp=8 talks over the links inside one node (PCIe, no NVLink)" in text
     assert "NVLink" in plan("7B", "8xH100-nvlink", gpus=8, global_batch=64, tp=8).explain("en")
+
+
+def test_the_link_text_comes_from_the_hardware_links_not_its_name():
+    """It used to be read off a '-pcie' suffix: a PCIe box under its own name was called NVLink."""
+    pcie = replace(get_hardware("8xH100-pcie"), name="my-lab-box")
+    assert (pcie.collective.kind, get_hardware("8xH100-nvlink").collective.kind) == ("pcie", "nvlink")
+    text = plan("7B", pcie, gpus=8, global_batch=64, tp=8).explain("en")
+    assert "Tensor parallel tp=8 talks over the links inside one node (PCIe, no NVLink)" in text
+    named = replace(get_hardware("8xH100-nvlink"), name="looks-like-pcie")  # the name says nothing now
+    assert "inside one node (NVLink)" in plan("7B", named, gpus=8, global_batch=64, tp=8).explain("en")
+    assert IDEAL.collective.kind == ""  # a link of no stated kind: no brand name
+    text = plan(GPT, IDEAL, gpus=8, global_batch=64, tp=8).explain("en")
+    assert "talks over the links inside one node:" in text and "NVLink" not in text and "PCIe" not in text
+    assert "tp=8는 한 노드 안의 링크로 통신합니다" in plan(GPT, IDEAL, gpus=8, global_batch=64, tp=8).explain("ko")
+
+
+def test_a_link_kind_round_trips_the_calibration_cache_and_an_unstated_one_is_not_written(tmp_path):
+    from mpkit.sim import machines
+    path = tmp_path / "cpu-sim.json"
+    hw = replace(IDEAL, p2p=Link(1e-6, 1e-9), collective=Link(2e-6, 2e-9, "pcie"), inter_node=None)
+    machines._save(path, hw)
+    saved = next(iter(json.loads(path.read_text()).values()))
+    assert saved["p2p"] == {"alpha": 1e-6, "beta": 1e-9} and saved["collective"]["kind"] == "pcie"
+    assert machines._load(path) == hw
 
 
 def test_too_many_gpus_for_the_batch_says_so_not_add_gpus():

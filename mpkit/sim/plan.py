@@ -151,8 +151,10 @@ class LayoutTable:
         return next((e for e in self.rows if keep(e)), None)
 
     def _link_text(self, where, lang):
-        if where == "intra" and self.hardware.name.lower().endswith("-pcie"):  # 8xH100-pcie: cards on PCIe
-            where = "intra_pcie"
+        """Names the link a group uses: inside a node by the kind of the hardware's collective link
+        (NVLink, PCIe, or no brand where the hardware does not say), between nodes InfiniBand."""
+        if where == "intra":
+            where = {"nvlink": "intra", "pcie": "intra_pcie"}.get(self.hardware.collective.kind, "intra_other")
         return t("plan_link_" + where, lang)
 
     def across_nodes(self) -> Estimate | None:
