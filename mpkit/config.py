@@ -13,6 +13,7 @@ import numbers
 from dataclasses import asdict, dataclass, field, fields
 
 from mpkit.models import ModelConfig, UserModel
+from mpkit.whole import is_whole  # the one predicate; runtime, train and sim.predict import it from here
 
 OPTIMIZERS = ("adam", "sgd")
 MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"kind"}
@@ -62,12 +63,6 @@ def model_config(model, sizes, data=None, loss=None) -> ModelConfig | UserModel:
 
 
 SEED_LIMIT = 2**32  # seeds are mixed with the step number into torch generator seeds; keep them plain
-
-
-def is_whole(value) -> bool:
-    """An integer (numpy's too) that is not a bool: ``steps=True`` is a mistake, not one step. The
-    runtime, ``train`` and ``sim.predict`` ask this too (``sim.formulas`` keeps its own, torch-free)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_shared(world_size, steps, batch_size, lr, optimizer, seed) -> None:

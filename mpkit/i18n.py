@@ -111,7 +111,7 @@ STRINGS = {
     'breakdown_bubble': {"ko": '버블 (유휴)', "en": 'bubble (idle)'},
     'breakdown_title': {"ko": '예측한 스텝 시간', "en": 'Predicted step time'},
     'breakdown_xlabel': {"ko": '옵티마이저 스텝당 시간 (ms)', "en": 'time per optimizer step (ms)'},
-    # ---- 3-D runs: communication by mesh dimension ----
+    # ---- 3D runs: communication by mesh dimension ----
     'group_tp': {"ko": "텐서 병렬 통신 (tp)", "en": "tensor-parallel comm (tp)"},
     'group_pp': {"ko": "파이프라인 통신 (pp)", "en": "pipeline comm (pp)"},
     'group_dp': {"ko": "데이터 병렬 통신 (dp)", "en": "data-parallel comm (dp)"},
@@ -167,6 +167,7 @@ STRINGS = {
     'plan_winner': {"ko": '최선: {layout} — 스텝당 {step:.3g}초, 초당 {tokens:,.0f} 토큰, MFU {mfu:.0%}, GPU당 {memory:.1f} GB. 랭크는 TP가 가장 안쪽이 되게 놓입니다: 랭크 = (dp 좌표·pp + pp 좌표)·tp + tp 좌표 (mpkit.parallel.layout.Layout). 그래서 TP 그룹은 이웃한 GPU tp개이고, DP 그룹의 GPU는 서로 가장 멀리 떨어져 있습니다.', "en": "Best: {layout} — {step:.3g} s per step, {tokens:,.0f} tokens/s, MFU {mfu:.0%}, {memory:.1f} GB per GPU. Ranks are laid out TP innermost: rank = (dp index·pp + pp index)·tp + tp index (mpkit.parallel.layout.Layout), so a TP group is tp neighbouring GPUs and a DP group's GPUs are the farthest apart."},
     'plan_link_intra': {"ko": '한 노드 안의 링크(NVLink)', "en": 'the links inside one node (NVLink)'},
     'plan_link_intra_pcie': {"ko": '한 노드 안의 링크(PCIe, NVLink 없음)', "en": 'the links inside one node (PCIe, no NVLink)'},
+    'plan_link_intra_other': {"ko": '한 노드 안의 링크', "en": 'the links inside one node'},
     'plan_link_inter': {"ko": '노드 사이 InfiniBand', "en": 'InfiniBand between nodes'},
     'plan_link_none': {"ko": '통신 없음', "en": 'no link'},
     'plan_tp': {"ko": '텐서 병렬 tp={tp}는 {link}로 통신합니다: 레이어와 마이크로배치마다 {mb:,.0f} MB짜리 집합 통신 {calls}번. 결과가 바로 다음 행렬곱에 필요해 계산 뒤에 숨길 수 없고, 스텝의 {share:.0%}를 차지합니다.', "en": 'Tensor parallel tp={tp} talks over {link}: {calls} collectives of {mb:,.0f} MB per layer and micro-batch, each needed by the very next matmul, so nothing hides them; they take {share:.0%} of the step.'},

@@ -4,6 +4,7 @@ The checks themselves (mpkit.quiz.glossary), lint's glossary warnings and its "t
 error on a bank, and the same vocabulary in every lab's markdown and in the Korean strings of
 mpkit.i18n, with the English term in parentheses at a Korean term's first use in each lab.
 """
+import ast
 import json
 import re
 import shutil
@@ -163,3 +164,34 @@ def test_widget_and_plot_strings_use_the_glossary(lang):
     found = [f"{key}: {v}" for key, value in STRINGS.items()
              for v in glossary.variants(re.sub(r"\{[^}]*\}", " ", value[lang]), lang, TERMS)]
     assert not found, found
+
+
+# ---- the documents and the package's own words ----
+
+DOCS = ["README.md", "ARCHITECTURE.md", "BENCHMARKS.md"]
+
+
+@pytest.mark.parametrize("name", DOCS)
+def test_documents_use_the_glossary(name):
+    text = (REPO / name).read_text(encoding="utf-8")
+    found = [str(v) for lang in ("ko", "en") for v in glossary.variants(text, lang, TERMS)]
+    assert not found, f"{name}: " + "; ".join(found)
+
+
+def test_docstrings_and_messages_use_the_glossary():
+    """Every string in mpkit (docstrings, errors, strategy descriptions), ``code`` left out:
+    'Megatron-LM 3-D' and '3-D parallelism' in the package's docstrings used to pass unseen."""
+    found = []
+    for path in sorted((REPO / "mpkit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = re.sub(r"``[^`]*``", " ", node.value)
+                found += [f"{path.relative_to(REPO)}:{node.lineno}: {v}" for v in glossary.variants(text, "en", TERMS)]
+    assert not found, found
+
+
+def test_3d_parallelism_has_one_spelling():
+    en = [t for t in TERMS if t.en == "3D parallelism"]
+    assert [v.found for v in glossary.variants("a 3-D run of Megatron-LM 3-D, 3D parallelism", "en", en)] == \
+        ["3-D", "3-D"]
+    assert sorted(v.found for v in glossary.variants("3-D 병렬화와 3차원 병렬", "ko", en)) == ["3-D 병렬", "3차원 병렬"]

@@ -511,9 +511,9 @@ def _bad_input_rank(ctx, case):
     ("lbfgs", "LBFGS updates a tensor as a whole"),
     # each rank would train its own copy of the tied weight on its own stage's gradient only
     ("tied across stages", "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1 (tied weights)"),
-    # rank 1 built a wider layer: the broadcast would fill it with rank 0's values, silently
     # one flat buffer per group: the bf16 parameters would silently become fp32
     ("mixed dtypes", "parameter group 0 mixes dtypes (bfloat16, float32)"),
+    # rank 1 built a wider layer: the broadcast would fill it with rank 0's values, silently
     ("different replicas", "the replicas differ: group rank 0 has 2 parameter and buffer tensors (20 elements), "
                            "group rank 1 has 2 (40 elements)"),
 ])

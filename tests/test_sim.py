@@ -39,6 +39,27 @@ def test_inflight_activations():
     assert formulas.inflight_activations("interleaved", 4, 8, 0, v=2) == 2 * 3 + 4 + 1
 
 
+def test_formulas_take_numpy_numbers():
+    """A sweep over np.arange hands numpy integers (and numpy floats) to every formula:
+    inflight_activations refused rank=np.int64(2), _positive np.int64 bytes, zero_memory and the
+    alpha-beta times numpy sizes. One predicate (mpkit.whole.is_whole, config.is_whole) decides."""
+    import numpy as np
+    from mpkit.config import is_whole
+    from mpkit.whole import is_whole as whole
+    assert is_whole is whole and is_whole(np.int64(2)) and not is_whole(True) and not is_whole(2.0)
+    assert [formulas.inflight_activations("1f1b", np.int64(4), np.int64(8), np.int64(r)) for r in range(4)] == \
+        [4, 3, 2, 1]
+    assert formulas.inflight_activations("interleaved", 4, 8, np.int32(0), v=np.int64(2)) == 2 * 3 + 4 + 1
+    assert formulas.ring_allreduce_bytes(np.int64(100), np.int64(4)) == 150
+    assert formulas.zero_memory(np.int64(1000), 4, 3, np.int64(2), np.float32(2), 12)["parameters"] == 500
+    assert formulas.p2p_time(np.int64(1000), np.float32(0.5), 0.0) == 0.5
+    for bad in (True, 2.0, -1, np.int64(4)):
+        with pytest.raises(ValueError, match="rank="):
+            formulas.inflight_activations("1f1b", 4, 8, bad)
+    with pytest.raises(ValueError, match="S=True must be a positive number"):
+        formulas.ring_allreduce_bytes(True, 4)
+
+
 def test_collective_bytes_and_bus_bandwidth():
     S = 100e6
     assert formulas.ring_allreduce_bytes(S, 4) == pytest.approx(150e6)

@@ -1,4 +1,4 @@
-"""3-D parallelism (``strategy="3d"``): data x pipeline x tensor parallel on one DeviceMesh.
+"""3D parallelism (``strategy="3d"``): data x pipeline x tensor parallel on one DeviceMesh.
 
 Parity with ``single`` for every layout of 4 ranks and for 2x2x2 on 8. Tolerances as in the tp
 and pp tests: SGD keeps every difference at float32 rounding level (the TP row-parallel sums and

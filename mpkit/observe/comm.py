@@ -5,7 +5,7 @@ collectives the payload size S the op was called with (the name says which algor
 e.g. ring all-reduce moves 2(N-1)/N·S; see ``mpkit.sim.formulas``). Async ops record their
 real completion time (the Work's future, or wait()), so overlap with compute shows in the timeline.
 An event names its process group ("dp", "tp", "pp": the group's ``group_desc``, as DeviceMesh sets
-it) so a 3-D run's plots can colour the dimensions apart.
+it) so a 3D run's plots can colour the dimensions apart.
 
 ``Comm`` works in any process group. Without recorders (a user's own ``init_process_group`` world)
 it is a thin pass-through to ``torch.distributed``; ``mpkit.observe.active.comm()`` hands out the

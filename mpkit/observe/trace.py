@@ -49,7 +49,7 @@ def union_seconds(events) -> float:
 @dataclass(frozen=True)
 class Event:
     """One timed operation on one rank. ``bytes`` is what this rank put on the wire (0 for compute);
-    ``group`` names the process group a communication ran in ("dp", "tp", "pp" on a 3-D mesh; "" for
+    ``group`` names the process group a communication ran in ("dp", "tp", "pp" on a 3D mesh; "" for
     the whole world), so plots can tell the dimensions apart."""
 
     rank: int

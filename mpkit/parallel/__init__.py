@@ -10,7 +10,7 @@ classes: one implementation per mechanism.
 - ``ShardedOptimizer``: ZeRO-1 — any elementwise ``torch.optim`` optimizer with its state sharded.
 - ``ColumnParallelLinear``, ``RowParallelLinear``, ``tensor_parallel``: Megatron tensor parallel.
 - ``pipeline``: GPipe, 1F1B and interleaved schedules over an ``nn.Sequential`` or stage list.
-- ``Layout``: the dp x pp x tp rank grid of 3-D parallelism; ``ring_all_reduce``: a collective by hand.
+- ``Layout``: the dp x pp x tp rank grid of 3D parallelism; ``ring_all_reduce``: a collective by hand.
 """
 from mpkit.parallel.collectives import ring_all_reduce
 from mpkit.parallel.data_parallel import DataParallel, broadcast_module, plan_buckets

@@ -1,4 +1,4 @@
-"""How ranks are laid out on a data x pipeline x tensor parallel grid (3-D parallelism).
+"""How ranks are laid out on a data x pipeline x tensor parallel grid (3D parallelism).
 
 Megatron-LM, torchtitan's ``ParallelDims`` and picotron's process-group grid all put tensor
 parallel innermost: the ranks of one TP group are adjacent (rank r and r+1 share a node and its

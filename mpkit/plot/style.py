@@ -26,7 +26,7 @@ CATEGORY_COLOURS = {
     "parameters": "#34495E", "gradients": "#E9C46A", "optimizer": "#E76F51",
     "activations": "#2A9D8F", "other": "#BAB0AC",
 }
-# On a 3-D mesh, communication is coloured by the dimension it ran in (its group's name).
+# On a 3D mesh, communication is coloured by the dimension it ran in (its group's name).
 GROUP_COLOURS = {"tp": "#C44E52", "pp": "#E8A33D", "dp": "#2A9D8F"}
 IDLE_COLOUR = "#D9D9D9"
 IDLE_HATCH = "////"

@@ -4,7 +4,7 @@ Idle is every stretch of the plotted window in which a rank did no compute — e
 ``Trace.bubble_share`` counts — so the hatched area and the number in the title agree.
 Communication sits on a thinner lane under the compute lane: overlap (DDP buckets during
 backward) shows as comm spans under compute spans, exposed comm as comm under a bubble.
-On a 3-D run (data x pipeline x tensor parallel) rows carry their mesh coordinates, lines
+On a 3D run (data x pipeline x tensor parallel) rows carry their mesh coordinates, lines
 separate the data-parallel replicas (solid) and pipeline stages (dotted), and communication is
 coloured by the dimension it ran in: TP, PP or DP.
 """
@@ -138,7 +138,7 @@ def _title(run_or_trace, trace, step, lang, title):
 
 
 def _mesh(run_or_trace):
-    """The run's dp x pp x tp layout when it is a 3-D one (several dimensions), else None."""
+    """The run's dp x pp x tp layout when it is a 3D one (several dimensions), else None."""
     mesh = getattr(run_or_trace, "mesh", None)
     return mesh if mesh is not None and sum(size > 1 for size in mesh.shape) > 1 else None
 

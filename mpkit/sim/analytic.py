@@ -31,7 +31,7 @@ schedule keeps in flight (``formulas.inflight_activations``), plus the fp32 logi
 within ``USABLE_MEMORY`` of the device.
 
 Which link a group talks over comes from ``mpkit.parallel.layout.Layout``: the rank grid the
-real 3-D run uses (TP innermost), cut into nodes of ``hw.devices_per_node``.
+real 3D run uses (TP innermost), cut into nodes of ``hw.devices_per_node``.
 """
 from __future__ import annotations
 

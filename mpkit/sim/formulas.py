@@ -8,20 +8,27 @@ from __future__ import annotations
 import math
 import numbers
 
+from mpkit.whole import is_whole
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
+def _is_number(value) -> bool:
+    """A real number, numpy's included (np.int64 and np.float32 are no int or float), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _positive(**values) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        if not _is_number(value) or not value > 0:
             raise ValueError(f"{name}={value!r} must be a positive number")
 
 
 def require_whole(**values) -> None:
     """A ValueError naming the first value that is not a whole number >= 1 (numpy's integers are)."""
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        if not is_whole(value) or value < 1:
             raise ValueError(f"{name}={value!r} must be a whole number >= 1")
 
 
@@ -64,7 +71,7 @@ def inflight_activations(schedule: str, p: int, m: int, rank: int, v: int = 1) -
     layers): its warm-up of 2(p-r-1) + (v-1)·p forwards plus the one in flight, at most v·m.
     """
     require_whole(p=p, m=m, v=v)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < p:
+    if not is_whole(rank) or not 0 <= rank < p:
         raise ValueError(f"rank={rank!r} must be in 0..{p - 1}")
     if _schedule(schedule) == "gpipe":
         return m
@@ -138,7 +145,7 @@ def zero_memory(psi: float, N: int, stage: int, param_bytes: float = 2, grad_byt
     if stage not in ZERO_STAGES:
         raise ValueError(f"stage={stage!r} is unknown; use one of {ZERO_STAGES}")
     for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes), ("optim_bytes", optim_bytes)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if not _is_number(value) or value < 0:
             raise ValueError(f"{name}={value!r} must be a number >= 0")
     return {
         "parameters": psi * param_bytes / (N if stage >= 3 else 1),
@@ -187,7 +194,7 @@ def megatron_flops(B: int, s: int, l: int, h: int, V: int, recompute: bool = Tru
 
 def _alpha_beta(alpha: float, beta: float) -> None:
     for name, value in (("alpha", alpha), ("beta", beta)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if not _is_number(value) or value < 0:
             raise ValueError(f"{name}={value!r} must be a number of seconds (per byte for beta) >= 0")
 
 

@@ -26,10 +26,13 @@ def runnable_per_core(processes: float, background: float, cores: int) -> float:
 
 @dataclass(frozen=True)
 class Link:
-    """Hockney alpha-beta link: ``alpha`` seconds per message, ``beta`` seconds per byte."""
+    """Hockney alpha-beta link: ``alpha`` seconds per message, ``beta`` seconds per byte.
+    ``kind``: what the link is, for the words that name it ("nvlink", "pcie", "infiniband"; ""
+    where not stated); the prices read only alpha and beta."""
 
     alpha: float
     beta: float
+    kind: str = ""
 
     @property
     def bandwidth(self) -> float:
@@ -250,15 +253,15 @@ _FLASH = {"A100": (0.50 + 0.73) / 2, "H100": 296 / 989}
 _LINK_EFF, _GPU_OP = 0.8, dict.fromkeys(PHASES, 5e-6)
 
 
-def _link(alpha, gb_per_s_one_way):
-    return Link(alpha, 1.0 / (gb_per_s_one_way * 1e9 * _LINK_EFF))
+def _link(alpha, gb_per_s_one_way, kind):
+    return Link(alpha, 1.0 / (gb_per_s_one_way * 1e9 * _LINK_EFF), kind)
 
 
-_NVLINK3 = _link(5e-6, 300)   # NVLink 3: 600 GB/s bidirectional per A100 = 300 GB/s each way
-_NVLINK4 = _link(5e-6, 450)   # NVLink 4: 900 GB/s bidirectional per H100 = 450 GB/s each way
-_PCIE5 = _link(10e-6, 64)     # PCIe Gen5 x16: ~64 GB/s per direction
-_IB_HDR = _link(15e-6, 25)    # InfiniBand HDR: 200 Gb/s = 25 GB/s per GPU (DGX A100: one NIC per GPU)
-_IB_NDR = _link(15e-6, 50)    # InfiniBand NDR: 400 Gb/s = 50 GB/s per GPU (DGX H100: one NIC per GPU)
+_NVLINK3 = _link(5e-6, 300, "nvlink")      # NVLink 3: 600 GB/s bidirectional per A100 = 300 GB/s each way
+_NVLINK4 = _link(5e-6, 450, "nvlink")      # NVLink 4: 900 GB/s bidirectional per H100 = 450 GB/s each way
+_PCIE5 = _link(10e-6, 64, "pcie")          # PCIe Gen5 x16: ~64 GB/s per direction
+_IB_HDR = _link(15e-6, 25, "infiniband")   # InfiniBand HDR: 200 Gb/s = 25 GB/s per GPU (DGX A100: one NIC per GPU)
+_IB_NDR = _link(15e-6, 50, "infiniband")   # InfiniBand NDR: 400 Gb/s = 50 GB/s per GPU (DGX H100: one NIC per GPU)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,11 @@ def _save(path: Path, hw: Hardware) -> None:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             data = {}
-        data[_cache_key()] = asdict(hw)
+        entry = asdict(hw)
+        for name in ("p2p", "collective"):  # a link of no stated kind is saved as {alpha, beta}, as before
+            if not entry[name]["kind"]:  # Link.kind: mpkit checkouts without it share this file
+                del entry[name]["kind"]
+        data[_cache_key()] = entry
         path.write_text(json.dumps(data, indent=1))
     except OSError:
         pass  # a read-only home (some Binder/CI images) only costs a re-measure next process

@@ -5,7 +5,7 @@ key/value heads and a node's GPUs, pp at most the layers), every micro-batch siz
 schedule, ZeRO stage and activation recomputation; drops what does not fit in GPU memory (with
 the reason); ranks the rest by the step time ``mpkit.sim.analytic.estimate`` prices. Which link
 a TP, PP or DP group uses comes from ``mpkit.parallel.layout.Layout``, the same rank grid the real
-3-D run uses. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
+3D run uses. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
 on InfiniBand: the explanation compares the winner with the best such layout.
 
 Any knob can be pinned (``tp=8, pp=8, recompute="full"``); the others are searched. Inputs are
@@ -49,7 +49,8 @@ def _choice(name, value, allowed):
 class LayoutTable:
     """What ``plan`` returns: ``rows`` (layouts that fit, fastest first; ``best`` is the first),
     ``dropped`` (layouts that do not fit, each with ``over_memory()`` saying why), ``skipped``
-    (reason -> count of combinations that are not layouts at all), ``explain(lang)``."""
+    (reason -> count of combinations that are not layouts at all), ``pins`` (the knobs the caller
+    fixed, as ``plan``'s keywords; None where searched), ``explain(lang)``."""
 
     model: Transformer
     hardware: Hardware
@@ -61,7 +62,7 @@ class LayoutTable:
     seconds: float = 0.0
     lang: str = "en"
     top: int = 10
-    software: dict = field(default_factory=dict)
+    pins: dict = field(default_factory=dict)  # plan's keywords as the caller gave them (None: searched)
 
     @property
     def best(self) -> Estimate | None:
@@ -150,23 +151,33 @@ class LayoutTable:
         return next((e for e in self.rows if keep(e)), None)
 
     def _link_text(self, where, lang):
-        if where == "intra" and self.hardware.name.lower().endswith("-pcie"):  # 8xH100-pcie: cards on PCIe
-            where = "intra_pcie"
+        """Names the link a group uses: inside a node by the kind of the hardware's collective link
+        (NVLink, PCIe, or no brand where the hardware does not say), between nodes InfiniBand."""
+        if where == "intra":
+            where = {"nvlink": "intra", "pcie": "intra_pcie"}.get(self.hardware.collective.kind, "intra_other")
         return t("plan_link_" + where, lang)
 
     def across_nodes(self) -> Estimate | None:
-        """The best layout whose TP groups span two or more nodes (None where none can exist),
-        under the same pins as this table (schedule, virtual, zero, recompute and pp where the
-        wider TP leaves room for it): only where TP runs differs."""
+        """The best layout whose TP groups span two or more nodes, at the narrowest such tp the
+        pins leave room for, under every pin of this table but tp (dp, pp, micro_batch, schedule,
+        virtual, zero, recompute and the software): only where TP runs differs. None where the
+        pins leave no such layout or none of them fits."""
         per_node = self.hardware.devices_per_node
-        pins = dict(self.software)
-        pp = pins.pop("pp", None) or 1
-        wide = next((tp for tp in range(2 * per_node, self.gpus + 1, per_node) if self.gpus % (tp * pp) == 0
-                     and self.model.heads % tp == 0 and self.model.kv % tp == 0), None)
+        pins = {k: v for k, v in self.pins.items() if k != "tp"}
+        dp, pp = pins["dp"], pins["pp"]
+
+        def room(tp):  # dp and pp as pinned (or some pp <= layers where only dp is)
+            if self.gpus % tp or self.model.heads % tp or self.model.kv % tp:
+                return False
+            rest = self.gpus // tp
+            if dp is not None:
+                return rest % dp == 0 and (rest // dp == pp if pp is not None else rest // dp <= self.model.layers)
+            return pp is None or rest % pp == 0
+
+        wide = next((tp for tp in range(2 * per_node, self.gpus + 1, per_node) if room(tp)), None)
         if wide is None:
             return None
-        return plan(self.model, self.hardware, self.gpus, self.global_batch, tp=wide, pp=None if pp == 1 else pp,
-                    **pins).best
+        return plan(self.model, self.hardware, self.gpus, self.global_batch, tp=wide, **pins).best
 
     def _explain_tp(self, best, lang, per_node):
         lay = best.setup.layout
@@ -297,11 +308,9 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     # numpy's integers (a sweep over np.arange) as Python's: plain arithmetic from here on
     gpus, global_batch, max_micro_batch = int(gpus), int(global_batch), int(max_micro_batch)
     pinned = {k: v if v is None or isinstance(v, str) else int(v) for k, v in pinned.items()}
-    zero = pinned["zero"]
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp)
     table = LayoutTable(model, hw, gpus, global_batch, lang=lang, top=top,
-                        software=dict(software, zero=zero, recompute=recompute, schedule=schedule,
-                                      virtual=pinned["virtual"], pp=pinned["pp"], max_micro_batch=max_micro_batch))
+                        pins=dict(pinned, **software, max_micro_batch=max_micro_batch))
     per_node = hw.devices_per_node
     for setup in list(_candidates(model, gpus, global_batch, pinned, max_micro_batch, software, table.skipped,
                                   per_node)):

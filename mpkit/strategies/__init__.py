@@ -21,7 +21,7 @@ REGISTRY = {
     "tp": ("mpkit.strategies.tp", "Megatron tensor parallel: column- then row-parallel linear layers"),
     "pp": ("mpkit.strategies.pp", "pipeline parallel: micro-batches through stages (gpipe, 1f1b, interleaved)"),
     "ps": ("mpkit.strategies.ps", "parameter server over torch.distributed.rpc (mode sync or async)"),
-    "3d": ("mpkit.strategies.three_d", "data x tensor x pipeline parallel on one DeviceMesh (Megatron-LM 3-D)"),
+    "3d": ("mpkit.strategies.three_d", "data x tensor x pipeline parallel on one DeviceMesh (Megatron-LM 3D)"),
 }
 STRATEGIES = {name: summary for name, (_, summary) in REGISTRY.items()}
 

@@ -1,4 +1,4 @@
-"""3-D parallelism (Megatron-LM's DP x TP x PP): data, tensor and pipeline parallelism together on
+"""3D parallelism (Megatron-LM's DP x TP x PP): data, tensor and pipeline parallelism together on
 one ``DeviceMesh`` with named dimensions ("dp", "pp", "tp"), as every large model is trained.
 
 Ranks sit on the grid of ``mpkit.parallel.Layout``: tensor parallel innermost (adjacent ranks
