@@ -651,42 +651,86 @@ def test_needs_a_process_group():
 
 
 def batch_norm_net():
+    """Four BatchNorm layers: 12 buffers (running_mean, running_var float32, num_batches_tracked int64)."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 16), nn.BatchNorm1d(16),
+                         nn.ReLU(), nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4),
+                         nn.BatchNorm1d(4))
 
 
-def _batch_norm_rank(ctx, ours, broadcast_buffers):
+# (mode, grad enabled, inside no_sync(), backward) of each forward. Which of them sync buffers in
+# torch 2.13 DDP (require_forward_param_sync, set by the previous forward's _post_forward):
+# 0 yes (first); 1 yes; 2 yes (the no_sync one itself); 3 no (after no_sync); 4 yes (eval under
+# no_grad, after a synchronising one); 5 no (after no_grad); 6 no (eval with grad, after no_grad);
+# 7 yes (after eval with grad); 8 no (train, after no_grad); 9 yes.
+BN_SCHEDULE = [("train", True, False, True), ("train", True, False, True), ("train", True, True, True),
+               ("train", True, False, True), ("eval", False, False, False), ("eval", False, False, False),
+               ("eval", True, False, False), ("eval", False, False, False), ("train", True, False, True),
+               ("train", True, False, True)]
+BN_SYNCS = [True, True, True, False, True, False, False, True, False, True]
+
+
+def _batch_norm_rank(ctx, ours, broadcast_buffers, count=False):
+    from contextlib import nullcontext
+
     model = batch_norm_net()
+    norms = [m for m in model if isinstance(m, nn.BatchNorm1d)]
     if ctx.rank == 1:  # another replica's statistics, which a buffer broadcast must overwrite
-        model[1].running_mean.fill_(5.0)
+        norms[0].running_mean.fill_(5.0)
     wrap = (DataParallel(model, broadcast_buffers=broadcast_buffers) if ours
             else DistributedDataParallel(model, broadcast_buffers=broadcast_buffers))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(3):
+    calls, per_forward, snapshots = [0], [], []
+    if count:  # every broadcast mpkit's Comm issues goes through torch.distributed.broadcast
+        real = dist.broadcast
+        dist.broadcast = lambda *a, **k: (calls.__setitem__(0, calls[0] + 1), real(*a, **k))[1]
+    for step, (mode, grad, accumulate, backward) in enumerate(BN_SCHEDULE):
         x, y = regression_batch(step)
         if ctx.rank == 1:
-            model[1].running_var.fill_(3.0)  # drifts between steps: only a per-forward broadcast undoes it
-        F.cross_entropy(wrap(shard(x, ctx.rank, 2)), shard(y % 4, ctx.rank, 2)).backward()
-        if ours:
-            wrap.finish_gradient_synchronization()
-        opt.step()
-        opt.zero_grad()
-    return state(model)
+            for norm in norms:  # drifts between forwards: only a broadcast before the forward undoes it
+                norm.running_var.fill_(3.0)
+        model.train(mode == "train")
+        before = calls[0]
+        with torch.set_grad_enabled(grad), (wrap.no_sync() if accumulate else nullcontext()):
+            out = wrap(shard(x, ctx.rank, 2))
+            if backward:
+                F.cross_entropy(out, shard(y % 4, ctx.rank, 2)).backward()
+        per_forward.append(calls[0] - before)
+        if backward and not accumulate:
+            if ours:
+                wrap.finish_gradient_synchronization()
+            opt.step()
+            opt.zero_grad()
+        snapshots.append({"out": out.detach().clone(), **state(model)})
+    return per_forward if count else snapshots
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("broadcast_buffers", [True, False])
 def test_data_parallel_syncs_batch_norm_statistics_as_ddp_does(broadcast_buffers):
-    # DDP (broadcast_buffers=True) copies rank 0's buffers into every replica before each training
-    # forward; each rank then updates them from its own slice. Same ops in the same order on each
-    # rank, so ours must equal DDP's rank by rank up to the gradient sum's order (ATOL).
+    # DDP (broadcast_buffers=True) copies rank 0's buffers into every replica at the start of the
+    # forwards BN_SYNCS marks (training, eval, no_grad and no_sync() forwards); each rank then
+    # updates them from its own slice. Same ops in the same order on each rank, so ours must equal
+    # DDP's rank by rank after every forward up to the gradient sum's order (ATOL): a broadcast
+    # missing or extra anywhere leaves rank 1's drifted variance (3.0) in one and not the other.
     theirs = mpkit.launch(_batch_norm_rank, 2, args=(False, broadcast_buffers), timeout=100)
     ours = mpkit.launch(_batch_norm_rank, 2, args=(True, broadcast_buffers), timeout=100)
-    for mine, ddp in zip(ours, theirs):
-        assert mine.keys() == ddp.keys()
-        assert all((mine[k].float() - ddp[k].float()).abs().max().item() <= ATOL for k in mine)
+    for rank, (mine, ddp) in enumerate(zip(ours, theirs)):
+        for forward, (a, b) in enumerate(zip(mine, ddp)):
+            assert a.keys() == b.keys()
+            worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+            assert worst <= ATOL, (rank, forward, worst)
     # and the broadcast matters: rank 1's drifted variance survives only without it
-    assert (ours[1]["1.running_var"] > 2.0).all() != broadcast_buffers
+    assert (ours[1][-1]["1.running_var"] > 2.0).all() != broadcast_buffers
+
+
+@pytest.mark.timeout(60)
+def test_data_parallel_broadcasts_buffers_coalesced():
+    # 4 BatchNorm layers = 12 buffers of 2 dtypes (float32 statistics, int64 batch counters): DDP's
+    # _broadcast_coalesced sends one flat tensor per dtype, not one per buffer; so must we, on the
+    # forwards DDP syncs, and nothing on the others
+    for per_forward in mpkit.launch(_batch_norm_rank, 2, args=(True, True, True), timeout=50):
+        assert per_forward == [2 if sync else 0 for sync in BN_SYNCS], per_forward
 
 
 def test_tensor_parallel_refuses_an_unpaired_plan_before_touching_the_model():

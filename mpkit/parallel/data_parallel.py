@@ -5,8 +5,10 @@ would take on the whole batch.
 The mechanics, in order:
 
 1. at construction every parameter and buffer is broadcast from the group's first rank, so the
-   replicas start identical whatever each rank's seed did (buffers too are broadcast again before
-   each training forward, and not at all with ``broadcast_buffers=False``, as in DDP);
+   replicas start identical whatever each rank's seed did (one coalesced broadcast per dtype, as
+   DDP's ``_broadcast_coalesced``); buffers are broadcast again, as in DDP, at the start of each
+   forward that follows a forward run with gradients enabled outside ``no_sync()`` (and of the
+   first), and not at all with ``broadcast_buffers=False``;
 2. each rank runs forward/backward on its slice;
 3. gradients are all-reduced and divided by the group size, packed in flat *buckets* of at most
    ``bucket_mb`` MiB (fewer, larger messages: latency is paid per message; DDP's
@@ -141,12 +143,16 @@ def check_same_model(module: nn.Module, group, what: str) -> None:
 
 def broadcast_module(module: nn.Module, group=None, parameters: bool = True, buffers: bool = True) -> None:
     """Every parameter and buffer of ``module`` from the group's first rank (replicas start equal);
-    ``parameters=False``: just the buffers (BatchNorm's running statistics, before a training forward)."""
-    comm, src = active.comm(), group_ranks(group)[2]
-    named = [*(module.named_parameters() if parameters else ()), *(module.named_buffers() if buffers else ())]
+    ``parameters=False``: just the buffers (BatchNorm's running statistics, before a forward).
+    Coalesced as DDP's ``_broadcast_coalesced``: one broadcast per dtype (per 250 MiB), however
+    many tensors the module has (``Comm.broadcast_coalesced``)."""
+    tensors = [*(module.parameters() if parameters else ()), *(module.buffers() if buffers else ())]
+    if not tensors:
+        return
+    what = "parameters and buffers" if parameters and buffers else "parameters" if parameters else "buffers"
     with torch.no_grad():
-        for name, tensor in named:
-            comm.broadcast(tensor.data, src=src, group=group, name=name)
+        active.comm().broadcast_coalesced([t.detach() for t in tensors], src=group_ranks(group)[2], group=group,
+                                          name=what)
 
 
 class _Bucket:
@@ -176,12 +182,18 @@ class DataParallel(nn.Module):
     Inside ``mpkit.launch`` every all-reduce is a traced event (bucket sizes, overlap with the
     backward in the timeline); in any other process group it just runs.
 
-    ``broadcast_buffers`` (DDP's, default True): before each training forward the buffers
-    (BatchNorm's running statistics) come from the group's first rank, so every replica
+    ``broadcast_buffers`` (DDP's, default True): the buffers (BatchNorm's running
+    statistics) come from the group's first rank at construction and at the start of a forward
+    exactly when DDP's would: the first forward, and every forward that follows one run with
+    gradients enabled outside ``no_sync()`` (train or eval mode alike: DDP looks at
+    ``torch.is_grad_enabled()``, not ``module.training``). A forward under ``torch.no_grad()`` or
+    inside ``no_sync()`` still syncs when due, but the forward after it does not. So every replica
     normalises with the same statistics at eval time; each rank still normalises a training
     batch with its own slice's statistics, as in DDP (``nn.SyncBatchNorm`` computes them over
-    the whole batch). ``False`` leaves buffers rank-local, at construction too (DDP's, torch 2.13).
-    A model without buffers sends nothing.
+    the whole batch). The buffers go coalesced, one broadcast per dtype (DDP's
+    ``_broadcast_coalesced``), however many BatchNorm layers there are. ``False`` leaves buffers
+    rank-local, at construction too (DDP's ``broadcast_buffers=False``, torch 2.13). A model
+    without buffers sends nothing.
     """
 
     def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True, group=None,
@@ -219,9 +231,14 @@ class DataParallel(nn.Module):
         if self._awaiting_finish:
             raise RuntimeError("the last backward's gradients were never synchronised: call "
                                "finish_gradient_synchronization() after backward, before optimizer.step()")
+        # torch 2.13 DDP: _pre_forward syncs buffers when _check_sync_bufs_pre_fwd(), i.e.
+        # will_sync_module_buffers() = require_forward_param_sync and forward_sync_buffers and the
+        # module has buffers; _post_forward sets require_forward_param_sync = torch.is_grad_enabled()
+        # and require_backward_grad_sync (False inside no_sync()). module.training plays no part:
+        # an eval forward after a training one syncs too, and a forward inside no_sync(), under
+        # torch.no_grad() or in eval mode with grad enabled decides only whether the *next* one does.
         if self.broadcast_buffers and self._buffers_due:
             broadcast_module(self.module, self.group, parameters=False)
-        # as DDP: the next forward syncs buffers if this one is a synchronising training forward
         self._buffers_due = torch.is_grad_enabled() and self._sync
         return self.module(*args, **kwargs)
 
