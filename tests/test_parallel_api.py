@@ -733,6 +733,11 @@ def test_data_parallel_broadcasts_buffers_coalesced():
         assert per_forward == [2 if sync else 0 for sync in BN_SYNCS], per_forward
 
 
+def test_data_parallel_broadcast_buffers_must_be_a_bool():
+    with pytest.raises(ValueError, match=r"broadcast_buffers='yes' must be True .* or False"):
+        DataParallel(nn.BatchNorm1d(2), broadcast_buffers="yes")
+
+
 def test_tensor_parallel_refuses_an_unpaired_plan_before_touching_the_model():
     from mpkit.parallel import tensor_parallel
 

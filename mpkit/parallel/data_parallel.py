@@ -182,7 +182,7 @@ class DataParallel(nn.Module):
     Inside ``mpkit.launch`` every all-reduce is a traced event (bucket sizes, overlap with the
     backward in the timeline); in any other process group it just runs.
 
-    ``broadcast_buffers`` (DDP's, default True): the buffers (BatchNorm's running
+    ``broadcast_buffers`` (DDP's, a bool, default True): the buffers (BatchNorm's running
     statistics) come from the group's first rank at construction and at the start of a forward
     exactly when DDP's would: the first forward, and every forward that follows one run with
     gradients enabled outside ``no_sync()`` (train or eval mode alike: DDP looks at
@@ -205,6 +205,9 @@ class DataParallel(nn.Module):
         if not isinstance(overlap, bool):
             raise ValueError(f"overlap={overlap!r} must be True (all-reduce buckets during backward) or False "
                              f"(after backward, in finish_gradient_synchronization)")
+        if not isinstance(broadcast_buffers, bool):
+            raise ValueError(f"broadcast_buffers={broadcast_buffers!r} must be True (buffers from the group's first "
+                            f"rank at construction and before forwards, as DDP) or False (buffers stay rank-local)")
         require_process_group("DataParallel")
         self.module = module
         self.bucket_mb = check_bucket_mb(bucket_mb)
@@ -212,7 +215,7 @@ class DataParallel(nn.Module):
         self.overlap = overlap
         self.group = group
         self.find_unused_parameters = bool(find_unused_parameters)
-        self.broadcast_buffers = bool(broadcast_buffers) and any(True for _ in module.buffers())
+        self.broadcast_buffers = broadcast_buffers and any(True for _ in module.buffers())
         self._buffers_due = True  # DDP's require_forward_param_sync: set by the previous forward
         self.world_size = dist.get_world_size(group)
         params = trainable_parameters(module, "DataParallel")
