@@ -489,6 +489,10 @@ def _bad_input_rank(ctx, case):
         "lbfgs": lambda: ShardedOptimizer(nn.Linear(4, 4).parameters(), torch.optim.LBFGS),
         "tied across stages": lambda: pipeline(tied_sequential(), split_points=[2], loss_fn=F.cross_entropy),
         "different replicas": lambda: DataParallel(nn.Linear(4, 4 + 4 * ctx.rank)),
+        "replica dtypes": lambda: DataParallel(nn.Linear(4, 4).to(torch.float64 if ctx.rank else torch.float32)),
+        "replica strides": lambda: DataParallel(transposed_weight(ctx.rank == 1)),
+        "replica count": lambda: DataParallel(nn.Sequential(*(nn.Linear(4, 4) for _ in range(1 + ctx.rank)))),
+        "rank-local buffer": lambda: DataParallel(with_buffer(ctx.rank), broadcast_buffers=False),
         "mixed dtypes": lambda: ShardedOptimizer(half_and_full().parameters(), torch.optim.SGD, lr=0.1),
     }
     try:
@@ -511,11 +515,21 @@ def _bad_input_rank(ctx, case):
     ("lbfgs", "LBFGS updates a tensor as a whole"),
     # each rank would train its own copy of the tied weight on its own stage's gradient only
     ("tied across stages", "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1 (tied weights)"),
-    # rank 1 built a wider layer: the broadcast would fill it with rank 0's values, silently
     # one flat buffer per group: the bf16 parameters would silently become fp32
     ("mixed dtypes", "parameter group 0 mixes dtypes (bfloat16, float32)"),
-    ("different replicas", "the replicas differ: group rank 0 has 2 parameter and buffer tensors (20 elements), "
-                           "group rank 1 has 2 (40 elements)"),
+    # rank 1 built a wider layer: the broadcast would fill it with rank 0's values, silently. DDP
+    # compares the count, sizes and strides of the parameters (_verify_params_across_processes);
+    # we compare dtypes too, and every rank raises, naming the rank and the parameter
+    ("different replicas", "the replicas differ: parameter 'weight' has shape (8, 4), dtype float32 on group "
+                           "rank 1, but shape (4, 4), dtype float32 on group rank 0"),
+    ("replica dtypes", "parameter 'weight' has shape (4, 4), dtype float64 on group rank 1, but shape (4, 4), "
+                       "dtype float32 on group rank 0"),
+    ("replica strides", "parameter 'weight' has shape (4, 4), dtype float32, strides (1, 4) on group rank 1, "
+                        "but shape (4, 4), dtype float32, strides (4, 1) on group rank 0"),
+    ("replica count", "group rank 1 has 4 parameter tensors, group rank 0 has 2: group rank 1's parameter "
+                      "'1.weight' has no counterpart on group rank 0"),
+    # DDP compares parameters, not buffers: with broadcast_buffers=False they are rank-local
+    ("rank-local buffer", "accepted"),
 ])
 def test_bad_input_is_a_clear_error(case, message):
     for reply in mpkit.launch(_bad_input_rank, 2, args=(case,), timeout=50):
@@ -552,6 +566,21 @@ class HalfAndFull(nn.Module):
 
     def forward(self, x):
         return self.full(self.low(x.to(torch.bfloat16)).float())
+
+
+def transposed_weight(transposed):
+    """nn.Linear(4, 4) whose weight is, where ``transposed``, a column-major tensor (other strides)."""
+    layer = nn.Linear(4, 4)
+    if transposed:
+        layer.weight = nn.Parameter(layer.weight.detach().t().contiguous().t())
+    return layer
+
+
+def with_buffer(rank):
+    """nn.Linear(4, 4) with a rank-local buffer of the rank's own size."""
+    layer = nn.Linear(4, 4)
+    layer.register_buffer("seen", torch.zeros(1 + rank))
+    return layer
 
 
 def half_and_full():

@@ -37,7 +37,6 @@ exactly as it would on one device.
 from __future__ import annotations
 
 import math
-import zlib
 from contextlib import contextmanager
 from functools import partial
 
@@ -119,26 +118,72 @@ def group_ranks(group):
     return dist.get_rank(group), dist.get_world_size(group), dist.get_global_rank(group or dist.group.WORLD, 0)
 
 
+_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)  # same on every rank
+
+
+def _param_record(name: str, p: torch.Tensor) -> list[int]:
+    """What DDP compares of a parameter, and its dtype and name: [dtype, ndim, *sizes, *strides, len, *name]."""
+    encoded = name.encode()
+    return [_DTYPES.index(p.dtype), p.dim(), *p.shape, *p.stride(), len(encoded), *encoded]
+
+
+def _decode_records(flat: list[int], count: int) -> list[tuple]:
+    records, i = [], 0
+    for _ in range(count):
+        dtype, ndim = _DTYPES[flat[i]], flat[i + 1]
+        shape, stride = tuple(flat[i + 2:i + 2 + ndim]), tuple(flat[i + 2 + ndim:i + 2 + 2 * ndim])
+        i += 2 + 2 * ndim
+        name = bytes(flat[i + 1:i + 1 + flat[i]]).decode()
+        records.append((name, shape, stride, dtype))
+        i += 1 + flat[i]
+    return records
+
+
 def check_same_model(module: nn.Module, group, what: str) -> None:
-    """Every rank's replica must have the same parameters and buffers, in the same order: a rank
-    that built another model (a size read from its rank) would receive the first rank's values
-    into mismatched tensors, silently. One small untraced all-gather of each rank's signature
-    (tensor count, elements, a checksum of the shapes), as DDP checks the shapes at construction."""
-    tensors = [*module.parameters(), *module.buffers()]
-    shapes = [tuple(t.shape) for t in tensors]
-    device = tensors[0].device if tensors else torch.device("cpu")
-    mine = torch.tensor([len(shapes), sum(math.prod(shape) for shape in shapes), zlib.crc32(repr(shapes).encode())],
-                        dtype=torch.int64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    """Every rank's replica must have the same parameters, in the same order: a rank that built
+    another model (a size read from its rank) would receive the first rank's values into
+    mismatched tensors, silently. DDP's check at construction (torch 2.13
+    ``_verify_param_shape_across_processes`` -> ``dist._verify_params_across_processes``) compares
+    the parameter count, then each parameter's sizes and strides with rank 0's; buffers are not
+    compared (with ``broadcast_buffers=False`` they may differ from rank to rank). Here the
+    dtypes too (DDP does not: a float64 replica would receive float32 bytes), every parameter (the
+    frozen ones are broadcast as well; DDP checks those that require grad), and the error is
+    raised on every rank (DDP's only on the rank that differs, while the others wait) and names
+    the rank and the parameter. Two small untraced all-gathers (record lengths, then the records)."""
+    named = list(module.named_parameters())
+    device = named[0][1].device if named else torch.device("cpu")
+    mine = [x for name, p in named for x in _param_record(name, p)]
+    world = dist.get_world_size(group)
+    sizes = [torch.empty(2, dtype=torch.int64, device=device) for _ in range(world)]
     with active.quiet():
-        active.comm().all_gather(every, mine, group=group)
-    for rank, theirs in enumerate(every):
-        if not torch.equal(theirs, every[0]):
-            (n0, e0, _), (n, e, _) = every[0].tolist(), theirs.tolist()
-            other = " in other shapes" if (n, e) == (n0, e0) else ""
-            raise ValueError(f"{what}: the replicas differ: group rank 0 has {n0} parameter and buffer tensors "
-                             f"({e0:,} elements), group rank {rank} has {n} ({e:,} elements){other}; build the "
-                             f"same model on every rank (same sizes, same seed)")
+        active.comm().all_gather(sizes, torch.tensor([len(named), len(mine)], dtype=torch.int64, device=device),
+                                 group=group)
+        counts, lengths = zip(*(s.tolist() for s in sizes))
+        padded = torch.zeros(max(lengths), dtype=torch.int64, device=device)
+        padded[:len(mine)] = torch.tensor(mine, dtype=torch.int64)
+        every = [torch.empty_like(padded) for _ in range(world)]
+        active.comm().all_gather(every, padded, group=group)
+    replicas = [_decode_records(t.tolist(), n) for t, n in zip(every, counts)]
+    hint = "; build the same model on every rank (same sizes, same dtype, same seed)"
+
+    def described(record, other):
+        _, shape, stride, dtype = record
+        text = f"shape {shape}, dtype {str(dtype).removeprefix('torch.')}"
+        return text + (f", strides {stride}" if shape == other[1] and stride != other[2] else "")
+
+    first = replicas[0]
+    for rank, theirs in enumerate(replicas[1:], 1):
+        for ours, their in zip(first, theirs):
+            if ours[1:] != their[1:]:
+                there = "" if ours[0] == their[0] else f" (there named {ours[0]!r})"
+                raise ValueError(f"{what}: the replicas differ: parameter {their[0]!r} has {described(their, ours)} "
+                                 f"on group rank {rank}, but {described(ours, their)} on group rank 0{there}{hint}")
+        if len(theirs) != len(first):
+            more, less, extra = (rank, 0, theirs) if len(theirs) > len(first) else (0, rank, first)
+            name = extra[min(len(first), len(theirs))][0]
+            raise ValueError(f"{what}: the replicas differ: group rank {rank} has {len(theirs)} parameter tensors, "
+                             f"group rank 0 has {len(first)}: group rank {more}'s parameter {name!r} has no "
+                             f"counterpart on group rank {less}{hint}")
 
 
 def broadcast_module(module: nn.Module, group=None, parameters: bool = True, buffers: bool = True) -> None:
