@@ -674,6 +674,35 @@ def test_sharded_optimizer_averaging_itself_names_a_parameter_without_gradient()
         assert "find_unused_parameters=True" in reply
 
 
+def _regained_gradients_rank(ctx):
+    import warnings
+
+    from mpkit.errors import MpkitWarning
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(8)))  # 16 parameters, 8 in each rank's slice
+    opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
+    opt.name_parameters(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # count every warning raised, not once per message
+        for step in range(6):
+            if step % 2 == 0:  # steps 1, 3, 5 have no gradients; 2 and 4 bring all 16 back
+                model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return [str(w.message) for w in caught if issubclass(w.category, MpkitWarning)]
+
+
+@pytest.mark.timeout(60)
+def test_sharded_optimizer_warns_about_bias_correction_once():
+    # every parameter of a slice regaining its gradient (twice) used to warn once per parameter
+    # name and step: 8 per rank per step. One warning per optimizer says how many and names a few.
+    for messages in mpkit.launch(_regained_gradients_rank, 2, timeout=50):
+        assert len(messages) == 1, messages
+        assert messages[0].startswith("8 parameter(s) of this rank's slice ("), messages
+        assert "and 5 more) have a gradient again" in messages[0] and "bias correction" in messages[0]
+
+
 def test_needs_a_process_group():
     with pytest.raises(RuntimeError, match="needs a process group"):
         DataParallel(nn.Linear(2, 2))
