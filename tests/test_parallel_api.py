@@ -489,6 +489,10 @@ def _bad_input_rank(ctx, case):
         "lbfgs": lambda: ShardedOptimizer(nn.Linear(4, 4).parameters(), torch.optim.LBFGS),
         "tied across stages": lambda: pipeline(tied_sequential(), split_points=[2], loss_fn=F.cross_entropy),
         "different replicas": lambda: DataParallel(nn.Linear(4, 4 + 4 * ctx.rank)),
+        "replica dtypes": lambda: DataParallel(nn.Linear(4, 4).to(torch.float64 if ctx.rank else torch.float32)),
+        "replica strides": lambda: DataParallel(transposed_weight(ctx.rank == 1)),
+        "replica count": lambda: DataParallel(nn.Sequential(*(nn.Linear(4, 4) for _ in range(1 + ctx.rank)))),
+        "rank-local buffer": lambda: DataParallel(with_buffer(ctx.rank), broadcast_buffers=False),
         "mixed dtypes": lambda: ShardedOptimizer(half_and_full().parameters(), torch.optim.SGD, lr=0.1),
     }
     try:
@@ -513,9 +517,19 @@ def _bad_input_rank(ctx, case):
     ("tied across stages", "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1 (tied weights)"),
     # one flat buffer per group: the bf16 parameters would silently become fp32
     ("mixed dtypes", "parameter group 0 mixes dtypes (bfloat16, float32)"),
-    # rank 1 built a wider layer: the broadcast would fill it with rank 0's values, silently
-    ("different replicas", "the replicas differ: group rank 0 has 2 parameter and buffer tensors (20 elements), "
-                           "group rank 1 has 2 (40 elements)"),
+    # rank 1 built a wider layer: the broadcast would fill it with rank 0's values, silently. DDP
+    # compares the count, sizes and strides of the parameters (_verify_params_across_processes);
+    # we compare dtypes too, and every rank raises, naming the rank and the parameter
+    ("different replicas", "the replicas differ: parameter 'weight' has shape (8, 4), dtype float32 on group "
+                           "rank 1, but shape (4, 4), dtype float32 on group rank 0"),
+    ("replica dtypes", "parameter 'weight' has shape (4, 4), dtype float64 on group rank 1, but shape (4, 4), "
+                       "dtype float32 on group rank 0"),
+    ("replica strides", "parameter 'weight' has shape (4, 4), dtype float32, strides (1, 4) on group rank 1, "
+                        "but shape (4, 4), dtype float32, strides (4, 1) on group rank 0"),
+    ("replica count", "group rank 1 has 4 parameter tensors, group rank 0 has 2: group rank 1's parameter "
+                      "'1.weight' has no counterpart on group rank 0"),
+    # DDP compares parameters, not buffers: with broadcast_buffers=False they are rank-local
+    ("rank-local buffer", "accepted"),
 ])
 def test_bad_input_is_a_clear_error(case, message):
     for reply in mpkit.launch(_bad_input_rank, 2, args=(case,), timeout=50):
@@ -552,6 +566,21 @@ class HalfAndFull(nn.Module):
 
     def forward(self, x):
         return self.full(self.low(x.to(torch.bfloat16)).float())
+
+
+def transposed_weight(transposed):
+    """nn.Linear(4, 4) whose weight is, where ``transposed``, a column-major tensor (other strides)."""
+    layer = nn.Linear(4, 4)
+    if transposed:
+        layer.weight = nn.Parameter(layer.weight.detach().t().contiguous().t())
+    return layer
+
+
+def with_buffer(rank):
+    """nn.Linear(4, 4) with a rank-local buffer of the rank's own size."""
+    layer = nn.Linear(4, 4)
+    layer.register_buffer("seen", torch.zeros(1 + rank))
+    return layer
 
 
 def half_and_full():
@@ -645,48 +674,126 @@ def test_sharded_optimizer_averaging_itself_names_a_parameter_without_gradient()
         assert "find_unused_parameters=True" in reply
 
 
+def _regained_gradients_rank(ctx):
+    import warnings
+
+    from mpkit.errors import MpkitWarning
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(8)))  # 16 parameters, 8 in each rank's slice
+    opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
+    opt.name_parameters(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # count every warning raised, not once per message
+        for step in range(6):
+            if step % 2 == 0:  # steps 1, 3, 5 have no gradients; 2 and 4 bring all 16 back
+                model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return [str(w.message) for w in caught if issubclass(w.category, MpkitWarning)]
+
+
+@pytest.mark.timeout(60)
+def test_sharded_optimizer_warns_about_bias_correction_once():
+    # every parameter of a slice regaining its gradient (twice) used to warn once per parameter
+    # name and step: 8 per rank per step. One warning per optimizer says how many and names a few.
+    for messages in mpkit.launch(_regained_gradients_rank, 2, timeout=50):
+        assert len(messages) == 1, messages
+        assert messages[0].startswith("8 parameter(s) of this rank's slice ("), messages
+        assert "and 5 more) have a gradient again" in messages[0] and "bias correction" in messages[0]
+
+
 def test_needs_a_process_group():
     with pytest.raises(RuntimeError, match="needs a process group"):
         DataParallel(nn.Linear(2, 2))
 
 
 def batch_norm_net():
+    """Four BatchNorm layers: 12 buffers (running_mean, running_var float32, num_batches_tracked int64)."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 16), nn.BatchNorm1d(16),
+                         nn.ReLU(), nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4),
+                         nn.BatchNorm1d(4))
 
 
-def _batch_norm_rank(ctx, ours, broadcast_buffers):
+# (mode, grad enabled, inside no_sync(), backward) of each forward. Which of them sync buffers in
+# torch 2.13 DDP (require_forward_param_sync, set by the previous forward's _post_forward):
+# 0 yes (first); 1 yes; 2 yes (the no_sync one itself); 3 no (after no_sync); 4 yes (eval under
+# no_grad, after a synchronising one); 5 no (after no_grad); 6 no (eval with grad, after no_grad);
+# 7 yes (after eval with grad); 8 no (train, after no_grad); 9 yes.
+BN_SCHEDULE = [("train", True, False, True), ("train", True, False, True), ("train", True, True, True),
+               ("train", True, False, True), ("eval", False, False, False), ("eval", False, False, False),
+               ("eval", True, False, False), ("eval", False, False, False), ("train", True, False, True),
+               ("train", True, False, True)]
+BN_SYNCS = [True, True, True, False, True, False, False, True, False, True]
+
+
+def _batch_norm_rank(ctx, ours, broadcast_buffers, count=False):
+    from contextlib import nullcontext
+
     model = batch_norm_net()
+    norms = [m for m in model if isinstance(m, nn.BatchNorm1d)]
     if ctx.rank == 1:  # another replica's statistics, which a buffer broadcast must overwrite
-        model[1].running_mean.fill_(5.0)
+        norms[0].running_mean.fill_(5.0)
     wrap = (DataParallel(model, broadcast_buffers=broadcast_buffers) if ours
             else DistributedDataParallel(model, broadcast_buffers=broadcast_buffers))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(3):
+    calls, per_forward, snapshots = [0], [], []
+    if count:  # every broadcast mpkit's Comm issues goes through torch.distributed.broadcast
+        real = dist.broadcast
+        dist.broadcast = lambda *a, **k: (calls.__setitem__(0, calls[0] + 1), real(*a, **k))[1]
+    for step, (mode, grad, accumulate, backward) in enumerate(BN_SCHEDULE):
         x, y = regression_batch(step)
         if ctx.rank == 1:
-            model[1].running_var.fill_(3.0)  # drifts between steps: only a per-forward broadcast undoes it
-        F.cross_entropy(wrap(shard(x, ctx.rank, 2)), shard(y % 4, ctx.rank, 2)).backward()
-        if ours:
-            wrap.finish_gradient_synchronization()
-        opt.step()
-        opt.zero_grad()
-    return state(model)
+            for norm in norms:  # drifts between forwards: only a broadcast before the forward undoes it
+                norm.running_var.fill_(3.0)
+        model.train(mode == "train")
+        before = calls[0]
+        with torch.set_grad_enabled(grad), (wrap.no_sync() if accumulate else nullcontext()):
+            out = wrap(shard(x, ctx.rank, 2))
+            if backward:
+                F.cross_entropy(out, shard(y % 4, ctx.rank, 2)).backward()
+        per_forward.append(calls[0] - before)
+        if backward and not accumulate:
+            if ours:
+                wrap.finish_gradient_synchronization()
+            opt.step()
+            opt.zero_grad()
+        snapshots.append({"out": out.detach().clone(), **state(model)})
+    return per_forward if count else snapshots
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("broadcast_buffers", [True, False])
 def test_data_parallel_syncs_batch_norm_statistics_as_ddp_does(broadcast_buffers):
-    # DDP (broadcast_buffers=True) copies rank 0's buffers into every replica before each training
-    # forward; each rank then updates them from its own slice. Same ops in the same order on each
-    # rank, so ours must equal DDP's rank by rank up to the gradient sum's order (ATOL).
+    # DDP (broadcast_buffers=True) copies rank 0's buffers into every replica at the start of the
+    # forwards BN_SYNCS marks (training, eval, no_grad and no_sync() forwards); each rank then
+    # updates them from its own slice. Same ops in the same order on each rank, so ours must equal
+    # DDP's rank by rank after every forward up to the gradient sum's order (ATOL): a broadcast
+    # missing or extra anywhere leaves rank 1's drifted variance (3.0) in one and not the other.
     theirs = mpkit.launch(_batch_norm_rank, 2, args=(False, broadcast_buffers), timeout=100)
     ours = mpkit.launch(_batch_norm_rank, 2, args=(True, broadcast_buffers), timeout=100)
-    for mine, ddp in zip(ours, theirs):
-        assert mine.keys() == ddp.keys()
-        assert all((mine[k].float() - ddp[k].float()).abs().max().item() <= ATOL for k in mine)
+    for rank, (mine, ddp) in enumerate(zip(ours, theirs)):
+        for forward, (a, b) in enumerate(zip(mine, ddp)):
+            assert a.keys() == b.keys()
+            worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+            assert worst <= ATOL, (rank, forward, worst)
     # and the broadcast matters: rank 1's drifted variance survives only without it
-    assert (ours[1]["1.running_var"] > 2.0).all() != broadcast_buffers
+    assert (ours[1][-1]["1.running_var"] > 2.0).all() != broadcast_buffers
+
+
+@pytest.mark.timeout(60)
+def test_data_parallel_broadcasts_buffers_coalesced():
+    # 4 BatchNorm layers = 12 buffers of 2 dtypes (float32 statistics, int64 batch counters): DDP's
+    # _broadcast_coalesced sends one flat tensor per dtype, not one per buffer; so must we, on the
+    # forwards DDP syncs, and nothing on the others
+    for per_forward in mpkit.launch(_batch_norm_rank, 2, args=(True, True, True), timeout=50):
+        assert per_forward == [2 if sync else 0 for sync in BN_SYNCS], per_forward
+
+
+def test_data_parallel_broadcast_buffers_must_be_a_bool():
+    with pytest.raises(ValueError, match=r"broadcast_buffers='yes' must be True .* or False"):
+        DataParallel(nn.BatchNorm1d(2), broadcast_buffers="yes")
 
 
 def test_tensor_parallel_refuses_an_unpaired_plan_before_touching_the_model():

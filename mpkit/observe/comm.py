@@ -18,6 +18,7 @@ import threading
 import torch
 import torch.distributed as dist
 
+BROADCAST_BUCKET_BYTES = 250 * 2**20  # DDP's broadcast_bucket_size (torch/nn/parallel/distributed.py)
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
                "product": dist.ReduceOp.PRODUCT}
 
@@ -107,6 +108,43 @@ class Comm:
     def broadcast(self, tensor, src, group=None, async_op=False, **tags):
         return self._run("broadcast", lambda a: dist.broadcast(tensor, src, group, a), nbytes(tensor), async_op,
                          group, **tags)
+
+    def broadcast_coalesced(self, tensors, src, group=None, bucket_bytes=BROADCAST_BUCKET_BYTES, name=""):
+        """Broadcast ``tensors`` in place with one broadcast per bucket, not one per tensor: DDP's
+        ``dist._broadcast_coalesced`` (its buffer sync before a forward and its state sync at
+        construction), done here in Python so every bucket is a traced event. Tensors are grouped
+        by (device, dtype) in order of first appearance and packed into flat buckets of at most
+        ``bucket_bytes`` (DDP's ``broadcast_bucket_size``, 250 MiB; a larger tensor gets one of its
+        own). A bucket of one contiguous tensor is sent as it is; otherwise it is copied into one
+        flat tensor (a communication buffer, "other" in memory) and back. Returns the buckets sent."""
+        groups = {}
+        for t in tensors:
+            groups.setdefault((t.device, t.dtype), []).append(t)
+        buckets = []
+        for same in groups.values():
+            current, size = [], 0
+            for t in same:
+                if current and size + nbytes(t) > bucket_bytes:
+                    buckets.append(current)
+                    current, size = [], 0
+                current.append(t)
+                size += nbytes(t)
+            buckets.append(current)
+        receiving = dist.get_rank() != src  # src is a global rank, as in dist.broadcast
+        for bucket in buckets:
+            label = f"{name} ({len(bucket)} {str(bucket[0].dtype).removeprefix('torch.')} tensors)"
+            if len(bucket) == 1 and bucket[0].is_contiguous():
+                self.broadcast(bucket[0], src, group, name=label)
+                continue
+            with self.memory.communicating():
+                flat = torch.cat([t.reshape(-1) for t in bucket])
+            self.broadcast(flat, src, group, name=label)
+            if receiving:
+                offset = 0
+                for t in bucket:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+        return buckets
 
     def all_gather_into_tensor(self, output, input, group=None, async_op=False, **tags):
         return self._run("all_gather", lambda a: dist.all_gather_into_tensor(output, input, group, a),

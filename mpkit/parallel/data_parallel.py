@@ -5,8 +5,10 @@ would take on the whole batch.
 The mechanics, in order:
 
 1. at construction every parameter and buffer is broadcast from the group's first rank, so the
-   replicas start identical whatever each rank's seed did (buffers too are broadcast again before
-   each training forward, and not at all with ``broadcast_buffers=False``, as in DDP);
+   replicas start identical whatever each rank's seed did (one coalesced broadcast per dtype, as
+   DDP's ``_broadcast_coalesced``); buffers are broadcast again, as in DDP, at the start of each
+   forward that follows a forward run with gradients enabled outside ``no_sync()`` (and of the
+   first), and not at all with ``broadcast_buffers=False``;
 2. each rank runs forward/backward on its slice;
 3. gradients are all-reduced and divided by the group size, packed in flat *buckets* of at most
    ``bucket_mb`` MiB (fewer, larger messages: latency is paid per message; DDP's
@@ -35,7 +37,6 @@ exactly as it would on one device.
 from __future__ import annotations
 
 import math
-import zlib
 from contextlib import contextmanager
 from functools import partial
 
@@ -117,36 +118,86 @@ def group_ranks(group):
     return dist.get_rank(group), dist.get_world_size(group), dist.get_global_rank(group or dist.group.WORLD, 0)
 
 
+_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)  # same on every rank
+
+
+def _param_record(name: str, p: torch.Tensor) -> list[int]:
+    """What DDP compares of a parameter, and its dtype and name: [dtype, ndim, *sizes, *strides, len, *name]."""
+    encoded = name.encode()
+    return [_DTYPES.index(p.dtype), p.dim(), *p.shape, *p.stride(), len(encoded), *encoded]
+
+
+def _decode_records(flat: list[int], count: int) -> list[tuple]:
+    records, i = [], 0
+    for _ in range(count):
+        dtype, ndim = _DTYPES[flat[i]], flat[i + 1]
+        shape, stride = tuple(flat[i + 2:i + 2 + ndim]), tuple(flat[i + 2 + ndim:i + 2 + 2 * ndim])
+        i += 2 + 2 * ndim
+        name = bytes(flat[i + 1:i + 1 + flat[i]]).decode()
+        records.append((name, shape, stride, dtype))
+        i += 1 + flat[i]
+    return records
+
+
 def check_same_model(module: nn.Module, group, what: str) -> None:
-    """Every rank's replica must have the same parameters and buffers, in the same order: a rank
-    that built another model (a size read from its rank) would receive the first rank's values
-    into mismatched tensors, silently. One small untraced all-gather of each rank's signature
-    (tensor count, elements, a checksum of the shapes), as DDP checks the shapes at construction."""
-    tensors = [*module.parameters(), *module.buffers()]
-    shapes = [tuple(t.shape) for t in tensors]
-    device = tensors[0].device if tensors else torch.device("cpu")
-    mine = torch.tensor([len(shapes), sum(math.prod(shape) for shape in shapes), zlib.crc32(repr(shapes).encode())],
-                        dtype=torch.int64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    """Every rank's replica must have the same parameters, in the same order: a rank that built
+    another model (a size read from its rank) would receive the first rank's values into
+    mismatched tensors, silently. DDP's check at construction (torch 2.13
+    ``_verify_param_shape_across_processes`` -> ``dist._verify_params_across_processes``) compares
+    the parameter count, then each parameter's sizes and strides with rank 0's; buffers are not
+    compared (with ``broadcast_buffers=False`` they may differ from rank to rank). Here the
+    dtypes too (DDP does not: a float64 replica would receive float32 bytes), every parameter (the
+    frozen ones are broadcast as well; DDP checks those that require grad), and the error is
+    raised on every rank (DDP's only on the rank that differs, while the others wait) and names
+    the rank and the parameter. Two small untraced all-gathers (record lengths, then the records)."""
+    named = list(module.named_parameters())
+    device = named[0][1].device if named else torch.device("cpu")
+    mine = [x for name, p in named for x in _param_record(name, p)]
+    world = dist.get_world_size(group)
+    sizes = [torch.empty(2, dtype=torch.int64, device=device) for _ in range(world)]
     with active.quiet():
-        active.comm().all_gather(every, mine, group=group)
-    for rank, theirs in enumerate(every):
-        if not torch.equal(theirs, every[0]):
-            (n0, e0, _), (n, e, _) = every[0].tolist(), theirs.tolist()
-            other = " in other shapes" if (n, e) == (n0, e0) else ""
-            raise ValueError(f"{what}: the replicas differ: group rank 0 has {n0} parameter and buffer tensors "
-                             f"({e0:,} elements), group rank {rank} has {n} ({e:,} elements){other}; build the "
-                             f"same model on every rank (same sizes, same seed)")
+        active.comm().all_gather(sizes, torch.tensor([len(named), len(mine)], dtype=torch.int64, device=device),
+                                 group=group)
+        counts, lengths = zip(*(s.tolist() for s in sizes))
+        padded = torch.zeros(max(lengths), dtype=torch.int64, device=device)
+        padded[:len(mine)] = torch.tensor(mine, dtype=torch.int64)
+        every = [torch.empty_like(padded) for _ in range(world)]
+        active.comm().all_gather(every, padded, group=group)
+    replicas = [_decode_records(t.tolist(), n) for t, n in zip(every, counts)]
+    hint = "; build the same model on every rank (same sizes, same dtype, same seed)"
+
+    def described(record, other):
+        _, shape, stride, dtype = record
+        text = f"shape {shape}, dtype {str(dtype).removeprefix('torch.')}"
+        return text + (f", strides {stride}" if shape == other[1] and stride != other[2] else "")
+
+    first = replicas[0]
+    for rank, theirs in enumerate(replicas[1:], 1):
+        for ours, their in zip(first, theirs):
+            if ours[1:] != their[1:]:
+                there = "" if ours[0] == their[0] else f" (there named {ours[0]!r})"
+                raise ValueError(f"{what}: the replicas differ: parameter {their[0]!r} has {described(their, ours)} "
+                                 f"on group rank {rank}, but {described(ours, their)} on group rank 0{there}{hint}")
+        if len(theirs) != len(first):
+            more, less, extra = (rank, 0, theirs) if len(theirs) > len(first) else (0, rank, first)
+            name = extra[min(len(first), len(theirs))][0]
+            raise ValueError(f"{what}: the replicas differ: group rank {rank} has {len(theirs)} parameter tensors, "
+                             f"group rank 0 has {len(first)}: group rank {more}'s parameter {name!r} has no "
+                             f"counterpart on group rank {less}{hint}")
 
 
 def broadcast_module(module: nn.Module, group=None, parameters: bool = True, buffers: bool = True) -> None:
     """Every parameter and buffer of ``module`` from the group's first rank (replicas start equal);
-    ``parameters=False``: just the buffers (BatchNorm's running statistics, before a training forward)."""
-    comm, src = active.comm(), group_ranks(group)[2]
-    named = [*(module.named_parameters() if parameters else ()), *(module.named_buffers() if buffers else ())]
+    ``parameters=False``: just the buffers (BatchNorm's running statistics, before a forward).
+    Coalesced as DDP's ``_broadcast_coalesced``: one broadcast per dtype (per 250 MiB), however
+    many tensors the module has (``Comm.broadcast_coalesced``)."""
+    tensors = [*(module.parameters() if parameters else ()), *(module.buffers() if buffers else ())]
+    if not tensors:
+        return
+    what = "parameters and buffers" if parameters and buffers else "parameters" if parameters else "buffers"
     with torch.no_grad():
-        for name, tensor in named:
-            comm.broadcast(tensor.data, src=src, group=group, name=name)
+        active.comm().broadcast_coalesced([t.detach() for t in tensors], src=group_ranks(group)[2], group=group,
+                                          name=what)
 
 
 class _Bucket:
@@ -176,12 +227,18 @@ class DataParallel(nn.Module):
     Inside ``mpkit.launch`` every all-reduce is a traced event (bucket sizes, overlap with the
     backward in the timeline); in any other process group it just runs.
 
-    ``broadcast_buffers`` (DDP's, default True): before each training forward the buffers
-    (BatchNorm's running statistics) come from the group's first rank, so every replica
+    ``broadcast_buffers`` (DDP's, a bool, default True): the buffers (BatchNorm's running
+    statistics) come from the group's first rank at construction and at the start of a forward
+    exactly when DDP's would: the first forward, and every forward that follows one run with
+    gradients enabled outside ``no_sync()`` (train or eval mode alike: DDP looks at
+    ``torch.is_grad_enabled()``, not ``module.training``). A forward under ``torch.no_grad()`` or
+    inside ``no_sync()`` still syncs when due, but the forward after it does not. So every replica
     normalises with the same statistics at eval time; each rank still normalises a training
     batch with its own slice's statistics, as in DDP (``nn.SyncBatchNorm`` computes them over
-    the whole batch). ``False`` leaves buffers rank-local, at construction too (DDP's, torch 2.13).
-    A model without buffers sends nothing.
+    the whole batch). The buffers go coalesced, one broadcast per dtype (DDP's
+    ``_broadcast_coalesced``), however many BatchNorm layers there are. ``False`` leaves buffers
+    rank-local, at construction too (DDP's ``broadcast_buffers=False``, torch 2.13). A model
+    without buffers sends nothing.
     """
 
     def __init__(self, module: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True, group=None,
@@ -193,6 +250,9 @@ class DataParallel(nn.Module):
         if not isinstance(overlap, bool):
             raise ValueError(f"overlap={overlap!r} must be True (all-reduce buckets during backward) or False "
                              f"(after backward, in finish_gradient_synchronization)")
+        if not isinstance(broadcast_buffers, bool):
+            raise ValueError(f"broadcast_buffers={broadcast_buffers!r} must be True (buffers from the group's first "
+                            f"rank at construction and before forwards, as DDP) or False (buffers stay rank-local)")
         require_process_group("DataParallel")
         self.module = module
         self.bucket_mb = check_bucket_mb(bucket_mb)
@@ -200,7 +260,7 @@ class DataParallel(nn.Module):
         self.overlap = overlap
         self.group = group
         self.find_unused_parameters = bool(find_unused_parameters)
-        self.broadcast_buffers = bool(broadcast_buffers) and any(True for _ in module.buffers())
+        self.broadcast_buffers = broadcast_buffers and any(True for _ in module.buffers())
         self._buffers_due = True  # DDP's require_forward_param_sync: set by the previous forward
         self.world_size = dist.get_world_size(group)
         params = trainable_parameters(module, "DataParallel")
@@ -219,9 +279,14 @@ class DataParallel(nn.Module):
         if self._awaiting_finish:
             raise RuntimeError("the last backward's gradients were never synchronised: call "
                                "finish_gradient_synchronization() after backward, before optimizer.step()")
+        # torch 2.13 DDP: _pre_forward syncs buffers when _check_sync_bufs_pre_fwd(), i.e.
+        # will_sync_module_buffers() = require_forward_param_sync and forward_sync_buffers and the
+        # module has buffers; _post_forward sets require_forward_param_sync = torch.is_grad_enabled()
+        # and require_backward_grad_sync (False inside no_sync()). module.training plays no part:
+        # an eval forward after a training one syncs too, and a forward inside no_sync(), under
+        # torch.no_grad() or in eval mode with grad enabled decides only whether the *next* one does.
         if self.broadcast_buffers and self._buffers_due:
             broadcast_module(self.module, self.group, parameters=False)
-        # as DDP: the next forward syncs buffers if this one is a synchronising training forward
         self._buffers_due = torch.is_grad_enabled() and self._sync
         return self.module(*args, **kwargs)
 

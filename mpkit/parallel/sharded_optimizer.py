@@ -25,7 +25,8 @@ no gradient in a step keeps its value and optimizer state, as the optimizer woul
 device; with ``average_gradients=True`` the reduce-scatter needs every trainable parameter's
 gradient, so a missing one is a ``RuntimeError`` that names it and says what to use. (The slice has one step
 counter: a parameter that gets gradients only in *some* steps sees Adam's bias correction of the
-slice's count, not its own; a warning says so when that happens.)
+slice's count, not its own; a warning says so the first time that happens, once per optimizer,
+naming how many parameters and the first few.)
 """
 from __future__ import annotations
 
@@ -149,6 +150,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                             self.inner.param_groups):
             g.update({k: v for k, v in inner.items() if k != "params"})  # the inner class's own defaults too
         self._had_grad = {}  # parameter -> whether it had a gradient at the last step
+        self._regained = []  # names whose gradient came back this step (the bias-correction warning)
+        self._warned_bias_correction = False
         self._reduced = False  # clip_grad_norm_ reduce-scattered this step's gradients already
 
     @property
@@ -208,7 +211,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def update_shard(self) -> None:
         """The inner optimizer's step on this rank's slices only."""
         self._sync_hyperparameters()
-        restore = []
+        restore, self._regained = [], []
         for shard in self.shards:
             if shard is None:
                 continue
@@ -218,6 +221,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     shard.shard.grad = None  # nothing of this slice has a gradient: the optimizer skips it
                 elif skip.any():
                     restore.append((shard, skip, self._snapshot(shard, skip)))
+        if self._regained and not self._warned_bias_correction:  # once per optimizer, not per parameter
+            self._warned_bias_correction = True
+            more = len(self._regained) - 3
+            names = ", ".join(map(repr, self._regained[:3])) + (f" and {more} more" if more > 0 else "")
+            warnings.warn(f"{len(self._regained)} parameter(s) of this rank's slice ({names}) "
+                          f"have a gradient again after steps without one: the slice's single step counter kept "
+                          f"counting, so Adam-like bias correction differs from one device's (warned once per "
+                          f"optimizer)", MpkitWarning, stacklevel=3)
         self.inner.step()
         for shard, skip, saved in restore:
             for tensor, values in saved:
@@ -279,9 +290,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for p, name, param_slice, shard_slice in shard.overlaps():
             has = p.grad is not None
             if self._had_grad.get(p, has) != has and has:
-                warnings.warn(f"parameter {name!r} has a gradient again after steps without one: the slice's single "
-                              f"step counter kept counting, so Adam-like bias correction differs from one device's",
-                              MpkitWarning, stacklevel=4)
+                self._regained.append(name)
             self._had_grad[p] = has
             if has:
                 shard.shard.grad[shard_slice] = p.grad.detach().reshape(-1)[param_slice]
