@@ -90,8 +90,8 @@ TRAIN = [  # (train keyword arguments, what the error must say)
     (dict(strategy="pp", schedule="zigzag"), "schedule='zigzag' is unknown; use one of 'gpipe', '1f1b'"),
     (dict(strategy="mp", world_size=8), "world_size=8 is more than the 4 layers of the model"),
     (dict(strategy="tp", world_size=3, model="gpt"), "tp size world_size=3 does not divide heads=4"),
-    (dict(strategy="pp", world_size=3, **mine(shallow_net)), "stage 1 would hold only layers [1] (Tanh), which "
-                                                             "have no parameters"),
+    (dict(strategy="pp", world_size=3, **mine(shallow_net)), "rank 1 would hold only stage 1 (layers [1]: Tanh), "
+                                                             "which has no parameters"),
     (dict(strategy="mp", world_size=3, **mine(shallow_net)), "use fewer stages than 3"),
     (dict(strategy="pp", **mine(tied_net)), "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1"),
     (dict(strategy="pp", **mine(lambda: nn.Linear(4, 2))), "Return an nn.Sequential from the model factory"),

@@ -488,6 +488,9 @@ def _bad_input_rank(ctx, case):
         "bad style": lambda: tensor_parallel(deep_net(), {"0": "diagonal"}),
         "lbfgs": lambda: ShardedOptimizer(nn.Linear(4, 4).parameters(), torch.optim.LBFGS),
         "tied across stages": lambda: pipeline(tied_sequential(), split_points=[2], loss_fn=F.cross_entropy),
+        "rank without parameters": lambda: pipeline(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4),
+                                                                  nn.Flatten()),
+                                                    schedule="interleaved", micro_batches=2, loss_fn=F.mse_loss),
         "different replicas": lambda: DataParallel(nn.Linear(4, 4 + 4 * ctx.rank)),
         "mixed dtypes": lambda: ShardedOptimizer(half_and_full().parameters(), torch.optim.SGD, lr=0.1),
     }
@@ -511,6 +514,9 @@ def _bad_input_rank(ctx, case):
     ("lbfgs", "LBFGS updates a tensor as a whole"),
     # each rank would train its own copy of the tied weight on its own stage's gradient only
     ("tied across stages", "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1 (tied weights)"),
+    # as mpkit.train("pp") checks it: per rank, so interleaving may give a rank a parameter-free stage
+    ("rank without parameters", "rank 1 would hold only stages 1 (layers [1]: ReLU) and 3 (layers [3]: Flatten), "
+                                "none of which has parameters"),
     # rank 1 built a wider layer: the broadcast would fill it with rank 0's values, silently
     # one flat buffer per group: the bf16 parameters would silently become fp32
     ("mixed dtypes", "parameter group 0 mixes dtypes (bfloat16, float32)"),
