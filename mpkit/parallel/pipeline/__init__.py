@@ -104,7 +104,9 @@ def pipeline(stages_or_module, split_points=None, schedule="1f1b", micro_batches
     Stage s lives on rank s % world_size. ``loss_fn(output, target)``: the mean loss of a
     micro-batch, used on the rank holding the last stage. ``virtual_stages``: model chunks per
     rank for ``schedule="interleaved"`` (default 2; 1 for the other schedules). Build the same model on every rank
-    (same seed) and call this everywhere; the stages a rank does not hold are dropped.
+    (same seed) and call this everywhere; the stages a rank does not hold are dropped. A rank whose
+    stages together hold no parameter is refused (it would have nothing to train); a
+    parameter-free stage on a rank with other stages is fine.
     """
     p = dist.get_world_size(group)
     if virtual_stages is None:
