@@ -15,6 +15,7 @@ from torch import nn
 import mpkit
 import mpkit.runtime.launch as launch_module
 from mpkit.cli import main
+from mpkit.parallel import Split
 
 
 @pytest.fixture
@@ -90,8 +91,8 @@ TRAIN = [  # (train keyword arguments, what the error must say)
     (dict(strategy="pp", schedule="zigzag"), "schedule='zigzag' is unknown; use one of 'gpipe', '1f1b'"),
     (dict(strategy="mp", world_size=8), "world_size=8 is more than the 4 layers of the model"),
     (dict(strategy="tp", world_size=3, model="gpt"), "tp size world_size=3 does not divide heads=4"),
-    (dict(strategy="pp", world_size=3, **mine(shallow_net)), "stage 1 would hold only layers [1] (Tanh), which "
-                                                             "have no parameters"),
+    (dict(strategy="pp", world_size=3, **mine(shallow_net)), "rank 1 would hold only stage 1 (layers [1]: Tanh), "
+                                                             "which has no parameters"),
     (dict(strategy="mp", world_size=3, **mine(shallow_net)), "use fewer stages than 3"),
     (dict(strategy="pp", **mine(tied_net)), "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1"),
     (dict(strategy="pp", **mine(lambda: nn.Linear(4, 2))), "Return an nn.Sequential from the model factory"),
@@ -109,6 +110,10 @@ TRAIN = [  # (train keyword arguments, what the error must say)
     (dict(strategy="tp", plan={"3": "column"}, **mine(tied_net)), "layer '3' shares a parameter with '0.weight'"),
     # a column layer alone: its split output met the next layer's full weight, in a rank, as a shape error
     (dict(strategy="tp", plan={"0": "column"}, **mine(shallow_net)), "plan splits 0 by columns but no layer by rows"),
+    # train splits in one call: a slice kept for "a later call" has no row layer to take it, nor a row its input
+    (dict(strategy="tp", plan={"0": Split("column", gather_output=False)}, **mine(shallow_net)),
+     "plan splits 0 by columns but no layer by rows"),
+    (dict(strategy="tp", plan={"2": "row"}, **mine(shallow_net)), "plan splits 2 by rows but no layer by columns"),
     (dict(strategy="ps", world_size=1), "ps needs a server and at least one worker: use world_size>=2"),
     (dict(strategy="ps", mode="eventual"), "mode='eventual' is unknown; use one of sync, async"),
 ]

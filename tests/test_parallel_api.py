@@ -488,6 +488,9 @@ def _bad_input_rank(ctx, case):
         "bad style": lambda: tensor_parallel(deep_net(), {"0": "diagonal"}),
         "lbfgs": lambda: ShardedOptimizer(nn.Linear(4, 4).parameters(), torch.optim.LBFGS),
         "tied across stages": lambda: pipeline(tied_sequential(), split_points=[2], loss_fn=F.cross_entropy),
+        "rank without parameters": lambda: pipeline(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4),
+                                                                  nn.Flatten()),
+                                                    schedule="interleaved", micro_batches=2, loss_fn=F.mse_loss),
         "different replicas": lambda: DataParallel(nn.Linear(4, 4 + 4 * ctx.rank)),
         "replica dtypes": lambda: DataParallel(nn.Linear(4, 4).to(torch.float64 if ctx.rank else torch.float32)),
         "replica strides": lambda: DataParallel(transposed_weight(ctx.rank == 1)),
@@ -515,6 +518,9 @@ def _bad_input_rank(ctx, case):
     ("lbfgs", "LBFGS updates a tensor as a whole"),
     # each rank would train its own copy of the tied weight on its own stage's gradient only
     ("tied across stages", "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1 (tied weights)"),
+    # as mpkit.train("pp") checks it: per rank, so interleaving may give a rank a parameter-free stage
+    ("rank without parameters", "rank 1 would hold only stages 1 (layers [1]: ReLU) and 3 (layers [3]: Flatten), "
+                                "none of which has parameters"),
     # one flat buffer per group: the bf16 parameters would silently become fp32
     ("mixed dtypes", "parameter group 0 mixes dtypes (bfloat16, float32)"),
     # rank 1 built a wider layer: the broadcast would fill it with rank 0's values, silently. DDP
@@ -796,11 +802,73 @@ def test_data_parallel_broadcast_buffers_must_be_a_bool():
         DataParallel(nn.BatchNorm1d(2), broadcast_buffers="yes")
 
 
-def test_tensor_parallel_refuses_an_unpaired_plan_before_touching_the_model():
-    from mpkit.parallel import tensor_parallel
+def test_tensor_parallel_takes_an_unpaired_plan_whose_column_layers_say_what_their_output_is():
+    # the pairing rule belongs to mpkit.train("tp") (one plan, one call); the public mechanism takes
+    # each layer on its own: a lone column layer that gathers its output, a plan in two calls
+    from mpkit.parallel import ColumnParallelLinear, RowParallelLinear, Split, tensor_parallel
 
+    head = tensor_parallel(output_net(), {"2": Split("column", gather_output=True)}, rank=0, world_size=2)
+    assert isinstance(head[2], ColumnParallelLinear) and head[2].gather_output
+    for first, second in [({"*.mlp.up": Split("column", gather_output=False)}, {"*.mlp.down": "row"}),
+                          ({"*.mlp.down": "row"}, {"*.mlp.up": "column"})]:  # either order, in two calls
+        model = tensor_parallel(tensor_parallel(deep_net(), first, rank=0, world_size=2), second, rank=0, world_size=2)
+        assert isinstance(model[1].mlp.up, ColumnParallelLinear) and not model[1].mlp.up.gather_output
+        assert isinstance(model[1].mlp.down, RowParallelLinear)
+    # a plain column layer with no row layer anywhere: slice or full output is not guessed, and the
+    # refusal comes before any layer is swapped
     model = deep_net()
     before = [type(m) for m in model.modules()]
-    with pytest.raises(ValueError, match="plan splits 0 by columns but no layer by rows"):
+    with pytest.raises(ValueError, match=r"plan splits 0 by columns but no layer by rows.*"
+                                         r"Split\('column', gather_output=True\)"):
         tensor_parallel(model, {"0": "column"}, rank=0, world_size=2)
     assert [type(m) for m in model.modules()] == before  # still whole: usable on one device
+    with pytest.raises(ValueError, match="gather_output applies to 'column' layers"):
+        tensor_parallel(model, {"0": Split("row", gather_output=True)}, rank=0, world_size=2)
+
+
+def output_net():
+    """A small classifier whose output layer is split over its classes (vocab-parallel)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 10))
+
+
+def _unpaired_tp_rank(ctx):
+    from mpkit.parallel import Split, full_parameters, tensor_parallel
+
+    out = []
+    head = tensor_parallel(output_net(), {"2": Split("column", gather_output=True)})  # a lone column layer
+    two_calls = tensor_parallel(deep_net(), {"*.mlp.up": Split("column", gather_output=False)})
+    two_calls = tensor_parallel(two_calls, {"*.mlp.down": "row"})  # the plan in two calls
+    for model in (head, two_calls):
+        out.append((train_deep(model), full_parameters(model)))
+    return out, sorted({e.name.split(" ")[0] for e in ctx.trace.events if e.kind == "all_gather"})
+
+
+@pytest.mark.timeout(120)
+def test_tensor_parallel_on_an_unpaired_plan_matches_single_device():
+    # every rank sees the whole batch. The gathered output is the full layer's output exactly
+    # (a concatenation); the f all-reduce sums the input gradient's two partial products in
+    # another order than one matmul, and the row layer its partial outputs: float32 noise of
+    # ~1e-7 after 3 AdamW steps, so the 1e-5 tolerance of the other parity tests holds
+    refs = []
+    for make in (output_net, deep_net):
+        model = make()
+        refs.append((train_deep(model), state(model)))
+    for models, gathers in mpkit.launch(_unpaired_tp_rank, 2, timeout=100):
+        for (losses, params), (ref_losses, ref_state) in zip(models, refs):
+            assert max(abs(a - b) for a, b in zip(losses, ref_losses)) <= ATOL
+            assert set(params) == set(ref_state)
+            assert all((params[k] - ref_state[k]).abs().max().item() <= ATOL for k in ref_state)
+        assert "gather" in gathers  # the lone column layer's output went through an all-gather
+
+
+@pytest.mark.timeout(120)
+def test_train_tp_takes_a_lone_column_layer_that_gathers_its_output():
+    # mpkit.train("tp") wants its split layers in pairs, but a gathered column layer gives the
+    # full output and stands alone. Tolerance as above: the f all-reduce's summation order only.
+    from mpkit.parallel import Split
+
+    run = mpkit.train("tp", 2, model=output_net, data=deep_data, loss=F.cross_entropy, steps=3, batch_size=8,
+                      optimizer="adam", plan={"2": Split("column", gather_output=True)})
+    assert run.compare_to_reference().max <= ATOL
+    assert run.extra[0]["sharded_layers"] == ["2"]

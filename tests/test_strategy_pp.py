@@ -120,3 +120,46 @@ def test_micro_batches_let_ranks_compute_at_once():
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
         make_config("pp", 4, **options)
+
+
+# ---- a learner's model with a parameter-free layer, interleaved ------------------------------
+
+def relu_stage_net():
+    """Four layers, so 2 ranks x 2 virtual stages give one each: stage 1 is the ReLU alone, on
+    rank 1, which also holds stage 3 (the output layer)."""
+    from torch import nn
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.Linear(16, 5))
+
+
+def whole_rank_without_parameters_net():
+    """Rank 1 of 2 would hold stage 1 (ReLU) and stage 3 (Flatten): no parameter at all."""
+    from torch import nn
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 5), nn.Flatten())
+
+
+def regression_data(step, batch_size):
+    import torch
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(batch_size, 6, generator=g), torch.randint(0, 5, (batch_size,), generator=g)
+
+
+@pytest.mark.timeout(200)
+def test_interleaved_trains_a_parameter_free_stage_on_a_rank_with_other_stages():
+    import torch.nn.functional as F
+    # was refused per stage ("stage 1 would hold only layers [1] (ReLU)"), though rank 1 also holds
+    # stage 3 and has something to train. Micro-batching changes only float32 summation order
+    # (per-micro-batch means / m, gradients accumulated): ATOL (1e-5) as for the built-in models.
+    r = mpkit.train("pp", 2, model=relu_stage_net, data=regression_data, loss=F.cross_entropy, steps=3,
+                    batch_size=8, optimizer="adam", schedule="interleaved", virtual_stages=2, micro_batches=2)
+    assert r.extra[1]["stages"] == [1, 3] and r.extra[1]["layers"] == {1: [1], 3: [3]}
+    ref = r.reference()
+    assert_close(r.losses, r.params, ref.losses, ref.params, ATOL)
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_whose_stages_hold_no_parameters_is_refused():
+    with pytest.raises(ValueError, match=r"rank 1 would hold only stages 1 \(layers \[1\]: ReLU\) and 3 \(layers "
+                                         r"\[3\]: Flatten\), none of which has parameters, so it would have nothing "
+                                         r"to train; use fewer stages than 4"):
+        make_config("pp", 2, model=whole_rank_without_parameters_net, data=regression_data,
+                    schedule="interleaved", virtual_stages=2, micro_batches=2, batch_size=8)

@@ -15,6 +15,10 @@ and one backward (f), whatever lies between them, as long as it is elementwise (
 independent per attention head. Each all-reduce goes through ``mpkit.observe.active.comm()``, so
 inside ``mpkit.launch`` it is a traced event and elsewhere a plain ``torch.distributed`` call.
 
+A column-parallel layer whose output is not taken by a row-parallel one (a vocab-parallel output
+layer) all-gathers its output instead (``gather_output=True``): all-gather forward, this rank's
+slice of the gradient backward.
+
 Everything else (embeddings, LayerNorms, biases after a row-parallel layer) stays replicated:
 those parameters see identical inputs and output gradients on every rank, so their gradients
 agree without any extra communication.
@@ -59,6 +63,29 @@ class ReduceFromParallelRegion(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad, None, None
+
+
+class GatherFromParallelRegion(torch.autograd.Function):
+    """All-gather of the ranks' output features forward (into the full layer's feature order,
+    ``indices[r]`` from rank r), this rank's slice of the gradient backward: every rank computes
+    the same full output downstream, so each already has the whole gradient and keeps its part
+    (Megatron's ``gather_from_tensor_model_parallel_region``; torch's ColwiseParallel with
+    ``output_layouts=Replicate()``)."""
+
+    @staticmethod
+    def forward(ctx, x, indices, rank, group, name):
+        ctx.own = indices[rank].to(x.device)
+        x = x.contiguous()
+        shards = [torch.empty_like(x) for _ in indices]
+        active.comm().all_gather(shards, x, group=group, name=f"gather forward {name}")
+        full = x.new_empty((*x.shape[:-1], sum(len(i) for i in indices)))
+        for idx, shard in zip(indices, shards):
+            full.index_copy_(x.ndim - 1, idx.to(x.device), shard)
+        return full
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.index_select(grad.ndim - 1, ctx.own), None, None, None, None
 
 
 def copy_to_parallel_region(x, group=None, name=""):
@@ -143,12 +170,31 @@ class _ShardedLinear(nn.Module):
 
 
 class ColumnParallelLinear(_ShardedLinear):
-    """Y_i = X · A_iᵀ + b_i: this rank's output features. Its input goes through f first."""
+    """Y_i = X · A_iᵀ + b_i: this rank's output features. Its input goes through f first.
+
+    ``gather_output=False`` (the default, torch's ColwiseParallel output ``Shard(-1)``): the output
+    stays this rank's slice, for a row-parallel layer after it. ``True`` (torch's
+    ``output_layouts=Replicate()``): the slices are all-gathered into the full output, so any
+    layer or loss can take it (a vocab-parallel output layer)."""
 
     dim = 0
 
+    def __init__(self, full: nn.Linear, group=None, indices=None, *, rank=None, world_size=None, name="",
+                 gather_output=False):
+        super().__init__(full, group, indices, rank=rank, world_size=world_size, name=name)
+        if gather_output and len({len(i) for i in self.indices}) > 1:
+            raise ValueError(f"layer {name or '?'}: gather_output=True all-gathers equal slices; its index lists "
+                             f"have {sorted({len(i) for i in self.indices})} features")
+        self.gather_output = gather_output
+
     def forward(self, x):
-        return F.linear(copy_to_parallel_region(x, self.group, self.name), self.weight, self.bias)
+        y = F.linear(copy_to_parallel_region(x, self.group, self.name), self.weight, self.bias)
+        if self.gather_output:
+            y = GatherFromParallelRegion.apply(y, self.indices, self.rank, self.group, self.name)
+        return y
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", output gathered" if self.gather_output else "")
 
 
 class RowParallelLinear(_ShardedLinear):
@@ -165,10 +211,16 @@ class RowParallelLinear(_ShardedLinear):
 @dataclass(frozen=True)
 class Split:
     """A plan entry: ``"column"`` or ``"row"``, optionally with its own index lists per rank
-    (``Split("column", head_split(hidden, t))`` for a fused qkv layer)."""
+    (``Split("column", head_split(hidden, t))`` for a fused qkv layer).
+
+    ``gather_output`` (column only) says what a column layer's output is: ``True`` the full
+    output, all-gathered (torch: ``ColwiseParallel(output_layouts=Replicate())``); ``False`` this
+    rank's slice, for a row layer applied in another call; ``None`` (the plain ``"column"``) the
+    slice, for a row layer in the same plan or already in the module."""
 
     style: str
     indices: tuple | None = None
+    gather_output: bool | None = None
 
 
 _STYLES = {"column": ColumnParallelLinear, "row": RowParallelLinear}
@@ -178,18 +230,17 @@ def _entry(name, value) -> Split:
     split = Split(value) if isinstance(value, str) else value
     if not isinstance(split, Split) or split.style not in _STYLES:
         raise ValueError(f"plan[{name!r}] = {value!r}: use 'column', 'row' or mpkit.parallel.Split('column'|'row', indices)")
+    if split.gather_output not in (None, True, False):
+        raise ValueError(f"plan[{name!r}] = {value!r}: gather_output must be True, False or None")
+    if split.style == "row" and split.gather_output is not None:
+        raise ValueError(f"plan[{name!r}] = {value!r}: gather_output applies to 'column' layers; a row-parallel "
+                         f"layer's output is always the full one (all-reduced)")
     return split
 
 
-def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, world_size=None) -> nn.Module:
-    """Replace the ``nn.Linear`` layers named in ``plan`` by this rank's column/row slices, in place.
-
-    ``plan`` maps module names (``fnmatch`` patterns allowed, e.g. ``"layers.*.mlp.up"``) to
-    ``"column"``, ``"row"`` or a ``Split``; every pattern must match at least one ``nn.Linear``.
-    Pair a column layer with the row layer that consumes its output (an elementwise function or
-    per-head attention between them). ``rank``/``world_size`` default to ``group``'s.
-    Returns ``module``.
-    """
+def plan_targets(module: nn.Module, plan: dict) -> dict:
+    """{layer name: Split} of every layer ``plan``'s patterns match; ValueError for a bad entry
+    or a pattern that matches nothing."""
     if not isinstance(plan, dict) or not plan:
         raise ValueError("plan must be a non-empty dict such as {'mlp.up': 'column', 'mlp.down': 'row'}")
     entries = {pattern: _entry(pattern, value) for pattern, value in plan.items()}
@@ -203,6 +254,13 @@ def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, wor
                              f"{', '.join(linears[:12]) or 'none'}")
         for name in hits:
             targets[name] = split
+    return targets
+
+
+def slices(module: nn.Module, targets: dict, group=None, *, rank=None, world_size=None) -> dict:
+    """{layer name: this rank's column/row slice} of ``plan_targets``' layers, built but not swapped
+    in; ValueError for a layer that is invalid on its own (not an ``nn.Linear``, a size the tp size
+    does not divide, a weight tied to a layer outside it)."""
     owners = {}  # id(parameter) -> every name it has: a tied parameter has several
     for pname, param in module.named_parameters(remove_duplicate=False):
         owners.setdefault(id(param), []).append(pname)
@@ -212,17 +270,44 @@ def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, wor
             if others:
                 raise ValueError(f"layer {name!r} shares a parameter with {others[0]!r} (tied weights); splitting it "
                                  f"would untie them and train two different tensors. Leave {name!r} out of the plan")
-    sharded = {}  # built first, swapped in last: a bad plan leaves the module whole
+    sharded = {}
     for name, split in targets.items():
         layer = module.get_submodule(name)
-        sharded[name] = _STYLES[split.style](layer, group, split.indices, rank=rank, world_size=world_size, name=name)
-    styles = {split.style for split in targets.values()}
-    if len(styles) == 1:  # a column layer's output (a row layer's input) stays split: the next layer would fail
-        [style] = styles
-        other = "row" if style == "column" else "column"
-        raise ValueError(f"plan splits {', '.join(targets)} by {style}s but no layer by {other}s: a column-parallel layer "
-                         f"leaves each rank a slice of its output features, which only a row-parallel layer after it "
-                         f"can take; pair them, e.g. {{'mlp.up': 'column', 'mlp.down': 'row'}}")
+        extra = {"gather_output": bool(split.gather_output)} if split.style == "column" else {}
+        sharded[name] = _STYLES[split.style](layer, group, split.indices, rank=rank, world_size=world_size, name=name,
+                                             **extra)
+    return sharded
+
+
+def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, world_size=None) -> nn.Module:
+    """Replace the ``nn.Linear`` layers named in ``plan`` by this rank's column/row slices, in place.
+
+    ``plan`` maps module names (``fnmatch`` patterns allowed, e.g. ``"layers.*.mlp.up"``) to
+    ``"column"``, ``"row"`` or a ``Split``; every pattern must match at least one ``nn.Linear``.
+    Each layer must be valid on its own; the plan need not pair them (it may be applied in
+    several calls). A ``"column"`` layer leaves each rank a slice of its output features, which
+    only a row-parallel layer can take: pair it with the row layer that consumes its output (an
+    elementwise function or per-head attention between them), in this plan or an earlier call.
+    A column layer with no row layer anywhere must say what its output is (it is not guessed):
+    ``Split("column", gather_output=True)`` for the full output (e.g. a vocab-parallel output
+    layer), ``Split("column", gather_output=False)`` for the slice (its row layer comes in a later
+    call). A row layer takes a slice of its input features. ``rank``/``world_size`` default to
+    ``group``'s. Returns ``module``.
+    """
+    targets = plan_targets(module, plan)
+    sharded = slices(module, targets, group, rank=rank, world_size=world_size)  # swapped in last: a bad plan
+    # leaves the module whole. A plain 'column' layer with no row layer to take its slice: its output would reach a full layer or
+    # the loss as a slice (a shape error, or, for a loss over the features, a silently wrong result)
+    unsaid = [n for n, split in targets.items() if split.style == "column" and split.gather_output is None]
+    rows = any(split.style == "row" for split in targets.values()) or any(
+        isinstance(m, RowParallelLinear) for m in module.modules())
+    if unsaid and not rows:
+        raise ValueError(f"plan splits {', '.join(unsaid)} by columns but no layer by rows: a column-parallel layer "
+                         f"leaves each rank a slice of its output features, which only a row-parallel layer after "
+                         f"it can take; pair them, e.g. {{'mlp.up': 'column', 'mlp.down': 'row'}}, or say what its "
+                         f"output is: Split('column', gather_output=True) all-gathers the full output (e.g. a "
+                         f"vocab-parallel output layer), Split('column', gather_output=False) keeps the slice for a "
+                         f"row layer you split in a later call")
     for name, layer in sharded.items():
         parent_name, _, attr = name.rpartition(".")
         setattr(module.get_submodule(parent_name) if parent_name else module, attr, layer)

@@ -7,7 +7,8 @@ step), ``virtual_stages`` (v model chunks per rank, read by "interleaved" only).
 built-in models are balanced by parameter count (``stages.py``); a user's ``nn.Sequential`` is
 cut the same way. ``mp`` is this strategy with one micro-batch.
 """
-from mpkit.parallel.pipeline import check_no_tie_across_ranks, check_schedule_args, pipeline, schedule
+from mpkit.parallel.pipeline import (check_every_rank_trains, check_no_tie_across_ranks, check_schedule_args, pipeline,
+                                     schedule)
 from mpkit.parallel.pipeline.schedules import engine_programs
 from mpkit.parallel.pipeline.split import partition, split_layers
 from mpkit.sim.profile import Cost
@@ -28,12 +29,10 @@ def check_stages(cfg, count: int, what: str) -> None:
         return
     # a learner's model is built here, in the caller: a model that cannot be cut fails before any rank starts
     stages = all_stages(cfg, count)
-    for s, stage in enumerate(stages):
-        if not any(True for _ in stage.parameters()):
-            layers = ", ".join(type(m).__name__ for m in stage)
-            raise ValueError(f"stage {s} would hold only layers {stage.layer_ids} ({layers}), which have no "
-                             f"parameters, so its rank would have nothing to train; use fewer stages than {count} "
-                             f"or a model whose layers each carry parameters (e.g. an activation inside a block)")
+    # per rank, not per stage: under interleaving a rank holds stages r, r+p, ... (pipeline keeps
+    # s % p), and a parameter-free stage there is fine if another of them trains
+    check_every_rank_trains(stages, cfg.world_size, f"use fewer stages than {count} or a model whose layers each "
+                            f"carry parameters (e.g. an activation inside a block)")
     check_no_tie_across_ranks(stages, cfg.world_size)
 
 

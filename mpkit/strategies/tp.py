@@ -13,12 +13,16 @@ odd number of layers the last one (the classifier) stays replicated.
 
 A user's model brings its own plan: ``mpkit.train("tp", model=..., plan={"mlp.up": "column",
 "mlp.down": "row"})``. Every rank builds the full model from the seed and keeps its slice, so the
-weights equal the single-device model's exactly; ``params`` gathers the slices back.
+weights equal the single-device model's exactly; ``params`` gathers the slices back. The plan is
+applied in one call, so ``validate`` requires its split layers in pairs (``check_pairs``): a column
+layer whose output stays split needs a row layer, a row layer a column layer; a column layer with
+``Split("column", gather_output=True)`` gives the full output and stands alone.
 """
 from __future__ import annotations
 
 from mpkit.models import Block
-from mpkit.parallel.tensor_parallel import Split, full_parameters, head_split, sharded_layers, tensor_parallel
+from mpkit.parallel.tensor_parallel import (Split, full_parameters, head_split, plan_targets, sharded_layers, slices,
+                                           tensor_parallel)
 from mpkit.sim.engine import Compute
 from mpkit.sim.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
@@ -38,12 +42,34 @@ def validate(cfg):
             raise ValueError("tp on your own model needs plan={'<module name>': 'column' | 'row', ...}, e.g. "
                              "plan={'mlp.up': 'column', 'mlp.down': 'row'}")
         # rank 0's split of the learner's model, here in the caller: a layer the plan misnames, one that is
-        # not an nn.Linear, a size tp does not divide or a tied weight fails before any rank starts
-        tensor_parallel(cfg.model.build(cfg.seed), plan, rank=0, world_size=cfg.world_size)
+        # not an nn.Linear, a size tp does not divide, a tied weight or an unpaired split fails before any
+        # rank starts
+        model = cfg.model.build(cfg.seed)
+        targets = plan_targets(model, plan)
+        slices(model, targets, rank=0, world_size=cfg.world_size)  # each layer on its own
+        check_pairs(targets)
         return
     if plan is not None:
         raise ValueError("the built-in models come with their Megatron plan; plan= is for model=<your factory>")
     validate_tp_size(cfg.model, cfg.world_size, "world_size")
+
+
+def check_pairs(targets: dict) -> None:
+    """This strategy applies the plan in one call, so a column layer whose output stays split
+    needs a row layer in the same plan, and a row layer a column layer before it (the public
+    ``tensor_parallel`` also takes a plan in several calls). A column layer with
+    ``gather_output=True`` gives the full output and needs no partner."""
+    split_cols = [n for n, s in targets.items() if s.style == "column" and not s.gather_output]
+    rows = [n for n, s in targets.items() if s.style == "row"]
+    if split_cols and not rows:
+        raise ValueError(f"plan splits {', '.join(split_cols)} by columns but no layer by rows: a column-parallel "
+                         f"layer leaves each rank a slice of its output features, which only a row-parallel layer "
+                         f"after it can take; pair them, e.g. {{'mlp.up': 'column', 'mlp.down': 'row'}}, or gather "
+                         f"its full output: Split('column', gather_output=True)")
+    if rows and not split_cols:
+        raise ValueError(f"plan splits {', '.join(rows)} by rows but no layer by columns: a row-parallel layer takes "
+                         f"a slice of its input features, which only a column-parallel layer before it gives; pair "
+                         f"them, e.g. {{'mlp.up': 'column', 'mlp.down': 'row'}}")
 
 
 def validate_tp_size(m, t: int, name: str) -> None:

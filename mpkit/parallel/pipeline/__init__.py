@@ -76,6 +76,25 @@ def check_no_tie_across_ranks(stages, p: int) -> None:
                                  f"copies apart; put both layers in one stage (split_points) or untie them")
 
 
+def check_every_rank_trains(stages, p: int, remedy: str) -> None:
+    """Each rank must hold a parameter in at least one of its stages (stage s lives on rank s % p),
+    else it would have nothing to train. A parameter-free stage (an activation, a Flatten) is fine
+    on a rank that holds other stages with parameters, as under the interleaved schedule."""
+    def held(s):
+        stage = stages[s]
+        if isinstance(stage, Stage):
+            return f"{s} (layers {stage.layer_ids}: {', '.join(type(m).__name__ for m in stage)})"
+        return f"{s} (a {type(stage).__name__})"
+
+    for rank in range(min(p, len(stages))):
+        mine = range(rank, len(stages), p)
+        if any(True for s in mine for _ in stages[s].parameters()):
+            continue
+        which = (f"stage {held(mine[0])}, which has no" if len(mine) == 1 else
+                 f"stages {', '.join(held(s) for s in mine[:-1])} and {held(mine[-1])}, none of which has")
+        raise ValueError(f"rank {rank} would hold only {which} parameters, so it would have nothing to train; {remedy}")
+
+
 def pipeline(stages_or_module, split_points=None, schedule="1f1b", micro_batches=4, group=None, loss_fn=None,
              virtual_stages=None) -> Pipeline:
     """Cut ``stages_or_module`` into ``world_size x virtual_stages`` stages and keep this rank's.
@@ -85,7 +104,9 @@ def pipeline(stages_or_module, split_points=None, schedule="1f1b", micro_batches
     Stage s lives on rank s % world_size. ``loss_fn(output, target)``: the mean loss of a
     micro-batch, used on the rank holding the last stage. ``virtual_stages``: model chunks per
     rank for ``schedule="interleaved"`` (default 2; 1 for the other schedules). Build the same model on every rank
-    (same seed) and call this everywhere; the stages a rank does not hold are dropped.
+    (same seed) and call this everywhere; the stages a rank does not hold are dropped. A rank whose
+    stages together hold no parameter is refused (it would have nothing to train); a
+    parameter-free stage on a rank with other stages is fine.
     """
     p = dist.get_world_size(group)
     if virtual_stages is None:
@@ -113,10 +134,12 @@ def pipeline(stages_or_module, split_points=None, schedule="1f1b", micro_batches
         raise TypeError(f"pipeline() takes an nn.Sequential or a list of stage modules; got "
                         f"{type(stages_or_module).__name__}")
     check_no_tie_across_ranks(stages, p)
+    check_every_rank_trains(stages, p, "use fewer stages (world_size" + (" x virtual_stages" if virtual > 1 else "")
+                            + "), other split_points, or give that rank a layer with parameters")
     rank = dist.get_rank(group)
     mine = {s: stages[s] for s in range(rank, count, p)}
     return Pipeline(mine, count, schedule, micro_batches, loss_fn, group, virtual)
 
 
 __all__ = ["pipeline", "Pipeline", "Stage", "SCHEDULES", "schedule", "simulate", "validate", "partition",
-           "split_layers", "check_schedule_args", "check_no_tie_across_ranks"]
+           "split_layers", "check_schedule_args", "check_no_tie_across_ranks", "check_every_rank_trains"]
