@@ -301,7 +301,9 @@ class Estimate:
     @property
     def mfu(self) -> float:
         """Model FLOPs (6 per parameter per token + attention scores, no recomputation) per
-        second per GPU over peak: the utilisation papers quote."""
+        second per GPU over peak: the utilisation papers quote. Like theirs it counts every
+        parameter (the embedding lookup too) and the whole score matrix, where causal flash
+        attention computes half: on a machine running at its peak it can read a few % over 100%."""
         flops = 6 * self.model.parameters + 12 * self.model.layers * self.model.seq_len * self.model.hidden
         return flops * self.tokens_per_second / (self.setup.layout.world_size * self.hardware.flops)
 
