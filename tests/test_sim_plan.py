@@ -315,6 +315,18 @@ def test_the_link_text_comes_from_the_hardware_links_not_its_name():
     assert "tp=8는 한 노드 안의 링크로 통신합니다" in plan(GPT, IDEAL, gpus=8, global_batch=64, tp=8).explain("ko")
 
 
+def test_the_link_between_nodes_is_named_by_its_kind_too():
+    """'InfiniBand' was written whatever the hardware's inter-node link was."""
+    ib = get_hardware("8x8xH100-ib")
+    text = plan("gpt3-175b", ib, gpus=64, global_batch=512).explain("en")
+    assert "puts those collectives on InfiniBand between nodes" in text
+    assert "stage boundaries run over InfiniBand between nodes" in text
+    ethernet = replace(ib, inter_node=Link(ib.inter_node.alpha, ib.inter_node.beta))  # no stated kind
+    text = plan("gpt3-175b", ethernet, gpus=64, global_batch=512).explain("en")
+    assert "puts those collectives on the links between nodes" in text and "InfiniBand" not in text
+    assert "이 통신을 노드 사이 링크에 올려" in plan("gpt3-175b", ethernet, gpus=64, global_batch=512).explain("ko")
+
+
 def test_a_link_kind_round_trips_the_calibration_cache_and_an_unstated_one_is_not_written(tmp_path):
     from mpkit.sim import machines
     path = tmp_path / "cpu-sim.json"

@@ -151,10 +151,13 @@ class LayoutTable:
         return next((e for e in self.rows if keep(e)), None)
 
     def _link_text(self, where, lang):
-        """Names the link a group uses: inside a node by the kind of the hardware's collective link
-        (NVLink, PCIe, or no brand where the hardware does not say), between nodes InfiniBand."""
+        """Names the link a group uses by the kind the hardware states: inside a node its collective
+        link's (NVLink, PCIe), between nodes its inter-node link's (InfiniBand); no brand where the
+        hardware does not say."""
         if where == "intra":
             where = {"nvlink": "intra", "pcie": "intra_pcie"}.get(self.hardware.collective.kind, "intra_other")
+        elif where == "inter":
+            where = "inter" if self.hardware.inter_node.kind == "infiniband" else "inter_other"
         return t("plan_link_" + where, lang)
 
     def across_nodes(self) -> Estimate | None:
@@ -190,7 +193,7 @@ class LayoutTable:
         wide = self.across_nodes() if lay.tp <= per_node else None
         if wide is not None:
             key = "plan_tp_wide" if wide.step_time >= best.step_time else "plan_tp_wide_faster"
-            text += " " + t(key, lang, tp=wide.setup.layout.tp, step=wide.step_time,
+            text += " " + t(key, lang, tp=wide.setup.layout.tp, step=wide.step_time, link=self._link_text("inter", lang),
                             ratio=wide.step_time / best.step_time, share=wide.time["tp"] / wide.step_time)
         return text
 
