@@ -315,6 +315,16 @@ def test_the_link_text_comes_from_the_hardware_links_not_its_name():
     assert "tp=8는 한 노드 안의 링크로 통신합니다" in plan(GPT, IDEAL, gpus=8, global_batch=64, tp=8).explain("ko")
 
 
+def test_tp_across_nodes_widens_until_a_layout_fits():
+    """It tried only the narrowest TP that spans nodes and said None when that one did not fit."""
+    pins = dict(pp=1, zero=0)   # 175B parameters with 16 bytes each must be cut by TP alone
+    assert plan("gpt3-175b", "Nx8xH100-ib", gpus=96, global_batch=96, tp=16, **pins).best is None
+    wide = plan("gpt3-175b", "Nx8xH100-ib", gpus=96, global_batch=96, **pins).across_nodes()
+    assert wide is not None and wide.fits and (wide.setup.layout.tp, wide.setup.layout.pp) == (48, 1)
+    assert all(plan("gpt3-175b", "Nx8xH100-ib", gpus=96, global_batch=96, tp=tp, **pins).best is None
+               for tp in (24, 32))   # 48 is the narrowest that fits
+
+
 def test_the_link_between_nodes_is_named_by_its_kind_too():
     """'InfiniBand' was written whatever the hardware's inter-node link was."""
     ib = get_hardware("8x8xH100-ib")

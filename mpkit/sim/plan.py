@@ -161,10 +161,10 @@ class LayoutTable:
         return t("plan_link_" + where, lang)
 
     def across_nodes(self) -> Estimate | None:
-        """The best layout whose TP groups span two or more nodes, at the narrowest such tp the
-        pins leave room for, under every pin of this table but tp (dp, pp, micro_batch, schedule,
-        virtual, zero, recompute and the software): only where TP runs differs. None where the
-        pins leave no such layout or none of them fits."""
+        """The best layout whose TP groups span two or more nodes, at the narrowest such tp that
+        the pins leave room for and where a layout fits in memory, under every pin of this table
+        but tp (dp, pp, micro_batch, schedule, virtual, zero, recompute and the software): only
+        where TP runs differs. None where the pins leave no such layout or none of them fits."""
         per_node = self.hardware.devices_per_node
         pins = {k: v for k, v in self.pins.items() if k != "tp"}
         dp, pp = pins["dp"], pins["pp"]
@@ -177,10 +177,11 @@ class LayoutTable:
                 return rest % dp == 0 and (rest // dp == pp if pp is not None else rest // dp <= self.model.layers)
             return pp is None or rest % pp == 0
 
-        wide = next((tp for tp in range(2 * per_node, self.gpus + 1, per_node) if room(tp)), None)
-        if wide is None:
-            return None
-        return plan(self.model, self.hardware, self.gpus, self.global_batch, tp=wide, **pins).best
+        for wide in (tp for tp in range(2 * per_node, self.gpus + 1, per_node) if room(tp)):
+            best = plan(self.model, self.hardware, self.gpus, self.global_batch, tp=wide, **pins).best
+            if best is not None:
+                return best
+        return None
 
     def _explain_tp(self, best, lang, per_node):
         lay = best.setup.layout
