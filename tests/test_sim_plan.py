@@ -335,6 +335,8 @@ def test_the_link_between_nodes_is_named_by_its_kind_too():
     text = plan("gpt3-175b", ethernet, gpus=64, global_batch=512).explain("en")
     assert "puts those collectives on the links between nodes" in text and "InfiniBand" not in text
     assert "이 통신을 노드 사이 링크에 올려" in plan("gpt3-175b", ethernet, gpus=64, global_batch=512).explain("ko")
+    no_inter = replace(get_hardware("8xH100-nvlink"), inter_node=None, nodes=None)  # it crashed on None
+    assert "the links between nodes" in plan("7B", no_inter, gpus=16, global_batch=64).explain("en")
 
 
 def test_a_link_kind_round_trips_the_calibration_cache_and_an_unstated_one_is_not_written(tmp_path):

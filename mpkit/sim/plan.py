@@ -157,7 +157,8 @@ class LayoutTable:
         if where == "intra":
             where = {"nvlink": "intra", "pcie": "intra_pcie"}.get(self.hardware.collective.kind, "intra_other")
         elif where == "inter":
-            where = "inter" if self.hardware.inter_node.kind == "infiniband" else "inter_other"
+            inter = self.hardware.inter_node  # None: the groups that span nodes are priced on the in-node link
+            where = "inter" if inter is not None and inter.kind == "infiniband" else "inter_other"
         return t("plan_link_" + where, lang)
 
     def across_nodes(self) -> Estimate | None:
