@@ -496,6 +496,7 @@ def _bad_input_rank(ctx, case):
         "replica strides": lambda: DataParallel(transposed_weight(ctx.rank == 1)),
         "replica count": lambda: DataParallel(nn.Sequential(*(nn.Linear(4, 4) for _ in range(1 + ctx.rank)))),
         "rank-local buffer": lambda: DataParallel(with_buffer(ctx.rank), broadcast_buffers=False),
+        "different buffers": lambda: DataParallel(with_buffer(ctx.rank)),
         "mixed dtypes": lambda: ShardedOptimizer(half_and_full().parameters(), torch.optim.SGD, lr=0.1),
     }
     try:
@@ -536,6 +537,8 @@ def _bad_input_rank(ctx, case):
                       "'1.weight' has no counterpart on group rank 0"),
     # DDP compares parameters, not buffers: with broadcast_buffers=False they are rank-local
     ("rank-local buffer", "accepted"),
+    # but broadcast coalesced (broadcast_buffers=True) they must match, or values cross buffers silently
+    ("different buffers", "the replicas differ: parameter 'buffer seen' has shape (2,)"),
 ])
 def test_bad_input_is_a_clear_error(case, message):
     for reply in mpkit.launch(_bad_input_rank, 2, args=(case,), timeout=50):

@@ -139,18 +139,21 @@ def _decode_records(flat: list[int], count: int) -> list[tuple]:
     return records
 
 
-def check_same_model(module: nn.Module, group, what: str) -> None:
+def check_same_model(module: nn.Module, group, what: str, buffers: bool = False) -> None:
     """Every rank's replica must have the same parameters, in the same order: a rank that built
     another model (a size read from its rank) would receive the first rank's values into
     mismatched tensors, silently. DDP's check at construction (torch 2.13
     ``_verify_param_shape_across_processes`` -> ``dist._verify_params_across_processes``) compares
     the parameter count, then each parameter's sizes and strides with rank 0's; buffers are not
-    compared (with ``broadcast_buffers=False`` they may differ from rank to rank). Here the
+    compared. Here buffers are, with ``buffers=True`` (``broadcast_buffers=True``: broadcast
+    coalesced, a mismatch would mix values across buffers; with False they may differ). Here the
     dtypes too (DDP does not: a float64 replica would receive float32 bytes), every parameter (the
     frozen ones are broadcast as well; DDP checks those that require grad), and the error is
     raised on every rank (DDP's only on the rank that differs, while the others wait) and names
     the rank and the parameter. Two small untraced all-gathers (record lengths, then the records)."""
     named = list(module.named_parameters())
+    if buffers:  # they will be broadcast coalesced: a mismatch would mix values across buffers silently
+        named += [(f"buffer {name}", b) for name, b in module.named_buffers()]
     device = named[0][1].device if named else torch.device("cpu")
     mine = [x for name, p in named for x in _param_record(name, p)]
     world = dist.get_world_size(group)
@@ -265,7 +268,7 @@ class DataParallel(nn.Module):
         self.world_size = dist.get_world_size(group)
         params = trainable_parameters(module, "DataParallel")
         names = {p: n for n, p in module.named_parameters() if p.requires_grad}
-        check_same_model(module, group, "DataParallel")
+        check_same_model(module, group, "DataParallel", buffers=broadcast_buffers)
         broadcast_module(module, group, buffers=self.broadcast_buffers)
         self.buckets = [_Bucket(i, ps, [names[p] for p in ps])
                         for i, ps in enumerate(plan_buckets(params, *bucket_caps(self.bucket_mb, self.first_bucket_mb)))]
