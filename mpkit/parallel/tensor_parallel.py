@@ -279,6 +279,14 @@ def slices(module: nn.Module, targets: dict, group=None, *, rank=None, world_siz
     return sharded
 
 
+def unpaired_columns(names, remedy: str) -> ValueError:
+    """The error for column layers whose split output no row layer takes (``tensor_parallel`` and
+    the 'tp' strategy's one-call check), ending in ``remedy``."""
+    return ValueError(f"plan splits {', '.join(names)} by columns but no layer by rows: a column-parallel layer "
+                      f"leaves each rank a slice of its output features, which only a row-parallel layer after it "
+                      f"can take; pair them, e.g. {{'mlp.up': 'column', 'mlp.down': 'row'}}, or {remedy}")
+
+
 def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, world_size=None) -> nn.Module:
     """Replace the ``nn.Linear`` layers named in ``plan`` by this rank's column/row slices, in place.
 
@@ -302,12 +310,9 @@ def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, wor
     rows = any(split.style == "row" for split in targets.values()) or any(
         isinstance(m, RowParallelLinear) for m in module.modules())
     if unsaid and not rows:
-        raise ValueError(f"plan splits {', '.join(unsaid)} by columns but no layer by rows: a column-parallel layer "
-                         f"leaves each rank a slice of its output features, which only a row-parallel layer after "
-                         f"it can take; pair them, e.g. {{'mlp.up': 'column', 'mlp.down': 'row'}}, or say what its "
-                         f"output is: Split('column', gather_output=True) all-gathers the full output (e.g. a "
-                         f"vocab-parallel output layer), Split('column', gather_output=False) keeps the slice for a "
-                         f"row layer you split in a later call")
+        raise unpaired_columns(unsaid, "say what its output is: Split('column', gather_output=True) all-gathers the "
+                               "full output (e.g. a vocab-parallel output layer), Split('column', gather_output=False) "
+                               "keeps the slice for a row layer you split in a later call")
     for name, layer in sharded.items():
         parent_name, _, attr = name.rpartition(".")
         setattr(module.get_submodule(parent_name) if parent_name else module, attr, layer)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from mpkit.models import Block
 from mpkit.parallel.tensor_parallel import (Split, full_parameters, head_split, plan_targets, sharded_layers, slices,
-                                           tensor_parallel)
+                                           tensor_parallel, unpaired_columns)
 from mpkit.sim.engine import Compute
 from mpkit.sim.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
@@ -62,10 +62,7 @@ def check_pairs(targets: dict) -> None:
     split_cols = [n for n, s in targets.items() if s.style == "column" and not s.gather_output]
     rows = [n for n, s in targets.items() if s.style == "row"]
     if split_cols and not rows:
-        raise ValueError(f"plan splits {', '.join(split_cols)} by columns but no layer by rows: a column-parallel "
-                         f"layer leaves each rank a slice of its output features, which only a row-parallel layer "
-                         f"after it can take; pair them, e.g. {{'mlp.up': 'column', 'mlp.down': 'row'}}, or gather "
-                         f"its full output: Split('column', gather_output=True)")
+        raise unpaired_columns(split_cols, "gather its full output: Split('column', gather_output=True)")
     if rows and not split_cols:
         raise ValueError(f"plan splits {', '.join(rows)} by rows but no layer by columns: a row-parallel layer takes "
                          f"a slice of its input features, which only a column-parallel layer before it gives; pair "
