@@ -94,6 +94,8 @@ def test_ps_demo_runs_again_after_a_grpc_transport_failure(monkeypatch):
 @pytest.mark.parametrize("first", [
     tfdist.TFDistError("ps_train exited with code 1", "Traceback ...\nValueError: bad shape\n"),   # our bug
     tfdist.TFDistTimeout("ps_train did not finish in 1 s", PEER_TAIL),                           # a hang
+    tfdist.TFDistError("ps_train exited with code 1", "W coordinator: worker 1 UnavailableError grpc_status:14 "
+                       "(recovered)\nTraceback (most recent call last):\nValueError: bad shape\n"),  # logged, then ours
 ])
 def test_ps_demo_raises_a_python_error_or_a_timeout_at_once(monkeypatch, first):
     fake, calls = _children(first, {"losses": [1.0]})

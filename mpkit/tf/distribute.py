@@ -370,7 +370,10 @@ def ps_demo(workers: int = 2, ps: int = 2, steps: int = 30, timeout: float = 60.
         except TFDistTimeout:
             raise
         except TFDistError as err:
-            peer = [line.strip() for line in err.stderr.splitlines() if GRPC_PEER_ERROR.search(line)]
+            # the final exception only: a gRPC status TensorFlow logged and recovered from earlier
+            # must not turn a later Python error into a transport failure
+            final = err.stderr[max(err.stderr.rfind("Traceback (most recent call last)"), 0):]
+            peer = [line.strip() for line in final.splitlines() if GRPC_PEER_ERROR.search(line)]
             if not peer or attempt == attempts:
                 raise
             transport_errors.append(peer[-1])
