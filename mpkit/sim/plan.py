@@ -6,7 +6,7 @@ schedule, ZeRO stage and activation recomputation; drops what does not fit in GP
 the reason); ranks the rest by the step time ``mpkit.sim.analytic.estimate`` prices. Which link
 a TP, PP or DP group uses comes from ``mpkit.parallel.layout.Layout``, the same rank grid the real
 3D run uses. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
-on InfiniBand: the explanation compares the winner with the best such layout.
+on the link between nodes: the explanation compares the winner with such a layout.
 
 Any knob can be pinned (``tp=8, pp=8, recompute="full"``); the others are searched. Inputs are
 checked first and the search is arithmetic only (no per-rank loops), so even ``gpus=10**6``
