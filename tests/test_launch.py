@@ -330,6 +330,21 @@ def test_devices_reports_simulated_cpu_devices_without_touching_cuda():
 
 
 @pytest.mark.timeout(60)
+def test_the_guardian_goes_even_if_stopping_the_ranks_fails(monkeypatch, no_leftovers):
+    # CI 2026-12-05: a rank reaped by another thread's launch made Process.close() raise
+    # ValueError in _kill_all, and the guardian shell was left running (no_leftovers caught it)
+    real_kill_all = launch_module._kill_all
+
+    def failing_kill_all(procs):
+        real_kill_all(procs)
+        raise ValueError("Cannot close a process while it is still running.")
+
+    monkeypatch.setattr(launch_module, "_kill_all", failing_kill_all)
+    with pytest.raises(ValueError, match="Cannot close"):
+        mpkit.launch(_group_facts, 2, timeout=30)
+
+
+@pytest.mark.timeout(60)
 def test_two_launches_at_once_from_two_threads(monkeypatch, no_leftovers):
     ports = []
     real_store_socket = launch_module.store_socket

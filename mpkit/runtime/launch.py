@@ -12,6 +12,7 @@ import os
 import pickle
 import signal
 import socket
+import threading
 import time
 import warnings
 from multiprocessing.connection import wait
@@ -95,22 +96,31 @@ def _start_method(backend, fn):
     return "spawn"
 
 
+# multiprocessing reaps children without a lock: Process.start() polls (waitpid) every child of
+# the process, so a launch starting ranks in one thread could reap a rank another thread was
+# joining; that join then saw no exit code and close() raised ValueError (seen once in CI,
+# 2026-12-05: test_two_launches_at_once_from_two_threads, and the guardian was left behind).
+# Everything here that may call waitpid on a rank holds this lock.
+_REAPING = threading.Lock()
+
+
 def _kill_all(procs):
     """SIGKILL every rank's process group, also when the rank itself already exited: what it
     started (a ``subprocess.Popen``) is still in that group. Then reap and close each rank."""
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if proc.is_alive():  # its group did not exist yet: kill the process itself
-            proc.kill()
-    for proc in procs:
-        proc.join(timeout=5)
-        if proc.exitcode is None:  # pragma: no cover - stuck in the kernel; one last try
-            proc.kill()
-            proc.join()
-        proc.close()  # release its sentinel fd now, not at the next launch
+    with _REAPING:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if proc.is_alive():  # its group did not exist yet: kill the process itself
+                proc.kill()
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.exitcode is None:  # pragma: no cover - stuck in the kernel; one last try
+                proc.kill()
+                proc.join()
+            proc.close()  # release its sentinel fd now, not at the next launch
 
 
 def _own_group(pid):
@@ -167,7 +177,8 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
             reader, writer = context.Pipe(duplex=False)
             proc = context.Process(target=run_rank, name=f"mpkit-rank-{rank}",
                                    args=(rank, world_size, port, backend, fn, tuple(args), writer, options))
-            proc.start()
+            with _REAPING:  # start() reaps finished children of every launch in this process
+                proc.start()
             _own_group(proc.pid)
             guardian.guard(proc.pid)
             writer.close()
@@ -177,10 +188,12 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
         messages = _collect(procs, conns, float(timeout))
     finally:
         listener.close()
-        _kill_all(procs)
-        guardian.release()
-        for conn in conns:
-            conn.close()
+        try:
+            _kill_all(procs)
+        finally:
+            guardian.release()  # even if stopping the ranks failed: the guardian must not outlive the launch
+            for conn in conns:
+                conn.close()
     _show_rank_warnings([m.get("warnings", []) for m in messages])
     results = [m["result"] for m in messages]
     merged = Trace.merge(Trace(events=m["events"]) for m in messages)
@@ -244,7 +257,8 @@ def _collect(procs, conns, timeout):
                 joined.add(rank)
                 continue
             if kind == "died":
-                proc.join(timeout=1)
+                with _REAPING:
+                    proc.join(timeout=1)
                 raise LaunchError(f"rank {rank} {_death_reason(proc.exitcode)}", rank=rank,
                                   traceback=f"rank {rank} {_death_reason(proc.exitcode)}", exc_type="died")
             _raise_for(kind, rank, payload)
