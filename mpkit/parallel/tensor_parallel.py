@@ -114,6 +114,32 @@ def head_split(hidden: int, parts: int) -> list[torch.Tensor]:
             for r in range(parts)]
 
 
+def _partition(indices, size: int, world_size: int, name: str, dim: int) -> list[torch.Tensor]:
+    """``indices`` as one index tensor per rank, checked to hold every feature exactly once: an
+    index on two ranks would count twice, a missing one would be dropped (or, gathered, left
+    uninitialised), so a wrong split must not train."""
+    what = "out_features" if dim == 0 else "in_features"
+    parts = [torch.as_tensor(i) for i in indices]
+    if len(parts) != world_size:
+        raise ValueError(f"layer {name or '?'}: {len(parts)} index lists for a tp size of {world_size}; give one per rank")
+    if any(p.dim() != 1 or p.is_floating_point() or p.is_complex() or p.dtype == torch.bool for p in parts):
+        raise ValueError(f"layer {name or '?'}: each rank's index list must be a 1-D list or tensor of whole numbers")
+    parts = [p.long() for p in parts]
+    every = torch.cat(parts)
+    inside = (every >= 0) & (every < size)
+    counts = torch.bincount(every[inside], minlength=size)
+    faults = {"outside 0..%d" % (size - 1): every[~inside].unique().tolist(),
+              "on more than one rank": (counts > 1).nonzero().flatten().tolist(),
+              "on no rank": (counts == 0).nonzero().flatten().tolist()}
+    if any(faults.values()):
+        said = "; ".join(f"{where}: {found[:8]}{' ...' if len(found) > 8 else ''}" for where, found in faults.items()
+                         if found)
+        raise ValueError(f"layer {name or '?'}: its index lists must hold each of its {what}={size} exactly once "
+                         f"across the ranks; indices {said}. Fix the lists (mpkit.parallel.head_split "
+                         f"makes them for a fused qkv layer) or leave indices out for contiguous slices")
+    return parts
+
+
 class _ShardedLinear(nn.Module):
     """A slice of a full ``nn.Linear``: the output rows (column-parallel) or input columns
     (row-parallel) listed in ``indices[rank]``. Keeping every rank's index list lets ``gather``
@@ -136,7 +162,7 @@ class _ShardedLinear(nn.Module):
                 raise ValueError(f"layer {name or '?'}: tp size {world_size} does not divide {what}={size}; use a "
                                  f"tensor-parallel size that divides {size}")
             indices = contiguous_split(size, world_size)
-        self.indices, self.name = list(indices), name
+        self.indices, self.name = _partition(indices, size, world_size, name, self.dim), name
         own = self.indices[self.rank]
         # a frozen layer stays frozen: its slices are new Parameters, which would default to trainable
         self.weight = nn.Parameter(full.weight.detach().index_select(self.dim, own), full.weight.requires_grad)
@@ -211,7 +237,8 @@ class RowParallelLinear(_ShardedLinear):
 @dataclass(frozen=True)
 class Split:
     """A plan entry: ``"column"`` or ``"row"``, optionally with its own index lists per rank
-    (``Split("column", head_split(hidden, t))`` for a fused qkv layer).
+    (``Split("column", head_split(hidden, t))`` for a fused qkv layer), which together must hold
+    each of the layer's features exactly once.
 
     ``gather_output`` (column only) says what a column layer's output is: ``True`` the full
     output, all-gathered (torch: ``ColwiseParallel(output_layouts=Replicate())``); ``False`` this
