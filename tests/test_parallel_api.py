@@ -498,6 +498,11 @@ def _bad_input_rank(ctx, case):
         "rank-local buffer": lambda: DataParallel(with_buffer(ctx.rank), broadcast_buffers=False),
         "different buffers": lambda: DataParallel(with_buffer(ctx.rank)),
         "mixed dtypes": lambda: ShardedOptimizer(half_and_full().parameters(), torch.optim.SGD, lr=0.1),
+        "sharded replicas": lambda: sharded_start(nn.Linear(4, 4 + 4 * ctx.rank), with_module=False),
+        "sharded replica order": lambda: sharded_start(nn.Sequential(nn.Linear(4, 2 + 2 * ctx.rank),
+                                                                     nn.Linear(4, 4 - 2 * ctx.rank)),
+                                                       with_module=True),
+        "sharded buffers": lambda: sharded_start(with_buffer(ctx.rank), with_module=True),
     }
     try:
         cases[case]()
@@ -539,6 +544,13 @@ def _bad_input_rank(ctx, case):
     ("rank-local buffer", "accepted"),
     # but broadcast coalesced (broadcast_buffers=True) they must match, or values cross buffers silently
     ("different buffers", "the replicas differ: parameter 'buffer seen' has shape (2,)"),
+    # ShardedOptimizer.broadcast_parameters broadcasts flat buffers (or the module coalesced): the
+    # same silent crossing of parameter boundaries, the same check
+    ("sharded replicas", "ShardedOptimizer.broadcast_parameters: the replicas differ: parameter 'group 0 param 0' "
+                         "has shape (8, 4), dtype float32 on group rank 1"),
+    ("sharded replica order", "ShardedOptimizer.broadcast_parameters: the replicas differ: parameter '0.weight' has "
+                              "shape (4, 4), dtype float32 on group rank 1, but shape (2, 4)"),
+    ("sharded buffers", "ShardedOptimizer.broadcast_parameters: the replicas differ: parameter 'buffer seen'"),
 ])
 def test_bad_input_is_a_clear_error(case, message):
     for reply in mpkit.launch(_bad_input_rank, 2, args=(case,), timeout=50):
@@ -575,6 +587,12 @@ class HalfAndFull(nn.Module):
 
     def forward(self, x):
         return self.full(self.low(x.to(torch.bfloat16)).float())
+
+
+def sharded_start(model, with_module):
+    """ZeRO-1 without DataParallel: the replicas start from rank 0's values."""
+    opt = ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+    opt.broadcast_parameters(model if with_module else None)
 
 
 def transposed_weight(transposed):

@@ -154,6 +154,12 @@ def check_same_model(module: nn.Module, group, what: str, buffers: bool = False)
     named = list(module.named_parameters())
     if buffers:  # they will be broadcast coalesced: a mismatch would mix values across buffers silently
         named += [(f"buffer {name}", b) for name, b in module.named_buffers()]
+    check_same_tensors(named, group, what)
+
+
+def check_same_tensors(named: list, group, what: str) -> None:
+    """``check_same_model``'s comparison of any ``[(name, tensor), ...]`` across the group's ranks
+    (a ``ShardedOptimizer``'s parameters, which need not come from one module)."""
     device = named[0][1].device if named else torch.device("cpu")
     mine = [x for name, p in named for x in _param_record(name, p)]
     world = dist.get_world_size(group)

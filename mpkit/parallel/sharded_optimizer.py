@@ -39,7 +39,8 @@ from torch import nn
 
 from mpkit.errors import MpkitWarning
 from mpkit.observe import active
-from mpkit.parallel.data_parallel import broadcast_module, flat_views, require_process_group
+from mpkit.parallel.data_parallel import (broadcast_module, check_same_model, check_same_tensors, flat_views,
+                                          require_process_group)
 
 # Optimizers whose update of an element depends on other elements of the same tensor.
 NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor")
@@ -150,7 +151,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
                             self.inner.param_groups):
             g.update({k: v for k, v in inner.items() if k != "params"})  # the inner class's own defaults too
         self._had_grad = {}  # parameter -> whether it had a gradient at the last step
-        self._regained = []  # names whose gradient came back this step (the bias-correction warning)
         self._warned_bias_correction = False
         self._reduced = False  # clip_grad_norm_ reduce-scattered this step's gradients already
 
@@ -174,10 +174,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def broadcast_parameters(self, module: nn.Module | None = None) -> None:
-        """Make every replica start from the group's first rank (``module``: its buffers too)."""
+        """Make every replica start from the group's first rank (``module``: its buffers too).
+
+        The replicas are compared first (``check_same_model``): broadcast coalesced or as flat
+        buffers, a parameter of another shape or order on one rank would take values across
+        parameter boundaries silently."""
+        what = "ShardedOptimizer.broadcast_parameters"
         if module is not None:
+            check_same_model(module, self.group, what, buffers=True)
             broadcast_module(module, self.group)
             return
+        check_same_tensors([(name, p) for shard in self.shards if shard is not None
+                            for name, p in zip(shard.names, shard.params)], self.group, what)
         comm, src = active.comm(), dist.get_global_rank(self.group or dist.group.WORLD, 0)
         for shard in self.shards:
             if shard is not None:
@@ -211,21 +219,24 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def update_shard(self) -> None:
         """The inner optimizer's step on this rank's slices only."""
         self._sync_hyperparameters()
-        restore, self._regained = [], []
+        restore, regained = [], []  # regained: names whose gradient came back this step
         for shard in self.shards:
             if shard is None:
                 continue
-            skip = None if self.average_gradients else self._gather_local_grads(shard)
+            skip = None
+            if not self.average_gradients:
+                skip, came_back = self._gather_local_grads(shard)
+                regained += came_back
             if skip is not None:
                 if skip.all():
                     shard.shard.grad = None  # nothing of this slice has a gradient: the optimizer skips it
                 elif skip.any():
                     restore.append((shard, skip, self._snapshot(shard, skip)))
-        if self._regained and not self._warned_bias_correction:  # once per optimizer, not per parameter
+        if regained and not self._warned_bias_correction:  # once per optimizer, not per parameter
             self._warned_bias_correction = True
-            more = len(self._regained) - 3
-            names = ", ".join(map(repr, self._regained[:3])) + (f" and {more} more" if more > 0 else "")
-            warnings.warn(f"{len(self._regained)} parameter(s) of this rank's slice ({names}) "
+            more = len(regained) - 3
+            names = ", ".join(map(repr, regained[:3])) + (f" and {more} more" if more > 0 else "")
+            warnings.warn(f"{len(regained)} parameter(s) of this rank's slice ({names}) "
                           f"have a gradient again after steps without one: the slice's single step counter kept "
                           f"counting, so Adam-like bias correction differs from one device's (warned once per "
                           f"optimizer)", MpkitWarning, stacklevel=3)
@@ -285,12 +296,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
     # ---- helpers ----
     def _gather_local_grads(self, shard):
         """Copy this rank's slice of the (already averaged) gradients; return the mask of shard
-        elements whose parameter has no gradient, or None when every one has."""
-        skip = None
+        elements whose parameter has no gradient (None when every one has) and the names of the
+        parameters whose gradient came back after steps without one."""
+        skip, regained = None, []
         for p, name, param_slice, shard_slice in shard.overlaps():
             has = p.grad is not None
             if self._had_grad.get(p, has) != has and has:
-                self._regained.append(name)
+                regained.append(name)
             self._had_grad[p] = has
             if has:
                 shard.shard.grad[shard_slice] = p.grad.detach().reshape(-1)[param_slice]
@@ -299,7 +311,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     skip = torch.zeros(shard.shard_numel, dtype=torch.bool, device=shard.flat.device)
                 skip[shard_slice] = True
                 shard.shard.grad[shard_slice] = 0
-        return skip  # (padding elements stay 0: a zero gradient and zero state never move them)
+        return skip, regained  # (padding elements stay 0: a zero gradient and zero state never move them)
 
     def _snapshot(self, shard, skip):
         """Values and per-element state of the skipped elements, to put back after the step."""
