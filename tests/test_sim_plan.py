@@ -182,12 +182,14 @@ def test_tp_stays_inside_a_node_when_nvlink_is_faster():
     tp_group = Layout(*best.setup.layout.shape).group_of(0, "tp")
     assert len({r // 8 for r in tp_group}) == 1
     assert all(e.setup.layout.tp <= 8 for e in table.rows + table.dropped)  # searched within a node
-    wide = table.across_nodes()  # the best layout that pins TP across two nodes, priced on InfiniBand
+    wide = table.across_nodes()  # the best layout at the narrowest TP across nodes, priced on InfiniBand
     assert wide.setup.layout.tp == 16 and wide.links["tp"] == "inter"
     assert wide.step_time > best.step_time and wide.time["tp"] > best.time["tp"]
     text = table.explain("en")
     assert "That is why TP stays inside a node" in text and "bubble" in text
-    assert "노드 안에 둡니다" in table.explain("ko")
+    # it says which wide layout it compares: the narrowest TP across nodes that fits, not every one
+    assert "With TP widened across nodes to the narrowest width that fits in memory (tp=16)" in text
+    assert "가장 좁은 폭(tp=16)" in table.explain("ko") and "노드 안에 둡니다" in table.explain("ko")
 
 
 def test_tp_across_nodes_is_compared_under_the_same_pins():
