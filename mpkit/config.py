@@ -9,11 +9,10 @@ says what to pass, never a hang inside the world.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import asdict, dataclass, field, fields
 
 from mpkit.models import ModelConfig, UserModel
-from mpkit.whole import is_whole  # the one predicate; runtime, train and sim.predict import it from here
+from mpkit.whole import is_number, is_whole  # the one predicates; runtime, train and sim.predict import them from here
 
 OPTIMIZERS = ("adam", "sgd")
 MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"kind"}
@@ -77,7 +76,7 @@ def _check_shared(world_size, steps, batch_size, lr, optimizer, seed) -> None:
         raise ValueError(f"batch_size={batch_size!r}: pass a whole number >= 1, e.g. batch_size=32")
     if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r} is unknown; use one of {', '.join(OPTIMIZERS)}")
-    if not isinstance(lr, numbers.Real) or isinstance(lr, bool):
+    if not is_number(lr):
         raise ValueError(f"lr={lr!r}: the learning rate must be a number, e.g. lr=0.01")
     if not (0 < lr < math.inf):
         raise ValueError(f"lr={lr!r}: the learning rate must be positive and finite, e.g. lr=0.01")

@@ -1,6 +1,7 @@
-"""``is_whole``: mpkit's one whole-number predicate. It lives here, torch-free, so the runtime,
-``train``, ``sim.predict`` (through ``mpkit.config``, which re-exports it) and the closed-form
-``sim.formulas`` (which a quiz kernel imports without torch) all ask the same question."""
+"""``is_whole`` and ``is_number``: mpkit's one whole-number and one real-number predicate. They
+live here, torch-free, so the runtime, ``train``, ``sim.predict`` (through ``mpkit.config``, which
+re-exports them) and the closed-form ``sim.formulas`` (which a quiz kernel imports without torch)
+all ask the same question."""
 from __future__ import annotations
 
 import numbers
@@ -11,4 +12,10 @@ def is_whole(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-__all__ = ["is_whole"]
+def is_number(value) -> bool:
+    """A real number, numpy's included (np.int64 and np.float32 are no int or float), not a bool:
+    ``lr=True`` is a mistake, not a learning rate of 1."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+__all__ = ["is_whole", "is_number"]

@@ -44,9 +44,12 @@ def test_formulas_take_numpy_numbers():
     inflight_activations refused rank=np.int64(2), _positive np.int64 bytes, zero_memory and the
     alpha-beta times numpy sizes. One predicate (mpkit.whole.is_whole, config.is_whole) decides."""
     import numpy as np
-    from mpkit.config import is_whole
-    from mpkit.whole import is_whole as whole
+    from mpkit.config import is_number, is_whole
+    from mpkit.whole import is_number as number, is_whole as whole
     assert is_whole is whole and is_whole(np.int64(2)) and not is_whole(True) and not is_whole(2.0)
+    # and one real-number predicate, for the formulas' sizes and train's learning rate
+    assert is_number is number and is_number(np.float32(0.5)) and is_number(np.int64(2)) and is_number(2.0)
+    assert not is_number(True) and not is_number("1") and not is_number(1j)
     assert [formulas.inflight_activations("1f1b", np.int64(4), np.int64(8), np.int64(r)) for r in range(4)] == \
         [4, 3, 2, 1]
     assert formulas.inflight_activations("interleaved", 4, 8, np.int32(0), v=np.int64(2)) == 2 * 3 + 4 + 1

@@ -6,22 +6,16 @@ model in ``predict`` all quote the same formula. Sizes are bytes, times seconds,
 from __future__ import annotations
 
 import math
-import numbers
 
-from mpkit.whole import is_whole
+from mpkit.whole import is_number, is_whole
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
-def _is_number(value) -> bool:
-    """A real number, numpy's included (np.int64 and np.float32 are no int or float), not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def _positive(**values) -> None:
     for name, value in values.items():
-        if not _is_number(value) or not value > 0:
+        if not is_number(value) or not value > 0:
             raise ValueError(f"{name}={value!r} must be a positive number")
 
 
@@ -145,7 +139,7 @@ def zero_memory(psi: float, N: int, stage: int, param_bytes: float = 2, grad_byt
     if stage not in ZERO_STAGES:
         raise ValueError(f"stage={stage!r} is unknown; use one of {ZERO_STAGES}")
     for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes), ("optim_bytes", optim_bytes)):
-        if not _is_number(value) or value < 0:
+        if not is_number(value) or value < 0:
             raise ValueError(f"{name}={value!r} must be a number >= 0")
     return {
         "parameters": psi * param_bytes / (N if stage >= 3 else 1),
@@ -194,7 +188,7 @@ def megatron_flops(B: int, s: int, l: int, h: int, V: int, recompute: bool = Tru
 
 def _alpha_beta(alpha: float, beta: float) -> None:
     for name, value in (("alpha", alpha), ("beta", beta)):
-        if not _is_number(value) or value < 0:
+        if not is_number(value) or value < 0:
             raise ValueError(f"{name}={value!r} must be a number of seconds (per byte for beta) >= 0")
 
 
