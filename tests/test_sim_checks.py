@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mpkit.parallel.layout import Layout
+from mpkit.layout import Layout
 from mpkit.sim import GPU_PRESETS, get_hardware, predict
 from mpkit.sim.analytic import Setup, estimate
 from mpkit.sim.hardware import USABLE_MEMORY
@@ -89,3 +89,14 @@ def test_predict_and_plan_count_the_same_usable_memory():
         step = predict("dp", hardware=hw, world_size=8, batch_size=64)
         assert step.fits == fits and ("GB usable" in step.memory_warning) != fits
         assert estimate("7B", hw, Setup(Layout(dp=8, pp=1, tp=1)), 512).capacity == hw.usable_memory
+
+
+def test_layout_takes_numpy_integers_as_plain_ints_and_refuses_the_rest():
+    # a sweep over np.arange hands numpy integers; bools and floats are mistakes, not sizes
+    import numpy as np
+
+    layout = Layout(np.int64(2), 1, np.int32(2))
+    assert layout == Layout(2, 1, 2) and type(layout.dp) is int and layout.coords(3) == {"dp": 1, "pp": 0, "tp": 1}
+    for bad in (True, 2.0, 0):
+        with pytest.raises(ValueError, match=f"dp={bad!r} must be a whole number >= 1"):
+            Layout(dp=bad)

@@ -4,13 +4,15 @@ for huge sizes, and the planner widget driven headlessly."""
 import importlib
 import json
 import math
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from mpkit.parallel.layout import Layout
+from mpkit.layout import Layout
 from mpkit.sim import MODELS, Hardware, Link, Transformer, formulas, get_hardware, plan
 from mpkit.sim.analytic import USABLE_MEMORY, Setup, activation_bytes, estimate, transformer
 
@@ -379,3 +381,15 @@ def test_planner_widget_recomputes_and_keeps_the_last_good_table():
     assert "최선" in state.explanation.value and state.controls["gpus"].description == "GPU 수"
     state.controls["hardware"].value = "8xH100-nvlink"  # 32 GPUs on one node: refused with the multi-node presets
     assert "Nx8xH100-ib" in state.status.value
+
+
+def test_planning_a_cluster_does_not_import_torch():
+    # sim.plan is closed-form arithmetic: a fresh interpreter paid ~2 s importing torch for it
+    # (through mpkit.parallel's package and the cpu-sim cache key); now ~0.13 s in all
+    code = ("import sys, mpkit.sim; t = mpkit.sim.plan('gpt3-175b', '8x8xH100-ib', gpus=64, global_batch=512); "
+            "t.explain('ko'); t.explain('en'); assert t.best is not None; "
+            "print(sorted(m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+

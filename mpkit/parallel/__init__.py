@@ -14,7 +14,7 @@ classes: one implementation per mechanism.
 """
 from mpkit.parallel.collectives import ring_all_reduce
 from mpkit.parallel.data_parallel import DataParallel, broadcast_module, plan_buckets
-from mpkit.parallel.layout import Layout
+from mpkit.layout import Layout
 from mpkit.parallel.pipeline import Pipeline, pipeline, schedule, simulate
 from mpkit.parallel.sharded_optimizer import ShardedOptimizer
 from mpkit.parallel.tensor_parallel import (

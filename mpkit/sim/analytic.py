@@ -30,7 +30,7 @@ parameter unsharded), ZeRO-3's gathered layers, and activations per layer (Korth
 schedule keeps in flight (``formulas.inflight_activations``), plus the fp32 logits; a layout fits
 within ``USABLE_MEMORY`` of the device.
 
-Which link a group talks over comes from ``mpkit.parallel.layout.Layout``: the rank grid the
+Which link a group talks over comes from ``mpkit.parallel.Layout``: the rank grid the
 real 3D run uses (TP innermost), cut into nodes of ``hw.devices_per_node``.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property, lru_cache
 
 from mpkit.i18n import t
-from mpkit.parallel.layout import Layout
+from mpkit.layout import Layout
 from mpkit.sim import formulas
 from mpkit.sim.hardware import USABLE_MEMORY, Hardware
 

@@ -10,9 +10,8 @@ import json
 import os
 import socket
 from dataclasses import asdict
+from importlib import metadata
 from pathlib import Path
-
-import torch
 
 from mpkit.sim.hardware import MULTI_NODE, PRESETS, Hardware, Link, gpu_preset
 
@@ -21,8 +20,17 @@ CALIBRATION_VERSION = 15  # part of the cache key: a cache from an older method 
 _memory: dict[str, Hardware] = {}
 
 
+def _torch_version() -> str:
+    """torch's version, read from its installed metadata: planning a GPU cluster (``sim.plan``)
+    should not pay ~1 s to import torch just to name a cache key."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:  # pragma: no cover - pip, conda and source installs all write it
+        return "unknown"
+
+
 def _cache_key() -> str:
-    return f"{socket.gethostname()}|{os.cpu_count()}|{torch.__version__}|v{CALIBRATION_VERSION}"
+    return f"{socket.gethostname()}|{os.cpu_count()}|{_torch_version()}|v{CALIBRATION_VERSION}"
 
 
 def _load(path: Path) -> Hardware | None:

@@ -4,7 +4,7 @@ Enumerates every layout of ``gpus`` GPUs (dp·pp·tp = gpus, tp dividing the att
 key/value heads and a node's GPUs, pp at most the layers), every micro-batch size, pipeline
 schedule, ZeRO stage and activation recomputation; drops what does not fit in GPU memory (with
 the reason); ranks the rest by the step time ``mpkit.sim.analytic.estimate`` prices. Which link
-a TP, PP or DP group uses comes from ``mpkit.parallel.layout.Layout``, the same rank grid the real
+a TP, PP or DP group uses comes from ``mpkit.parallel.Layout``, the same rank grid the real
 3D run uses. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
 on the link between nodes: the explanation compares the winner with such a layout.
 
@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from mpkit.i18n import check_lang, t
-from mpkit.parallel.layout import Layout
+from mpkit.layout import Layout
 from mpkit.sim import formulas
 from mpkit.sim.analytic import SCHEDULES, Estimate, Setup, Transformer, aligned, estimate, transformer, whole_number
 from mpkit.sim.hardware import Hardware

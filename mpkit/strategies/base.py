@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from mpkit.config import TrainConfig
-from mpkit.parallel.layout import Layout
+from mpkit.layout import Layout
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from mpkit.parallel.data_parallel import DEFAULT_BUCKET_MB, DataParallel, bucket_caps, plan_buckets
-from mpkit.parallel.layout import DIMS, Layout
+from mpkit.layout import DIMS, Layout
 from mpkit.parallel.pipeline import check_schedule_args, pipeline, schedule
 from mpkit.parallel.pipeline.schedules import engine_program
 from mpkit.parallel.pipeline.split import Stage, partition

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mpkit.whole import is_whole
+
 DIMS = ("dp", "pp", "tp")  # mesh dimension order: outermost first, tensor parallel innermost
 
 
@@ -31,8 +33,9 @@ class Layout:
     def __post_init__(self):
         for name in DIMS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_whole(value) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a whole number >= 1")
+            object.__setattr__(self, name, int(value))  # numpy's integers (a sweep) as plain ints
 
     @property
     def world_size(self) -> int:
