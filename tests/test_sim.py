@@ -42,7 +42,7 @@ def test_inflight_activations():
 def test_formulas_take_numpy_numbers():
     """A sweep over np.arange hands numpy integers (and numpy floats) to every formula:
     inflight_activations refused rank=np.int64(2), _positive np.int64 bytes, zero_memory and the
-    alpha-beta times numpy sizes. One predicate (mpkit.whole.is_whole, config.is_whole) decides."""
+    alpha-beta times numpy sizes. One predicate each (mpkit.whole.is_whole and is_number) decides."""
     import numpy as np
     from mpkit.config import is_number, is_whole
     from mpkit.whole import is_number as number, is_whole as whole

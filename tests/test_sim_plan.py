@@ -78,12 +78,14 @@ def test_parameter_counts_match_megatron_table_1(layers, hidden, heads, billions
 def test_model_from_a_size_gets_gpt3_shapes():
     assert (transformer("175B").layers, transformer("175B").hidden, transformer("175B").heads) == (96, 12288, 96)
     assert (transformer(7e9).layers, transformer(7e9).hidden) == (32, 4096)
+    # numpy sizes too (a count from an array sum): np.int64 and np.float32 were refused as no count
+    assert transformer(np.int64(7_000_000_000)) == transformer(np.float32(7e9)) == transformer(7e9)
     assert transformer("llama3-405b") is MODELS["llama3-405b"]
     assert MODELS["llama3-405b"].parameters / 1e9 == pytest.approx(405.8, abs=0.5)  # Dubey et al. 2024: 405B
     assert transformer({"layers": 2, "hidden": 64, "heads": 4}).layers == 2
 
 
-@pytest.mark.parametrize("bad", ["huge", -5, 0, 1e20, True, "12x"])
+@pytest.mark.parametrize("bad", ["huge", -5, 0, 1e20, True, np.bool_(True), math.nan, math.inf, "12x"])
 def test_bad_model_says_what_to_pass(bad):
     with pytest.raises(ValueError, match="preset"):
         transformer(bad)

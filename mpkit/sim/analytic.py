@@ -44,6 +44,7 @@ from mpkit.i18n import t
 from mpkit.layout import Layout
 from mpkit.sim import formulas
 from mpkit.sim.hardware import USABLE_MEMORY, Hardware
+from mpkit.whole import is_number
 
 BYTES = 2  # bf16 activations, gradients and the weights the matmuls read
 ADAM_BYTES = 28  # per parameter: read fp32 master, m, v (12) + bf16 grad (2); write master, m, v + bf16 weight (14)
@@ -175,7 +176,7 @@ def transformer(model) -> Transformer:
         match = _SIZE.match(model)
         if match:
             size = float(match.group(1)) * _SCALE[match.group(2).lower()]
-    elif isinstance(model, (int, float)) and not isinstance(model, bool):
+    elif is_number(model):
         size = float(model)
     if size is None or not math.isfinite(size) or size < 1e6 or size > 1e15:
         raise ValueError(f"model={model!r}: pass a preset ({', '.join(MODELS)}), a parameter count between 1e6 "
