@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mpkit.whole import is_number
+
 MODEL_KINDS = ("mlp", "gpt")
 
 
@@ -44,7 +46,7 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive whole number")
-        if not isinstance(self.layer_ms, (int, float)) or isinstance(self.layer_ms, bool) or not self.layer_ms >= 0:
+        if not is_number(self.layer_ms) or not 0 <= self.layer_ms < math.inf:
             raise ValueError(f"layer_ms={self.layer_ms!r} must be a number of milliseconds >= 0 (0 = no simulated device time)")
         if self.kind == "gpt" and self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}; pick hidden as a multiple of heads")

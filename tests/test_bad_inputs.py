@@ -200,3 +200,34 @@ def test_the_command_line_says_it_in_one_line(capsys):
                  "--steps", "4"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the loss is" in err[0] and "Lower the learning rate" in err[0], err
+
+
+def _rank_of(ctx):
+    return ctx.rank
+
+
+@pytest.mark.timeout(60)
+def test_numpy_numbers_are_numbers_everywhere_and_bools_nan_inf_are_not():
+    # a sweep over np.linspace / np.arange hands numpy scalars (np.float32 and np.int64 are no
+    # float or int); each check here said "pass a number" to them. One predicate decides now
+    # (mpkit.whole.is_number), and each check keeps its own range and message
+    import numpy as np
+    from mpkit.models import ModelConfig
+    from mpkit.parallel.data_parallel import check_bucket_mb
+    from mpkit.plot.comm import comm
+    from mpkit.tf import distribute as tfdist
+
+    assert mpkit.launch(_rank_of, 1, timeout=np.float32(30)) == [0]
+    assert check_bucket_mb(np.float32(25)) == 25.0 and ModelConfig(layer_ms=np.int64(2)).layer_ms == 2
+    bad = (True, math.nan, math.inf)
+    for value in bad:
+        with pytest.raises(ValueError, match="pass a positive, finite number of seconds"):
+            mpkit.launch(_rank_of, 1, timeout=value)
+        with pytest.raises(ValueError, match="must be a number of MiB >= 0"):
+            check_bucket_mb(value)
+        with pytest.raises(ValueError, match="must be a number of milliseconds >= 0"):
+            ModelConfig(layer_ms=value)
+        with pytest.raises(ValueError, match="payload size S in bytes"):
+            comm(mpkit.train("single", steps=1), all_reduce_payload=value)
+        with pytest.raises(ValueError, match="pass a positive number of seconds"):
+            tfdist.run_isolated("ps_train", timeout=value)

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import torch
 from mpkit.errors import DeviceOutOfMemory, MpkitWarning
 from mpkit.observe import torch_memtracker
+from mpkit.whole import is_number
 
 # Our categories; MemTracker's Parameter+Buffer -> parameters, Gradient -> gradients,
 # Optstate -> optimizer, Activation -> activations, Temp (backward temporaries)+Other -> other.
@@ -38,7 +39,7 @@ def parse_bytes(value) -> int | None:
     """``"64MiB"`` / ``"1.5GB"`` / ``4096`` -> bytes; ``None`` stays ``None`` (no capacity)."""
     if value is None:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if is_number(value):
         number = float(value)
     else:
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))

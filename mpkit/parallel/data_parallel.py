@@ -45,6 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mpkit.observe import active
+from mpkit.whole import is_number
 
 MiB = 2**20  # DDP's bucket_cap_mb counts MiB (bucket_cap_mb * 1024 * 1024 bytes); so does bucket_mb
 DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
@@ -57,8 +58,7 @@ def bucket_caps(bucket_mb: float, first_bucket_mb: float = FIRST_BUCKET_MB) -> t
 
 
 def check_bucket_mb(bucket_mb, name="bucket_mb") -> float:
-    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb >= 0 \
-            or math.isinf(bucket_mb):
+    if not is_number(bucket_mb) or not 0 <= bucket_mb < math.inf:
         raise ValueError(f"{name}={bucket_mb!r} must be a number of MiB >= 0 (0 = one all-reduce per parameter "
                          f"tensor, 25 = DDP's default)")
     return float(bucket_mb)

@@ -10,6 +10,8 @@ are measurements. A ring all-reduce written by hand from send/recv (lab 05) ther
 """
 from __future__ import annotations
 
+import math
+
 from matplotlib.patches import Patch
 
 from mpkit.plot.inputs import as_trace, select_step
@@ -17,6 +19,7 @@ from mpkit.sim.formulas import MEASURED_KINDS, wire_bytes, wire_factor
 from mpkit.i18n import t as text
 from mpkit.plot.style import title
 from mpkit.plot.style import KIND_COLOURS, drawing, new_figure
+from mpkit.whole import is_number
 
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 FORMULA_HATCH = "xx"
@@ -43,8 +46,7 @@ def comm(run, lang="en", step=None, all_reduce_payload=None):
         full = as_trace(run, "run")
         n = _world_size(run, full)
         trace = select_step(full, step, "run")
-        if all_reduce_payload is not None and not (isinstance(all_reduce_payload, (int, float))
-                                                   and all_reduce_payload > 0):
+        if all_reduce_payload is not None and not (is_number(all_reduce_payload) and 0 < all_reduce_payload < math.inf):
             raise ValueError(f"all_reduce_payload={all_reduce_payload!r}: pass the payload size S in bytes (> 0)")
         per_rank = wire_bytes(trace, n)
         ranks = full.ranks

@@ -19,7 +19,7 @@ from multiprocessing.connection import wait
 
 import torch
 
-from mpkit.config import is_whole
+from mpkit.config import is_number, is_whole
 from mpkit.errors import LaunchError, LaunchTimeout, MpkitWarning, RankOutOfMemory
 from mpkit.observe.active import current
 from mpkit.observe.memory import parse_bytes
@@ -62,7 +62,7 @@ def _check_args(fn, world_size, args, timeout, backend):
         raise TypeError(f"args={args!r}: pass fn's extra arguments as a tuple, e.g. args=({args!r},)")
     if not is_whole(world_size) or world_size < 1:
         raise ValueError(f"world_size={world_size!r}: pass a whole number of ranks >= 1, e.g. world_size=4")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+    if not is_number(timeout) or not 0 < timeout < float("inf"):
         raise ValueError(f"timeout={timeout!r}: pass a positive, finite number of seconds, e.g. timeout=60")
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is unknown; use one of {', '.join(BACKENDS)} or None (choose for me)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import signal
@@ -32,6 +33,7 @@ import traceback
 import warnings
 
 from mpkit.plot.staleness import staleness
+from mpkit.whole import is_number
 
 TF_REQUIREMENTS = "requirements-tf.txt"  # at the repository root: tensorflow-cpu, or tensorflow where it has no wheel
 RESULT_MARK = "MPKIT_TFDIST_RESULT "
@@ -318,7 +320,7 @@ def run_isolated(demo: str, timeout: float = 60.0, **kwargs) -> dict:
     """
     if demo not in DEMOS:
         raise ValueError(f"demo={demo!r} is unknown; use one of {', '.join(DEMOS)}")
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
+    if not is_number(timeout) or not 0 < timeout < math.inf:
         raise ValueError(f"timeout={timeout!r}: pass a positive number of seconds")
     require()
     code = ("import importlib.util, sys\n"
