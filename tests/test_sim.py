@@ -491,3 +491,13 @@ def test_compute_stretch_is_processor_sharing_with_the_background():
     pinned = replace(loaded, lone_share=0.5)
     assert [pinned.compute_stretch(c) for c in (1, 2, 4)] == pytest.approx([1.0, 1.0, 1.5])
     assert Hardware(name="gpu", flops=1e9, mfu=1.0, mem_bw=1e9).compute_stretch(8) == 1.0  # own devices
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, True])
+def test_byte_and_time_coefficients_refuse_nan_and_inf(bad):
+    # nan < 0 is False: zero_memory returned nan bytes and p2p_time nan seconds, silently
+    with pytest.raises(ValueError, match=r"param_bytes=.* must be a finite number >= 0"):
+        formulas.zero_memory(1000, 4, 1, param_bytes=bad)
+    with pytest.raises(ValueError, match=r"alpha=.* must be a finite number of seconds"):
+        formulas.p2p_time(1000, bad, 1e-9)
+

@@ -139,8 +139,8 @@ def zero_memory(psi: float, N: int, stage: int, param_bytes: float = 2, grad_byt
     if stage not in ZERO_STAGES:
         raise ValueError(f"stage={stage!r} is unknown; use one of {ZERO_STAGES}")
     for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes), ("optim_bytes", optim_bytes)):
-        if not is_number(value) or value < 0:
-            raise ValueError(f"{name}={value!r} must be a number >= 0")
+        if not is_number(value) or not 0 <= value < math.inf:  # nan and inf too: a silent nan memory
+            raise ValueError(f"{name}={value!r} must be a finite number >= 0")
     return {
         "parameters": psi * param_bytes / (N if stage >= 3 else 1),
         "gradients": psi * grad_bytes / (N if stage >= 2 else 1),
@@ -188,8 +188,8 @@ def megatron_flops(B: int, s: int, l: int, h: int, V: int, recompute: bool = Tru
 
 def _alpha_beta(alpha: float, beta: float) -> None:
     for name, value in (("alpha", alpha), ("beta", beta)):
-        if not is_number(value) or value < 0:
-            raise ValueError(f"{name}={value!r} must be a number of seconds (per byte for beta) >= 0")
+        if not is_number(value) or not 0 <= value < math.inf:
+            raise ValueError(f"{name}={value!r} must be a finite number of seconds (per byte for beta) >= 0")
 
 
 def p2p_time(nbytes: float, alpha: float, beta: float) -> float:
