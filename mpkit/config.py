@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 from mpkit.models import ModelConfig, UserModel
-from mpkit.whole import is_number, is_whole  # runtime, train and sim.predict take is_whole from here
+from mpkit.whole import is_number, is_whole  # re-exported for the runtime, train and sim.predict
 
 OPTIMIZERS = ("adam", "sgd")
 MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"kind"}

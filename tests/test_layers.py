@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mpkit"
 
 # Lowest first. A module belongs to the layer of the longest prefix that matches its name.
 LAYERS = [
-    ("foundations", ["mpkit.errors", "mpkit.i18n", "mpkit.lazy", "mpkit.whole", "mpkit.layout", "mpkit.partitioning"]),
+    ("foundations", ["mpkit.errors", "mpkit.i18n", "mpkit.lazy", "mpkit.whole", "mpkit.layout"]),
     ("models", ["mpkit.models", "mpkit.config"]),
     ("observe", ["mpkit.observe"]),
     ("simulator", ["mpkit.sim.engine", "mpkit.sim.formulas", "mpkit.sim.hardware", "mpkit.sim.machines"]),

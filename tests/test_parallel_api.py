@@ -344,6 +344,33 @@ def _tp_rank(ctx):
     return losses, full_parameters(model), sum(p.numel() for p in model.parameters()), kinds
 
 
+def _uneven_tp_rank(ctx, lists):
+    from mpkit.parallel import Split, full_parameters, tensor_parallel
+
+    model = tensor_parallel(deep_net(), {"*.mlp.up": Split("column", lists), "*.mlp.down": Split("row", lists)})
+    return train_deep(model), full_parameters(model)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("lists", [[list(range(40)), list(range(40, 64))],  # 40 and 24 of the 64 features
+                                   [list(range(64)), []]])  # a rank with none of them
+def test_tensor_parallel_with_index_lists_of_different_lengths_matches_single(lists):
+    # full_parameters all-gathers padded slices (gloo aborted on unequal sizes); the same 1e-5
+    # tolerance as the even split: only the row layer's partial sums change order
+    ref_losses, ref_state = single_deep()
+    for losses, params in mpkit.launch(_uneven_tp_rank, 2, args=(lists,), timeout=100):
+        assert max(abs(a - b) for a, b in zip(losses, ref_losses)) <= ATOL
+        assert set(params) == set(ref_state)
+        assert all((params[k] - ref_state[k]).abs().max().item() <= ATOL for k in ref_state)
+
+
+def test_head_split_refuses_heads_the_ranks_do_not_divide():
+    from mpkit.parallel import head_split
+
+    with pytest.raises(ValueError, match=r"head_split\(10, 4\): 4 ranks do not divide hidden=10"):
+        head_split(10, 4)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_tensor_parallel_on_a_user_model(world_size):
@@ -503,6 +530,9 @@ def _bad_input_rank(ctx, case):
                                                                      nn.Linear(4, 4 - 2 * ctx.rank)),
                                                        with_module=True),
         "sharded buffers": lambda: sharded_start(with_buffer(ctx.rank), with_module=True),
+        "sharded order, flat": lambda: sharded_start(nn.Sequential(nn.Linear(4, 2 + 2 * ctx.rank),
+                                                                   nn.Linear(4, 4 - 2 * ctx.rank)),
+                                                     with_module=False),
     }
     try:
         cases[case]()
@@ -551,6 +581,9 @@ def _bad_input_rank(ctx, case):
     ("sharded replica order", "ShardedOptimizer.broadcast_parameters: the replicas differ: parameter '0.weight' has "
                               "shape (4, 4), dtype float32 on group rank 1, but shape (2, 4)"),
     ("sharded buffers", "ShardedOptimizer.broadcast_parameters: the replicas differ: parameter 'buffer seen'"),
+    # the same total size in another order: equal flat buffers, so only the check tells
+    ("sharded order, flat", "ShardedOptimizer.broadcast_parameters: the replicas differ: parameter 'group 0 param 0' "
+                            "has shape (4, 4), dtype float32 on group rank 1, but shape (2, 4)"),
 ])
 def test_bad_input_is_a_clear_error(case, message):
     for reply in mpkit.launch(_bad_input_rank, 2, args=(case,), timeout=50):
@@ -848,8 +881,9 @@ def test_tensor_parallel_takes_an_unpaired_plan_whose_column_layers_say_what_the
 
 
 @pytest.mark.parametrize("indices, fault", [
-    ([[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]], r"on more than one rank: \[4\]; on no rank: \[9\]"),  # overlap
-    ([[0, 1, 2, 3], [5, 6, 7, 8, 9]], r"on no rank: \[4\]"),  # a gap (unequal lists are fine ungathered)
+    ([[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]], r"more than once: \[4\]; on no rank: \[9\]"),  # overlap
+    ([[0, 0, 1, 2, 3, 4], [5, 6, 7, 8, 9]], r"more than once: \[0\]"),  # twice on one rank
+    ([[0, 1, 2, 3], [5, 6, 7, 8, 9]], r"on no rank: \[4\]"),  # a gap
     ([[0, 1, 2, 3, 4], [5, 6, 7, 8, 10]], r"outside 0..9: \[10\]; on no rank: \[9\]"),
 ])
 @pytest.mark.parametrize("gather_output", [True, False])

@@ -100,3 +100,27 @@ def test_layout_takes_numpy_integers_as_plain_ints_and_refuses_the_rest():
     for bad in (True, 2.0, 0):
         with pytest.raises(ValueError, match=f"dp={bad!r} must be a whole number >= 1"):
             Layout(dp=bad)
+
+
+def test_the_calibration_cache_key_names_the_running_torch(monkeypatch):
+    # the key is read without importing torch (sim.plan stays torch-free), but the torch that runs
+    # decides where it is loaded, and without any version no saved calibration can match
+    import importlib.metadata
+    import sys
+
+    import torch
+
+    from mpkit.sim import machines
+
+    assert f"|{torch.__version__}|" in machines._cache_key()
+    monkeypatch.setitem(sys.modules, "torch", type(sys)("torch"))
+    sys.modules["torch"].__version__ = "9.9.9+elsewhere"
+    assert "|9.9.9+elsewhere|" in machines._cache_key()
+    monkeypatch.delitem(sys.modules, "torch")
+    assert f"|{importlib.metadata.version('torch')}|" in machines._cache_key()
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(machines.metadata, "version", missing)
+    assert "|not installed|" in machines._cache_key()

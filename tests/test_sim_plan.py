@@ -193,7 +193,7 @@ def test_tp_stays_inside_a_node_when_nvlink_is_faster():
     assert "That is why TP stays inside a node" in text and "bubble" in text
     # it says which wide layout it compares: the narrowest TP across nodes that fits, not every one
     assert "With TP widened across nodes to the narrowest width that fits in memory (tp=16)" in text
-    assert "가장 좁은 폭(tp=16)" in table.explain("ko") and "노드 안에 둡니다" in table.explain("ko")
+    assert "가장 작은 크기(tp=16)로 잡으면" in table.explain("ko") and "노드 안에 둡니다" in table.explain("ko")
 
 
 def test_tp_across_nodes_is_compared_under_the_same_pins():

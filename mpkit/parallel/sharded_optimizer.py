@@ -30,6 +30,7 @@ naming how many parameters and the first few.)
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -40,10 +41,14 @@ from mpkit.errors import MpkitWarning
 from mpkit.observe import active
 from mpkit.parallel.data_parallel import (broadcast_module, check_same_model, check_same_tensors, flat_views,
                                           require_process_group)
-from mpkit.partitioning import shard_numel
 
 # Optimizers whose update of an element depends on other elements of the same tensor.
 NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor")
+
+
+def shard_numel(numel: int, world_size: int) -> int:
+    """Elements per rank of a flat buffer of ``numel`` elements padded to a multiple of ``world_size``."""
+    return math.ceil(numel / world_size)
 
 
 class _GroupShard:

@@ -109,6 +109,9 @@ def head_split(hidden: int, parts: int) -> list[torch.Tensor]:
     same block of rows inside each of the q, k and v thirds; taken in this order, its local output
     views as (3, heads/parts, head_dim) just like the full one.
     """
+    if hidden % parts:
+        raise ValueError(f"head_split({hidden}, {parts}): {parts} ranks do not divide hidden={hidden} evenly; "
+                         f"use a tensor-parallel size that divides the number of heads")
     per_rank = hidden // parts
     return [torch.cat([j * hidden + r * per_rank + torch.arange(per_rank) for j in range(3)])
             for r in range(parts)]
@@ -117,19 +120,20 @@ def head_split(hidden: int, parts: int) -> list[torch.Tensor]:
 def _partition(indices, size: int, world_size: int, name: str, dim: int) -> list[torch.Tensor]:
     """``indices`` as one index tensor per rank, checked to hold every feature exactly once: an
     index on two ranks would count twice, a missing one would be dropped (or, gathered, left
-    uninitialised), so a wrong split must not train."""
+    uninitialised), so a wrong split must not train. Lists may differ in length."""
     what = "out_features" if dim == 0 else "in_features"
     parts = [torch.as_tensor(i) for i in indices]
+    parts = [p.long() if p.numel() == 0 else p for p in parts]  # [] reads as float: a rank with no features
     if len(parts) != world_size:
         raise ValueError(f"layer {name or '?'}: {len(parts)} index lists for a tp size of {world_size}; give one per rank")
     if any(p.dim() != 1 or p.is_floating_point() or p.is_complex() or p.dtype == torch.bool for p in parts):
         raise ValueError(f"layer {name or '?'}: each rank's index list must be a 1-D list or tensor of whole numbers")
     parts = [p.long() for p in parts]
-    every = torch.cat(parts)
+    every = torch.cat([p.cpu() for p in parts])  # checked where they all are; each list keeps its device
     inside = (every >= 0) & (every < size)
     counts = torch.bincount(every[inside], minlength=size)
     faults = {"outside 0..%d" % (size - 1): every[~inside].unique().tolist(),
-              "on more than one rank": (counts > 1).nonzero().flatten().tolist(),
+              "more than once": (counts > 1).nonzero().flatten().tolist(),
               "on no rank": (counts == 0).nonzero().flatten().tolist()}
     if any(faults.values()):
         said = "; ".join(f"{where}: {found[:8]}{' ...' if len(found) > 8 else ''}" for where, found in faults.items()
@@ -183,12 +187,16 @@ class _ShardedLinear(nn.Module):
         local = getattr(self, param_name).detach()
         if not self.sharded(param_name):
             return local.clone()
-        shards = [torch.empty_like(local) for _ in self.indices]
-        active.comm().all_gather(shards, local.contiguous(), group=self.group, name=f"gather {self.name}.{param_name}")
-        full = torch.empty(self.full_shapes[param_name], dtype=local.dtype, device=local.device)
         dim = self.dim if param_name == "weight" else 0
+        most = max(len(idx) for idx in self.indices)  # lists may differ in length: all-gather equal, padded slices
+        pad = list(local.shape)
+        pad[dim] = most - local.shape[dim]
+        padded = torch.cat([local, local.new_zeros(pad)], dim) if pad[dim] else local
+        shards = [torch.empty_like(padded) for _ in self.indices]
+        active.comm().all_gather(shards, padded.contiguous(), group=self.group, name=f"gather {self.name}.{param_name}")
+        full = torch.empty(self.full_shapes[param_name], dtype=local.dtype, device=local.device)
         for idx, shard in zip(self.indices, shards):
-            full.index_copy_(dim, idx.to(full.device), shard)
+            full.index_copy_(dim, idx.to(full.device), shard.narrow(dim, 0, len(idx)))
         return full
 
     def extra_repr(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
@@ -21,12 +22,17 @@ _memory: dict[str, Hardware] = {}
 
 
 def _torch_version() -> str:
-    """torch's version, read from its installed metadata: planning a GPU cluster (``sim.plan``)
-    should not pay ~1 s to import torch just to name a cache key."""
+    """The running torch's version where torch is loaded (always so when calibrating); else its
+    installed metadata, so that planning a GPU cluster (``sim.plan``) does not import torch just
+    to name a cache key. Without either, a key no calibration was saved under: nothing stale is
+    reused."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.__version__
     try:
         return metadata.version("torch")
-    except metadata.PackageNotFoundError:  # pragma: no cover - pip, conda and source installs all write it
-        return "unknown"
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def _cache_key() -> str:

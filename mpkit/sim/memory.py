@@ -13,7 +13,8 @@ import math
 from mpkit.observe.memory import CATEGORIES
 from mpkit.sim import formulas
 from mpkit.layout import Layout
-from mpkit.partitioning import partition, shard_numel
+from mpkit.parallel.pipeline.split import partition
+from mpkit.parallel.sharded_optimizer import shard_numel
 from mpkit.sim.pricing import Pricer
 from mpkit.strategies.fsdp import unsharded_bytes
 from mpkit.strategies.tp import shard as tp_shard
