@@ -59,7 +59,7 @@ def test_formulas_take_numpy_numbers():
     for bad in (True, 2.0, -1, np.int64(4)):
         with pytest.raises(ValueError, match="rank="):
             formulas.inflight_activations("1f1b", 4, 8, bad)
-    with pytest.raises(ValueError, match="S=True must be a positive number"):
+    with pytest.raises(ValueError, match="S=True must be a positive, finite number"):
         formulas.ring_allreduce_bytes(True, 4)
 
 
@@ -495,6 +495,8 @@ def test_compute_stretch_is_processor_sharing_with_the_background():
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, True])
 def test_byte_and_time_coefficients_refuse_nan_and_inf(bad):
+    with pytest.raises(ValueError, match=r"psi=.* must be a positive, finite number"):
+        formulas.zero_memory(bad, 4, 1)
     # nan < 0 is False: zero_memory returned nan bytes and p2p_time nan seconds, silently
     with pytest.raises(ValueError, match=r"param_bytes=.* must be a finite number >= 0"):
         formulas.zero_memory(1000, 4, 1, param_bytes=bad)

@@ -15,8 +15,8 @@ ZERO_STAGES = (0, 1, 2, 3)
 
 def _positive(**values) -> None:
     for name, value in values.items():
-        if not is_number(value) or not value > 0:
-            raise ValueError(f"{name}={value!r} must be a positive number")
+        if not is_number(value) or not 0 < value < math.inf:
+            raise ValueError(f"{name}={value!r} must be a positive, finite number")
 
 
 def require_whole(**values) -> None:
