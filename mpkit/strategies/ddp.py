@@ -6,21 +6,26 @@ re-orders buckets after the first step by the order gradients really arrived), a
 launched from autograd hooks during backward — in C++. To make its timeline comparable with
 ``dp``'s, a comm hook wraps the default all-reduce hook and logs one ``all_reduce`` event per
 bucket: start when DDP hands the bucket over, end when its future completes.
+
+``find_unused_parameters=True`` is DDP's own option (a model with a branch some steps leave
+unused): DDP then all-reduces a bitmap of the parameters each rank used, inside its C++, so
+the timeline does not show it; the cost model prices it as ``dp``'s used-parameter mask.
 """
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from mpkit.parallel.data_parallel import FIRST_BUCKET_MB, MiB, check_bucket_mb
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
-from mpkit.strategies.dp import bucket_program, validate_batch
+from mpkit.strategies.dp import bucket_program, check_flags, validate_batch
 from mpkit.strategies.loop import group_mean, local_batch, plain_step, run_steps
 
-OPTIONS = {"bucket_mb": 25.0}
+OPTIONS = {"bucket_mb": 25.0, "find_unused_parameters": False}
 
 
 def validate(cfg):
     validate_batch(cfg)
     check_bucket_mb(cfg.option("bucket_mb"))
+    check_flags(cfg, "find_unused_parameters")
 
 
 class HookState:
@@ -47,7 +52,8 @@ def traced_allreduce_hook(state, bucket):
 def run_rank(ctx, cfg):
     model = cfg.model.build(cfg.seed).to(ctx.device)
     ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                                  bucket_cap_mb=cfg.option("bucket_mb"))
+                                  bucket_cap_mb=cfg.option("bucket_mb"),
+                                  find_unused_parameters=cfg.option("find_unused_parameters"))
     hook_state = HookState(ctx)
     ddp.register_comm_hook(hook_state, traced_allreduce_hook)
     opt = make_optimizer(ddp.parameters(), cfg)
@@ -61,7 +67,8 @@ def run_rank(ctx, cfg):
 
 def program(pricer):
     # torch DDP caps its first bucket at 1 MiB whatever bucket_cap_mb is (larger or smaller)
-    return bucket_program(pricer, int(pricer.options["bucket_mb"] * MiB), int(FIRST_BUCKET_MB * MiB), True)
+    return bucket_program(pricer, int(pricer.options["bucket_mb"] * MiB), int(FIRST_BUCKET_MB * MiB), True,
+                          pricer.options["find_unused_parameters"])
 
 
 STRATEGY = Strategy("ddp", OPTIONS, validate, run_rank, program)

@@ -25,15 +25,22 @@ def validate_batch(cfg) -> None:
                       "every rank trains on an equal slice of the global batch")
 
 
+FLAGS = {"overlap": "True (all-reduce buckets during backward) or False (after backward)",
+         "find_unused_parameters": "True (some steps leave parameters without a gradient) or False"}
+
+
+def check_flags(cfg, *names):
+    """A ValueError for an option of ``FLAGS`` that is not a bool (``'no'`` would read as True)."""
+    for name in names:
+        if not isinstance(cfg.option(name), bool):
+            raise ValueError(f"{name}={cfg.option(name)!r} must be {FLAGS[name]}")
+
+
 def validate(cfg):
     validate_batch(cfg)
     check_bucket_mb(cfg.option("bucket_mb"))
     check_bucket_mb(cfg.option("first_bucket_mb"), "first_bucket_mb")
-    for name, meaning in (("overlap", "True (all-reduce buckets during backward) or False (after backward)"),
-                          ("find_unused_parameters", "True (some steps leave parameters without a gradient) "
-                                                     "or False")):
-        if not isinstance(cfg.option(name), bool):
-            raise ValueError(f"{name}={cfg.option(name)!r} must be {meaning}")
+    check_flags(cfg, "overlap", "find_unused_parameters")
 
 
 def run_rank(ctx, cfg):
