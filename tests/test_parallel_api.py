@@ -487,32 +487,22 @@ def token_data(step, batch_size):
 
 
 @pytest.mark.timeout(200)
-def test_train_dp_on_a_model_with_an_unused_branch():
-    # Net has an unused branch (and a frozen layer and tied weights): dp asks for the option by
-    # name, then with it trains as one device does
+@pytest.mark.parametrize("strategy", ["dp", "ddp"])
+def test_train_on_a_model_with_an_unused_branch(strategy):
+    # Net has an unused branch (and a frozen layer and tied weights): dp, and torch's DDP in its
+    # own words, ask for the option by name; then with it both train as one device does. dp
+    # traces its used-parameter mask; DDP's bitmap all-reduce runs inside DDP, off the timeline,
+    # and the cost model prices both the same way
     with pytest.raises(mpkit.LaunchError, match="find_unused_parameters=True"):
-        mpkit.train("dp", 2, model=make_net, data=token_data, steps=1, batch_size=8)
-    run = mpkit.train("dp", 2, model=make_net, data=token_data, steps=3, batch_size=8, optimizer="adam",
+        mpkit.train(strategy, 2, model=make_net, data=token_data, steps=2, batch_size=8)
+    run = mpkit.train(strategy, 2, model=make_net, data=token_data, steps=3, batch_size=8, optimizer="adam",
                       find_unused_parameters=True)
     assert run.compare_to_reference().max <= ATOL
-    assert any(e.name == "used-parameter mask" for e in run.trace.events)
-
-
-@pytest.mark.timeout(200)
-def test_train_ddp_on_a_model_with_an_unused_branch():
-    # torch's DDP names its option in its error; train("ddp") now takes it and passes it on. Its
-    # bitmap all-reduce runs inside DDP (not on the timeline); the cost model prices it as dp's
-    with pytest.raises(mpkit.LaunchError, match="find_unused_parameters=True"):
-        mpkit.train("ddp", 2, model=make_net, data=token_data, steps=2, batch_size=8)
-    run = mpkit.train("ddp", 2, model=make_net, data=token_data, steps=3, batch_size=8, optimizer="adam",
-                      find_unused_parameters=True)
-    assert run.compare_to_reference().max <= ATOL
-    masks = [e for e in mpkit.sim.predict("ddp", world_size=2, hardware="8xH100-nvlink",
-                                            find_unused_parameters=True).trace.events
-             if e.name == "used-parameter mask"]
-    assert len(masks) == 2  # one per rank
+    assert any(e.name == "used-parameter mask" for e in run.trace.events) == (strategy == "dp")
+    predicted = mpkit.sim.predict(strategy, world_size=2, hardware="8xH100-nvlink", find_unused_parameters=True)
+    assert len([e for e in predicted.trace.events if e.name == "used-parameter mask"]) == 2  # one per rank
     with pytest.raises(ValueError, match="find_unused_parameters='yes' must be True"):
-        mpkit.train("ddp", 2, find_unused_parameters="yes")
+        mpkit.train(strategy, 2, find_unused_parameters="yes")
 
 
 # ---- bad input ---------------------------------------------------------------------------------
