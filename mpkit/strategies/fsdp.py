@@ -70,10 +70,18 @@ class TracedReduceScatter(_Traced):
 
 def units(cfg, model) -> dict:
     """{name: module} of the FSDP units: each layer of a built-in model; each top-level child
-    that holds parameters of a user's model."""
+    that holds parameters of a user's model, except children that share a parameter (tied
+    weights: an embedding and its output layer). FSDP2 refuses a parameter in two units; those
+    children stay with the root unit, which then gathers the shared tensor once for both."""
     if cfg.model.builtin:
         return {f"layers.{i}": layer for i, layer in enumerate(model.layers)}
-    return {name: child for name, child in model.named_children() if any(True for _ in child.parameters())}
+    children = {name: child for name, child in model.named_children() if any(True for _ in child.parameters())}
+    holders = {}  # id(parameter) -> the children holding it
+    for name, child in children.items():
+        for param in child.parameters():
+            holders.setdefault(id(param), set()).add(name)
+    tied = {name for names in holders.values() if len(names) > 1 for name in names}
+    return {name: child for name, child in children.items() if name not in tied}
 
 
 def shard_model(ctx, cfg, model):
