@@ -121,7 +121,15 @@ class Trace:
         return sorted({e.rank for e in self.events})
 
     def of_rank(self, rank: int) -> list[Event]:
-        return [e for e in self.events if e.rank == rank]
+        """``rank``'s events, from an index built once per list of events (a scan per rank made
+        every per-rank sum quadratic: 2.2 s of a 1,024-rank prediction)."""
+        key = (id(self.events), len(self.events))
+        if getattr(self, "_by_rank_key", None) != key:
+            index: dict[int, list[Event]] = {}
+            for e in self.events:
+                index.setdefault(e.rank, []).append(e)
+            self._by_rank, self._by_rank_key = index, key
+        return list(self._by_rank.get(rank, ()))
 
     def filter(self, *, kind=None, category=None, step=None) -> "Trace":
         keep = [e for e in self.events

@@ -10,6 +10,9 @@ the front end (``prediction``, ``cpu``, ``calibration``, ``analytic``, ``plan``,
 ``planwidget``), which reads the strategies. Names load on first use, so importing the
 simulator does not import the front end.
 """
+import sys
+from types import ModuleType
+
 from mpkit.lazy import lazy_getattr
 
 _LAZY = {
@@ -36,3 +39,19 @@ __all__ = list(_LAZY)
 
 
 __getattr__ = lazy_getattr('mpkit.sim', _LAZY, globals())
+
+
+class _Package(ModuleType):
+    """``mpkit.sim`` itself. Python binds a submodule to its package's attribute of the same name
+    when the submodule is first imported, so importing ``mpkit.sim.plan`` (the module: the planner
+    widget does) used to turn ``mpkit.sim.plan`` from the function into the module ('module' object
+    is not callable). A submodule bound under a name the table gives a function keeps the function."""
+
+    def __setattr__(self, name, value):
+        source, attr = _LAZY.get(name, (None, None))
+        if attr is not None and isinstance(value, ModuleType) and value.__name__ == source:
+            value = getattr(value, attr)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

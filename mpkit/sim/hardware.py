@@ -13,6 +13,8 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 
+from mpkit.whole import is_number, is_whole
+
 PHASES = ("forward", "backward", "optimizer")
 USABLE_MEMORY = 0.9  # CUDA context, NCCL buffers and allocator fragmentation take the rest of a GPU
 
@@ -183,6 +185,23 @@ class Hardware:
         return self.wake_max * (1.0 - math.exp(-slept / self.wake_tau))
 
     def __post_init__(self):
+        # a preset edited by hand (dataclasses.replace(hw, flops=0)) is refused here, by name: flops=0
+        # was a ZeroDivisionError inside the planner and flops=-1 a table of negative step times
+        _positive(self.name, flops=self.flops, mfu=self.mfu)
+        _positive(self.name, finite=False, mem_bw=self.mem_bw)
+        if self.attention is not None:
+            _positive(self.name, attention=self.attention)
+        if self.memory_bytes is not None:
+            _positive(self.name, memory_bytes=self.memory_bytes)
+        for key in ("devices_per_node", "nodes"):
+            value = getattr(self, key)
+            if value is not None and not (is_whole(value) and value >= 1):
+                raise ValueError(f"hardware {self.name!r}: {key}={value!r} must be a whole number >= 1")
+        for key in ("p2p", "collective", "inter_node"):
+            link = getattr(self, key)
+            if link is not None and not (_finite_at_least_0(link.alpha) and _finite_at_least_0(link.beta)):
+                raise ValueError(f"hardware {self.name!r}: {key}={link!r} needs alpha and beta >= 0 and finite "
+                                 f"(seconds per message, seconds per byte)")
         # one form however it was given (a JSON cache reads back lists): sorted (seconds, seconds) pairs
         object.__setattr__(self, "late_waits", tuple(sorted(map(tuple, self.late_waits))))
 
@@ -216,6 +235,18 @@ class Hardware:
         return replace(self, name=f"{self.name} @ {gb_per_s:g} GB/s", p2p=replace(self.p2p, beta=beta),
                        collective=replace(self.collective, beta=beta), inter_node=inter,
                        measured={})  # tables hold this machine's bandwidth, not the slider's
+
+
+def _finite_at_least_0(value) -> bool:
+    return is_number(value) and math.isfinite(value) and value >= 0
+
+
+def _positive(hw_name, finite=True, **values):
+    """A ValueError naming the first value that is not a positive (and, if ``finite``, finite) number."""
+    for key, value in values.items():
+        if not (is_number(value) and value > 0 and (math.isfinite(value) or not finite)):
+            what = "a positive, finite number" if finite else "a positive number"
+            raise ValueError(f"hardware {hw_name!r}: {key}={value!r} must be {what}")
 
 
 def _interpolate(table, nbytes: float) -> float:

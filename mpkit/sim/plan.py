@@ -35,9 +35,18 @@ VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
 MAX_CANDIDATES = 50_000
 
 
-def _divisors(n: int) -> list[int]:
+def _divisors(n: int, limit: int) -> list[int]:
+    """The divisors of ``n`` up to ``limit``, in O(min(limit, sqrt n)) steps: gpus=8*10**18 or
+    global_batch=10**18 answer at once (a loop to sqrt(n) took minutes)."""
+    if limit <= math.isqrt(n):
+        return [d for d in range(1, limit + 1) if n % d == 0]
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    return sorted({d for d in small + [n // d for d in small] if d <= limit})
+
+
+def _flag(name, value):
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":  # numpy's bool is one too
+        raise ValueError(f"{name}={value!r} must be True or False")
 
 
 def _choice(name, value, allowed):
@@ -178,7 +187,8 @@ class LayoutTable:
                 return rest % dp == 0 and (rest // dp == pp if pp is not None else rest // dp <= self.model.layers)
             return pp is None or rest % pp == 0
 
-        for wide in (tp for tp in range(2 * per_node, self.gpus + 1, per_node) if room(tp)):
+        # tp divides the heads, so at most heads wide (gpus=8*10**18 must not loop to gpus)
+        for wide in (tp for tp in range(2 * per_node, min(self.gpus, self.model.heads) + 1, per_node) if room(tp)):
             best = plan(self.model, self.hardware, self.gpus, self.global_batch, tp=wide, **pins).best
             if best is not None:
                 return best
@@ -245,10 +255,13 @@ class LayoutTable:
         return " ".join(parts)
 
 
-def _check(model, hw, gpus, global_batch, pinned, max_micro_batch):
+def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top):
     whole_number("gpus", gpus)
     whole_number("global_batch", global_batch)
     whole_number("max_micro_batch", max_micro_batch)
+    whole_number("top", top)
+    for name, value in software.items():
+        _flag(name, value)
     hw.check_world(gpus, name="gpus")
     per_node = hw.devices_per_node
     if gpus > per_node and gpus % per_node:
@@ -309,11 +322,12 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
         raise ValueError("global_batch is required: the sequences per optimizer step (GPT-3 used 1536)")
     pinned = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, zero=zero, recompute=recompute,
                   schedule=schedule, virtual=virtual)
-    _check(model, hw, gpus, global_batch, pinned, max_micro_batch)
-    # numpy's integers (a sweep over np.arange) as Python's: plain arithmetic from here on
-    gpus, global_batch, max_micro_batch = int(gpus), int(global_batch), int(max_micro_batch)
-    pinned = {k: v if v is None or isinstance(v, str) else int(v) for k, v in pinned.items()}
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp)
+    _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top)
+    # numpy's integers (a sweep over np.arange) as Python's: plain arithmetic from here on
+    gpus, global_batch, max_micro_batch, top = int(gpus), int(global_batch), int(max_micro_batch), int(top)
+    pinned = {k: v if v is None or isinstance(v, str) else int(v) for k, v in pinned.items()}
+    software = {k: bool(v) for k, v in software.items()}
     table = LayoutTable(model, hw, gpus, global_batch, lang=lang, top=top,
                         pins=dict(pinned, **software, max_micro_batch=max_micro_batch))
     per_node = hw.devices_per_node
@@ -332,11 +346,11 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
     selective recomputation would drop: the same layout twice)."""
     modes = [pinned["recompute"]] if pinned["recompute"] else [
         r for r in RECOMPUTE if not (software["flash"] and r == "selective")]
-    tps = [pinned["tp"]] if pinned["tp"] else [d for d in _divisors(gpus) if model.heads % d == 0
-                                               and model.kv % d == 0 and per_node % d == 0]
+    tps = [pinned["tp"]] if pinned["tp"] else [d for d in _divisors(per_node, per_node) if gpus % d == 0
+                                               and model.heads % d == 0 and model.kv % d == 0]
     count = 0
     for tp in tps:
-        pps = [pinned["pp"]] if pinned["pp"] else [d for d in _divisors(gpus // tp) if d <= model.layers]
+        pps = [pinned["pp"]] if pinned["pp"] else _divisors(gpus // tp, model.layers)
         for pp in pps:
             if gpus % (tp * pp):
                 continue
@@ -350,8 +364,7 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
                 skipped["plan_skip_dp", global_batch] += 1
                 continue
             per_replica = global_batch // dp
-            micro = [pinned["micro_batch"]] if pinned["micro_batch"] else [
-                b for b in _divisors(per_replica) if b <= max_micro_batch]
+            micro = [pinned["micro_batch"]] if pinned["micro_batch"] else _divisors(per_replica, max_micro_batch)
             for b in micro:
                 if per_replica % b:
                     continue

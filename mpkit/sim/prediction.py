@@ -40,6 +40,10 @@ from mpkit.strategies import get_strategy, make_config
 MAX_RANKS = 1024
 MAX_STAGES = 64
 MAX_LAYERS = 128  # profiled one by one: ~0.01 s per mlp layer, ~0.06 s per gpt block (layers=10**4: minutes)
+# the largest tensor a profile builds, in elements: shapes only (meta tensors), but torch's own size
+# arithmetic overflows near 2**63 bytes (batch_size=4*10**18 failed inside torch), and tensor
+# parallel's index tensors are real ones of the layer's width
+MAX_ELEMENTS = 2**48
 
 
 class Prediction:
@@ -133,11 +137,26 @@ def _config(strategy, world_size, model, batch_size, options):
     if not cfg.model.builtin:
         raise ValueError("the cost model profiles the built-in models (model='mlp' or 'gpt' with their sizes); "
                          "it cannot count the operations of a model factory")
+    largest = _largest_tensor(cfg.model, cfg.batch_size)
+    if largest > MAX_ELEMENTS:
+        raise ValueError(f"batch_size={cfg.batch_size} with these model sizes makes tensors of {largest:.3g} elements, "
+                         f"more than predict profiles (at most 2**48); use smaller sizes, or for cluster-scale runs "
+                         f"mpkit.sim.plan(model=..., hardware=..., gpus=..., global_batch=...)")
     if cfg.model.layers > MAX_LAYERS:
         raise ValueError(f"layers={cfg.model.layers}: predict profiles every layer (up to 0.06 s each), at most "
                          f"{MAX_LAYERS}; for deeper models use mpkit.sim.plan(model=..., hardware=..., gpus=..., "
                          f"global_batch=...)")
     return cfg
+
+
+def _largest_tensor(model, batch: int) -> int:
+    """Elements of the largest activation or weight the built-in ``model`` makes for ``batch``."""
+    if model.kind == "mlp":
+        widest = max(model.d_in, model.hidden, model.classes)
+        return max(batch * widest, model.hidden * widest)
+    rows = batch * model.seq_len
+    return max(rows * 4 * model.hidden, rows * model.vocab, batch * model.heads * model.seq_len ** 2,
+               model.vocab * model.hidden, 4 * model.hidden ** 2)
 
 
 def concurrency(trace) -> float:
