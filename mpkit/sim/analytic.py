@@ -300,13 +300,38 @@ class Estimate:
         return self.global_batch * self.model.seq_len / self.step_time
 
     @property
+    def model_flops_per_token(self) -> float:
+        """6 per parameter (2 forward, 4 backward) + the attention scores, 12·L·s·h (PaLM's count,
+        Chowdhery et al. 2022, App. B): what the model needs, however it is run."""
+        return 6 * self.model.parameters + 12 * self.model.layers * self.model.seq_len * self.model.hidden
+
+    @property
+    def hardware_flops_per_token(self) -> float:
+        """The model FLOPs plus what recomputation runs again: full recomputation repeats every
+        layer's forward (2 per layer weight + 4·s·h of scores), selective recomputation the scores
+        only (Korthikanti et al. 2022, §6: the split into MFU and HFU). Narayanan et al. 2021 count
+        these (their 96·B·s·l·h² assumes full recomputation), so their "52 % of peak" is an HFU."""
+        m = self.model
+        scores = 4 * m.layers * m.seq_len * m.hidden
+        extra = {"full": 2 * m.layers * m.layer_weights + scores, "selective": scores}.get(self.setup.recompute, 0)
+        return self.model_flops_per_token + extra
+
+    def _utilisation(self, flops_per_token) -> float:
+        return flops_per_token * self.tokens_per_second / (self.setup.layout.world_size * self.hardware.flops)
+
+    @property
     def mfu(self) -> float:
-        """Model FLOPs (6 per parameter per token + attention scores, no recomputation) per
-        second per GPU over peak: the utilisation papers quote. Like theirs it counts every
-        parameter (the embedding lookup too) and the whole score matrix, where causal flash
-        attention computes half: on a machine running at its peak it can read a few % over 100%."""
-        flops = 6 * self.model.parameters + 12 * self.model.layers * self.model.seq_len * self.model.hidden
-        return flops * self.tokens_per_second / (self.setup.layout.world_size * self.hardware.flops)
+        """Model FLOPs utilisation: ``model_flops_per_token`` per second per GPU over peak, the
+        utilisation papers quote since PaLM. Like theirs it counts every parameter (the embedding
+        lookup too) and the whole score matrix, where causal flash attention computes half: on a
+        machine running at its peak it can read a few % over 100%."""
+        return self._utilisation(self.model_flops_per_token)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: ``hardware_flops_per_token`` (recomputation counted) over
+        peak; equal to ``mfu`` without recomputation, above it with."""
+        return self._utilisation(self.hardware_flops_per_token)
 
     @property
     def bubble_share(self) -> float:

@@ -33,6 +33,7 @@ VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
 # once (the published runs' searches hold 600-5,000; a 1e15-parameter model on 5.8 million GPUs
 # held 73,000 and took 1.5 s, layers=10**6 153,000 and 2.8 s)
 MAX_CANDIDATES = 50_000
+_PINNABLE = ("dp", "tp", "pp", "micro_batch", "zero", "recompute", "schedule", "virtual")
 
 
 def _divisors(n: int, limit: int) -> list[int]:
@@ -79,21 +80,35 @@ class LayoutTable:
 
     # ---- display ------------------------------------------------------------------------------
     def _header(self, lang) -> str:
-        return t("plan_header", lang, model=self.model.describe(), hw=self.hardware.name, gpus=self.gpus,
-                 batch=self.global_batch, tokens=self.global_batch * self.model.seq_len,
-                 fit=len(self.rows), dropped=len(self.dropped), seconds=self.seconds)
+        return "\n".join([t("plan_header", lang, model=self.model.describe(), hw=self.hardware.name, gpus=self.gpus,
+                             batch=self.global_batch, tokens=self.global_batch * self.model.seq_len,
+                             fit=len(self.rows), dropped=len(self.dropped), seconds=self.seconds),
+                           self.assumptions(lang)])
+
+    def pinned_text(self, lang="en") -> str:
+        """The knobs the caller fixed, as plan's keywords ("zero=1, tp=8"), or 'nothing'."""
+        fixed = [f"{k}={v!r}" for k, v in self.pins.items() if k in _PINNABLE and v is not None]
+        return ", ".join(fixed) or t("plan_no_pins", lang)
+
+    def assumptions(self, lang="en") -> str:
+        """What every row assumes about the training software, and what was pinned: the switches
+        that decide whether a layout fits (sequence parallelism and flash attention change the
+        activations several-fold) are stated, never silent."""
+        word = lambda key: t("plan_on" if self.pins.get(key, True) else "plan_off", lang)  # noqa: E731
+        return t("plan_assumes", lang, sp=word("sequence_parallel"), flash=word("flash"),
+                 overlap=word("overlap_dp"), pins=self.pinned_text(lang))
 
     def _columns(self, lang):
         return [t("plan_col_rank", lang), "dp x pp x tp", t("plan_col_micro", lang), t("plan_col_schedule", lang),
                 "ZeRO", t("plan_col_recompute", lang), t("plan_col_step", lang), t("plan_col_tokens", lang), "MFU",
-                t("plan_col_bubble", lang), t("plan_col_comm", lang), t("plan_col_memory", lang)]
+                "HFU", t("plan_col_bubble", lang), t("plan_col_comm", lang), t("plan_col_memory", lang)]
 
     def _cells(self, i, e: Estimate):
         lay, s = e.setup.layout, e.setup
         sched = "-" if lay.pp == 1 else (s.schedule + (f" v={s.virtual}" if s.schedule == "interleaved" else ""))
         comm = (e.time["tp"] + e.time["pp"] + e.time["dp"]) / e.step_time
         return [str(i), f"{lay.dp} x {lay.pp} x {lay.tp}", f"{e.micro_batches} x {s.micro_batch}", sched,
-                str(s.zero), s.recompute, f"{e.step_time:.3g}", f"{e.tokens_per_second:,.0f}", f"{e.mfu:.0%}",
+                str(s.zero), s.recompute, f"{e.step_time:.3g}", f"{e.tokens_per_second:,.0f}", f"{e.mfu:.0%}", f"{e.hfu:.0%}",
                 f"{e.bubble_share:.0%}", f"{comm:.0%}", f"{e.memory_total / 1e9:.1f}"]
 
     def _footer(self, lang) -> str:
@@ -107,7 +122,9 @@ class LayoutTable:
         if not self.rows and not self.dropped:  # nothing to price: not memory, the sizes themselves
             lines.append(t("plan_no_layout", lang, gpus=self.gpus, batch=self.global_batch, layers=self.model.layers))
         elif not self.rows:
-            lines.append(t("plan_nothing_fits", lang))
+            searched = all(self.pins.get(k) is None for k in ("zero", "recompute", "micro_batch"))
+            lines.append(t("plan_nothing_fits", lang) if searched else
+                         t("plan_nothing_fits_pinned", lang, pins=self.pinned_text(lang)))
         return "\n".join(lines)
 
     def to_text(self, lang=None, top=None) -> str:
@@ -148,7 +165,7 @@ class LayoutTable:
         s = best.setup
         per_node = self.hardware.devices_per_node
         out = [t("plan_winner", lang, layout=s.describe(best.micro_batches, lang), step=best.step_time,
-                 tokens=best.tokens_per_second, mfu=best.mfu, memory=best.memory_total / 1e9)]
+                 tokens=best.tokens_per_second, mfu=best.mfu, hfu=best.hfu, memory=best.memory_total / 1e9)]
         out.append(self._explain_tp(best, lang, per_node))
         out.append(self._explain_pp(best, lang))
         out.append(self._explain_dp(best, lang))
@@ -200,8 +217,9 @@ class LayoutTable:
         if lay.tp == 1:
             text = t("plan_tp_none", lang)
         else:
+            kind = t("plan_tp_kind_sp" if best.setup.sequence_parallel else "plan_tp_kind_ar", lang)
             text = t("plan_tp", lang, tp=lay.tp, link=self._link_text(best.links["tp"], lang), share=share,
-                     calls=4 + (2 if best.setup.recompute == "full" else 0), mb=best.comm_bytes["tp"] / 1e6)
+                     calls=4 + (2 if best.setup.recompute == "full" else 0), mb=best.comm_bytes["tp"] / 1e6, kind=kind)
         wide = self.across_nodes() if lay.tp <= per_node else None
         if wide is not None:
             key = "plan_tp_wide" if wide.step_time >= best.step_time else "plan_tp_wide_faster"
@@ -218,14 +236,17 @@ class LayoutTable:
             formula = formulas.bubble_fraction(lay.pp, best.micro_batches, v, "interleaved" if v > 1 else "1f1b",
                                                relative_to="step")
             text = t("plan_pp", lang, pp=lay.pp, link=self._link_text(best.links["pp"], lang),
-                     kb=best.comm_bytes["pp"] / 1e3, m=best.micro_batches, v=v, formula=formula,
+                     kb=best.comm_bytes["pp"] / 1e3, full=best.comm_bytes["pp"] * lay.tp / 1e3, m=best.micro_batches,
+                     v=v, formula=formula,
                      bubble=best.bubble_share, share=best.time["pp"] / best.step_time)
         flat = self._best_where(lambda e: e.setup.layout.pp == 1)
         if flat is not None and lay.pp > 1:
             text += " " + t("plan_pp_flat", lang, layout=flat.setup.describe(flat.micro_batches, lang),
                             step=flat.step_time, ratio=flat.step_time / best.step_time)
         elif flat is None and lay.pp > 1:
-            text += " " + t("plan_pp_needed", lang)
+            free = self.pins.get("zero") is None and self.pins.get("tp") is None and self.pins.get("dp") is None
+            text += " " + (t("plan_pp_needed_free", lang) if free else
+                           t("plan_pp_needed", lang, pins=self.pinned_text(lang)))
         return text
 
     def _explain_dp(self, best, lang):
@@ -242,7 +263,8 @@ class LayoutTable:
         if s.zero > 0:
             plain = estimate(self.model, self.hardware, replace(s, zero=0), self.global_batch)
             states = lambda e: e.memory["parameters"] + e.memory["gradients"] + e.memory["optimizer"]  # noqa: E731
-            parts.append(t("plan_zero", lang, zero=s.zero, before=states(plain) / 1e9, after=states(best) / 1e9,
+            parts.append(t("plan_zero", lang, zero=s.zero, what=t(f"plan_zero_what_{s.zero}", lang),
+                           before=states(plain) / 1e9, after=states(best) / 1e9,
                            fits=t("plan_fits" if plain.fits else "plan_not_fit", lang, gb=plain.memory_total / 1e9)))
         if s.recompute != "none":
             plain = estimate(self.model, self.hardware, replace(s, recompute="none"), self.global_batch)

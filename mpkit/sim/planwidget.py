@@ -1,5 +1,6 @@
-"""``mpkit.sim.planner``: the layout planner as a widget (model, hardware, GPUs, global batch ->
-the ranked table and the explanation), for lab 10.
+"""``mpkit.sim.planner``: the layout planner as a widget (model, hardware, GPUs, global batch,
+pins of tp / ZeRO / recomputation, and the software's sequence parallelism and flash attention ->
+the ranked table, what it assumed, and the explanation), for lab 10.
 
 The logic lives in ``Planner`` (control values in, ``LayoutTable`` out) so tests drive it headlessly
 by setting values; the widget is only its view. Input the planner refuses (GPUs that are not whole
@@ -14,23 +15,35 @@ import ipywidgets as w
 
 from mpkit.i18n import LANG_LABELS, LANGS, t
 from mpkit.sim.analytic import MODELS
+from mpkit.sim.formulas import RECOMPUTE, ZERO_STAGES
 from mpkit.sim.hardware import GPU_PRESETS, MULTI_NODE
 from mpkit.sim.plan import plan
 
 MODEL_CHOICES = (*MODELS, "7B", "13B", "70B")
 HARDWARE_CHOICES = (*GPU_PRESETS, *MULTI_NODE)
+PINS = {"tp": (1, 2, 4, 8, 16, 32), "zero": ZERO_STAGES, "recompute": RECOMPUTE}  # None: searched
 
 
 class Planner:
     """Controls -> ``plan`` -> table and explanation. ``result`` is the latest good LayoutTable."""
 
-    def __init__(self, model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8):
+    def __init__(self, model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8,
+                 tp=None, zero=None, recompute=None, sequence_parallel=True, flash=True):
         self.top = top
+        pins = dict(tp=tp, zero=zero, recompute=recompute)
+        for key, value in pins.items():
+            if value is not None and (isinstance(value, bool) or value not in PINS[key]):
+                raise ValueError(f"{key}={value!r}: the widget offers {', '.join(map(repr, PINS[key]))} or None "
+                                 f"(searched); for other values call mpkit.sim.plan")
         self.controls = {
             "model": w.Combobox(value=str(model), options=list(MODEL_CHOICES), ensure_option=False),
             "hardware": w.Combobox(value=str(hardware), options=list(HARDWARE_CHOICES), ensure_option=False),
             "gpus": w.BoundedIntText(value=gpus, min=1, max=10**7),
             "global_batch": w.BoundedIntText(value=global_batch, min=1, max=10**8),
+            **{key: w.Dropdown(options=[("auto", None), *((str(v), v) for v in PINS[key])], value=value)
+               for key, value in pins.items()},
+            "sequence_parallel": w.Checkbox(value=bool(sequence_parallel)),
+            "flash": w.Checkbox(value=bool(flash)),
             "lang": w.ToggleButtons(options=[(LANG_LABELS[code], code) for code in LANGS], value=lang),
         }
         self.status = w.HTML()
@@ -44,8 +57,13 @@ class Planner:
 
     def _label(self):
         lang = self.controls["lang"].value
-        for key in ("model", "hardware", "gpus", "global_batch"):
+        for key in ("model", "hardware", "gpus", "global_batch", "tp", "zero", "recompute", "sequence_parallel",
+                    "flash"):
             self.controls[key].description = t(f"plan_w_{key}", lang)
+        for key in PINS:  # "auto" reads as "search" in the chosen language (new options reset the value)
+            control = self.controls[key]
+            value, control.options = control.value, [(t("plan_w_auto", lang), None), *control.options[1:]]
+            control.value = value
 
     def _changed(self, change):
         if change["owner"] is self.controls["lang"]:
@@ -55,7 +73,8 @@ class Planner:
     def arguments(self) -> dict:
         c = self.controls
         return dict(model=c["model"].value.strip(), hardware=c["hardware"].value.strip(), gpus=c["gpus"].value,
-                    global_batch=c["global_batch"].value, lang=c["lang"].value, top=self.top)
+                    global_batch=c["global_batch"].value, lang=c["lang"].value, top=self.top,
+                    **{key: c[key].value for key in (*PINS, "sequence_parallel", "flash")})
 
     def update(self):
         """Plan from the controls and redraw; returns the LayoutTable (None if refused)."""
@@ -77,12 +96,17 @@ class Planner:
     def widget(self) -> w.Widget:
         c = self.controls
         return w.VBox([w.HBox([c["model"], c["hardware"]]), w.HBox([c["gpus"], c["global_batch"], c["lang"]]),
+                       w.HBox([c["tp"], c["zero"], c["recompute"]]), w.HBox([c["sequence_parallel"], c["flash"]]),
                        self.status, self.table, self.explanation])
 
 
-def planner(model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8) -> w.Widget:
-    """The planner widget; the ``Planner`` behind it is ``widget.planner``."""
-    state = Planner(model, hardware, gpus, global_batch, lang, top)
+def planner(model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8, *, tp=None,
+            zero=None, recompute=None, sequence_parallel=True, flash=True) -> w.Widget:
+    """The planner widget; the ``Planner`` behind it is ``widget.planner``. ``tp``, ``zero`` and
+    ``recompute`` start pinned where given (None: searched), ``sequence_parallel`` and ``flash``
+    on or off; each is a control."""
+    state = Planner(model, hardware, gpus, global_batch, lang, top, tp=tp, zero=zero, recompute=recompute,
+                    sequence_parallel=sequence_parallel, flash=flash)
     box = state.widget
     box.planner = state
     return box
