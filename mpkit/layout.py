@@ -11,7 +11,13 @@ runs one TP group fills a node, so DP and PP cross nodes either way. So
     rank = (dp_index * pp + pp_index) * tp + tp_index
 
 and the run (``mpkit.parallel`` on a ``DeviceMesh``), the cost model and the planner read this
-one mapping.
+one mapping. ``order="pp-dp-tp"`` is Megatron-LM's instead (pipeline outermost):
+
+    rank = (pp_index * dp + dp_index) * tp + tp_index
+
+which only the cost model and the planner price (the 3d strategy runs the default): for TP 2 x
+PP 4 filling a node, picotron's order keeps the pipeline on NVLink and sends DP over the network,
+Megatron-LM's the reverse.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from mpkit.whole import is_whole
 
 DIMS = ("dp", "pp", "tp")  # mesh dimension order: outermost first, tensor parallel innermost
+ORDERS = {"dp-pp-tp": DIMS, "pp-dp-tp": ("pp", "dp", "tp")}  # rank orders, outermost first
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,7 @@ class Layout:
     dp: int = 1
     pp: int = 1
     tp: int = 1
+    order: str = "dp-pp-tp"
 
     def __post_init__(self):
         for name in DIMS:
@@ -36,6 +44,14 @@ class Layout:
             if not is_whole(value) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a whole number >= 1")
             object.__setattr__(self, name, int(value))  # numpy's integers (a sweep) as plain ints
+        if self.order not in ORDERS:
+            raise ValueError(f"order={self.order!r} is unknown; use {' or '.join(map(repr, ORDERS))} "
+                             f"(outermost dimension first)")
+
+    @property
+    def dims(self) -> tuple[str, str, str]:
+        """The dimensions outermost first (``DIMS`` unless ``order`` puts the pipeline outermost)."""
+        return ORDERS[self.order]
 
     @property
     def world_size(self) -> int:
@@ -43,8 +59,8 @@ class Layout:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        """Sizes in ``DIMS`` order, the shape of the ``DeviceMesh``."""
-        return (self.dp, self.pp, self.tp)
+        """Sizes in ``dims`` order, the shape of the ``DeviceMesh`` (``DIMS`` order by default)."""
+        return tuple(getattr(self, d) for d in self.dims)
 
     def check_world(self, world_size: int) -> None:
         if self.world_size != world_size:
@@ -55,12 +71,15 @@ class Layout:
         """``{"dp": i, "pp": j, "tp": k}`` of ``rank``."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank={rank} is outside 0..{self.world_size - 1}")
-        rest, tp_index = divmod(rank, self.tp)
-        dp_index, pp_index = divmod(rest, self.pp)
-        return {"dp": dp_index, "pp": pp_index, "tp": tp_index}
+        outer, middle, inner = self.dims
+        rest, inner_index = divmod(rank, getattr(self, inner))
+        outer_index, middle_index = divmod(rest, getattr(self, middle))
+        return {d: {outer: outer_index, middle: middle_index, inner: inner_index}[d] for d in DIMS}
 
     def rank(self, dp: int = 0, pp: int = 0, tp: int = 0) -> int:
-        return (dp * self.pp + pp) * self.tp + tp
+        index = {"dp": dp, "pp": pp, "tp": tp}
+        outer, middle, inner = self.dims
+        return (index[outer] * getattr(self, middle) + index[middle]) * getattr(self, inner) + index[inner]
 
     def groups(self, dim: str) -> list[list[int]]:
         """The rank lists along ``dim``: every group of ranks that differ only in that coordinate."""
@@ -77,4 +96,5 @@ class Layout:
         return next(g for g in self.groups(dim) if rank in g)
 
     def __str__(self):
-        return f"dp={self.dp} x pp={self.pp} x tp={self.tp}"
+        where = "" if self.order == "dp-pp-tp" else ", pp outermost"
+        return f"dp={self.dp} x pp={self.pp} x tp={self.tp}{where}"

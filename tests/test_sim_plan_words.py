@@ -25,9 +25,12 @@ def test_the_table_states_what_it_assumed_and_what_was_pinned(lab_table):
 
 
 def test_switching_them_off_costs_activation_memory_as_the_review_measured(lab_table):
-    best = lab_table.best.setup
-    pinned = dict(dp=best.layout.dp, pp=best.layout.pp, tp=best.layout.tp, micro_batch=best.micro_batch,
-                  schedule=best.schedule, virtual=best.virtual, zero=1, recompute="none")
+    # the review's winner (DP outermost; the planner now also searches Megatron's PP-outermost order)
+    pinned = dict(dp=32, pp=8, tp=4, micro_batch=1, schedule="interleaved", virtual=4, zero=1, recompute="none",
+                  order="dp-pp-tp")
+    assert plan(**LAB, **{k: v for k, v in pinned.items() if k not in ("dp", "pp", "tp", "micro_batch", "schedule",
+                                                                       "virtual")}).best.setup == \
+        plan(**LAB, **pinned).best.setup
     on = plan(**LAB, **pinned).best
     off = plan(**LAB, **pinned, sequence_parallel=False, flash=False).dropped[0]
     assert on.memory["activations"] / 1e9 == pytest.approx(25.0, abs=0.1)  # review F3: 25.0 GB

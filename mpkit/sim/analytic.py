@@ -256,8 +256,9 @@ class Setup:
     def describe(self, micro_batches: int, lang: str = "en") -> str:
         sched = "" if self.layout.pp == 1 else (
             f", {self.schedule}" + (f" v={self.virtual}" if self.schedule == "interleaved" else ""))
+        order = t("plan_pp_outermost", lang) if self.layout.order == "pp-dp-tp" else ""
         return t("plan_setup", lang, dp=self.layout.dp, pp=self.layout.pp, tp=self.layout.tp, m=micro_batches,
-                 b=self.micro_batch, schedule=sched, zero=self.zero, recompute=self.recompute)
+                 b=self.micro_batch, schedule=sched, zero=self.zero, recompute=self.recompute) + order
 
 
 @dataclass
@@ -347,12 +348,14 @@ class Estimate:
 
 
 def aligned(layout: Layout, per_node: int) -> bool:
-    """Whether every TP group and every pipeline (pp x tp block) lies in the nodes the same way
-    as rank 0's: each block divides a node or is whole nodes. Otherwise some groups straddle two
-    nodes while rank 0's does not (tp=6 on 8-GPU nodes: ranks 6..11)."""
+    """Whether every TP group and every block of the two inner dimensions (a pipeline, pp x tp,
+    in the default order; a DP x TP block with the pipeline outermost) lies in the nodes the same
+    way as rank 0's: each block divides a node or is whole nodes. Otherwise some groups straddle
+    two nodes while rank 0's does not (tp=6 on 8-GPU nodes: ranks 6..11)."""
     if layout.world_size <= per_node:
         return True
-    return all(size % per_node == 0 or per_node % size == 0 for size in (layout.tp, layout.tp * layout.pp))
+    middle = getattr(layout, layout.dims[1])
+    return all(size % per_node == 0 or per_node % size == 0 for size in (layout.tp, layout.tp * middle))
 
 
 @lru_cache(maxsize=65536)

@@ -5,7 +5,10 @@ key/value heads and a node's GPUs, pp at most the layers), every micro-batch siz
 schedule, ZeRO stage and activation recomputation; drops what does not fit in GPU memory (with
 the reason); ranks the rest by the step time ``mpkit.sim.analytic.estimate`` prices. Which link
 a TP, PP or DP group uses comes from ``mpkit.parallel.Layout``, the same rank grid the real
-3D run uses. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
+3D run uses, in both rank orders where dp and pp exceed 1 (DP outermost as the run and
+picotron, PP outermost as Megatron-LM); the table and the explanation say which won. The table
+also states what it assumed of the training software (sequence parallelism, flash attention,
+overlapped DP reduction) and shows MFU beside HFU. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
 on the link between nodes: the explanation compares the winner with such a layout.
 
 Any knob can be pinned (``tp=8, pp=8, recompute="full"``); the others are searched. Inputs are
@@ -15,13 +18,14 @@ answers in well under a second.
 from __future__ import annotations
 
 import html
+import itertools
 import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from mpkit.i18n import check_lang, t
-from mpkit.layout import Layout
+from mpkit.layout import ORDERS, Layout
 from mpkit.sim import formulas
 from mpkit.sim.analytic import SCHEDULES, Estimate, Setup, Transformer, aligned, estimate, transformer, whole_number
 from mpkit.sim.hardware import Hardware
@@ -33,7 +37,7 @@ VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
 # once (the published runs' searches hold 600-5,000; a 1e15-parameter model on 5.8 million GPUs
 # held 73,000 and took 1.5 s, layers=10**6 153,000 and 2.8 s)
 MAX_CANDIDATES = 50_000
-_PINNABLE = ("dp", "tp", "pp", "micro_batch", "zero", "recompute", "schedule", "virtual")
+_PINNABLE = ("dp", "tp", "pp", "micro_batch", "zero", "recompute", "schedule", "virtual", "order")
 
 
 def _divisors(n: int, limit: int) -> list[int]:
@@ -99,7 +103,8 @@ class LayoutTable:
                  overlap=word("overlap_dp"), pins=self.pinned_text(lang))
 
     def _columns(self, lang):
-        return [t("plan_col_rank", lang), "dp x pp x tp", t("plan_col_micro", lang), t("plan_col_schedule", lang),
+        return [t("plan_col_rank", lang), "dp x pp x tp", t("plan_col_order", lang), t("plan_col_micro", lang),
+                t("plan_col_schedule", lang),
                 "ZeRO", t("plan_col_recompute", lang), t("plan_col_step", lang), t("plan_col_tokens", lang), "MFU",
                 "HFU", t("plan_col_bubble", lang), t("plan_col_comm", lang), t("plan_col_memory", lang)]
 
@@ -107,7 +112,8 @@ class LayoutTable:
         lay, s = e.setup.layout, e.setup
         sched = "-" if lay.pp == 1 else (s.schedule + (f" v={s.virtual}" if s.schedule == "interleaved" else ""))
         comm = (e.time["tp"] + e.time["pp"] + e.time["dp"]) / e.step_time
-        return [str(i), f"{lay.dp} x {lay.pp} x {lay.tp}", f"{e.micro_batches} x {s.micro_batch}", sched,
+        outer = "-" if lay.dp == 1 or lay.pp == 1 else lay.dims[0]
+        return [str(i), f"{lay.dp} x {lay.pp} x {lay.tp}", outer, f"{e.micro_batches} x {s.micro_batch}", sched,
                 str(s.zero), s.recompute, f"{e.step_time:.3g}", f"{e.tokens_per_second:,.0f}", f"{e.mfu:.0%}", f"{e.hfu:.0%}",
                 f"{e.bubble_share:.0%}", f"{comm:.0%}", f"{e.memory_total / 1e9:.1f}"]
 
@@ -165,13 +171,30 @@ class LayoutTable:
         s = best.setup
         per_node = self.hardware.devices_per_node
         out = [t("plan_winner", lang, layout=s.describe(best.micro_batches, lang), step=best.step_time,
-                 tokens=best.tokens_per_second, mfu=best.mfu, hfu=best.hfu, memory=best.memory_total / 1e9)]
+                 tokens=best.tokens_per_second, mfu=best.mfu, hfu=best.hfu, memory=best.memory_total / 1e9,
+                 order=self._explain_order(best, lang))]
         out.append(self._explain_tp(best, lang, per_node))
         out.append(self._explain_pp(best, lang))
         out.append(self._explain_dp(best, lang))
         out.append(self._explain_memory(best, lang))
         out.append(self._footer(lang))
         return "\n\n".join(p for p in out if p)
+
+    def _explain_order(self, best, lang):
+        """The rank order of the winner, and where the other order would put PP and DP (only where
+        both dp and pp exceed 1 do the orders differ)."""
+        lay = best.setup.layout
+        text = t("plan_order_pp" if lay.order == "pp-dp-tp" else "plan_order_dp", lang)
+        if lay.dp == 1 or lay.pp == 1:
+            return text
+        other = self._best_where(lambda e: e.setup.layout.order != lay.order and e.setup.layout.dp > 1
+                                 and e.setup.layout.pp > 1)
+        if other is not None:
+            text += " " + t("plan_order_other", lang, outer=other.setup.layout.dims[0].upper(),
+                            layout=other.setup.describe(other.micro_batches, lang), step=other.step_time,
+                            ratio=other.step_time / best.step_time, pp_link=self._link_text(other.links["pp"], lang),
+                            dp_link=self._link_text(other.links["dp"], lang))
+        return text
 
     def _best_where(self, keep) -> Estimate | None:
         return next((e for e in self.rows if keep(e)), None)
@@ -295,6 +318,7 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
     _choice("zero", pinned["zero"], formulas.ZERO_STAGES)
     _choice("recompute", pinned["recompute"], RECOMPUTE)
     _choice("schedule", pinned["schedule"], SCHEDULES)
+    _choice("order", pinned["order"], tuple(ORDERS))
     dims = {d: pinned[d] for d in ("dp", "tp", "pp") if pinned[d] is not None}
     if gpus % math.prod(dims.values()):
         given = ", ".join(f"{d}={v}" for d, v in dims.items())
@@ -319,7 +343,7 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
 
 
 def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=None, tp=None, pp=None,
-         micro_batch=None, zero=None, recompute=None, schedule=None, virtual=None, sequence_parallel=True,
+         micro_batch=None, zero=None, recompute=None, schedule=None, virtual=None, order=None, sequence_parallel=True,
          flash=True, overlap_dp=True, max_micro_batch=16, lang="en", top=10) -> LayoutTable:
     """The layouts of ``gpus`` GPUs of ``hardware`` that train ``model`` with ``global_batch``
     sequences per step, fastest first, with the ones that do not fit and why.
@@ -328,7 +352,9 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     a dict of ``mpkit.sim.Transformer`` fields or a Transformer. ``hardware``: a preset
     ("8xH100-nvlink"; multi-node "4x8xH100-ib", "Nx8xA100-ib") or a Hardware; ``gpus`` defaults
     to all of it. Pin any of dp, tp, pp, micro_batch, zero (0-3), recompute ("none",
-    "selective", "full"), schedule ("1f1b", "interleaved", "gpipe"), virtual (chunks per rank);
+    "selective", "full"), schedule ("1f1b", "interleaved", "gpipe"), virtual (chunks per rank),
+    order (the rank order, outermost first: "dp-pp-tp" as picotron and mpkit's 3d run, or
+    "pp-dp-tp" as Megatron-LM; both are searched where dp and pp exceed 1);
     the rest is searched (tp only within a node's GPUs unless pinned). ``sequence_parallel``,
     ``flash`` (fused causal attention) and ``overlap_dp`` (gradient reduction hidden behind
     backward) describe the training software."""
@@ -343,7 +369,7 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     if global_batch is None:
         raise ValueError("global_batch is required: the sequences per optimizer step (GPT-3 used 1536)")
     pinned = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, zero=zero, recompute=recompute,
-                  schedule=schedule, virtual=virtual)
+                  schedule=schedule, virtual=virtual, order=order)
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp)
     _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top)
     # numpy's integers (a sweep over np.arange) as Python's: plain arithmetic from here on
@@ -379,26 +405,32 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
             dp = gpus // (tp * pp)
             if pinned["dp"] and dp != pinned["dp"]:
                 continue
-            if not aligned(Layout(dp, pp, tp), per_node):
-                skipped["plan_skip_aligned", per_node] += 1
-                continue
             if global_batch % dp:
                 skipped["plan_skip_dp", global_batch] += 1
                 continue
+            orders = [pinned["order"]] if pinned["order"] else (
+                list(ORDERS) if dp > 1 and pp > 1 else ["dp-pp-tp"])  # one dimension of 1: the same grid
+            layouts = [Layout(dp, pp, tp, order) for order in orders]
+            straddle = [lay for lay in layouts if not aligned(lay, per_node)]
+            if straddle:
+                skipped["plan_skip_aligned", per_node] += len(straddle)
+                layouts = [lay for lay in layouts if lay not in straddle]
+                if not layouts:
+                    continue
             per_replica = global_batch // dp
+            zeros = [pinned["zero"]] if pinned["zero"] is not None else (range(4) if dp > 1 else (0,))
             micro = [pinned["micro_batch"]] if pinned["micro_batch"] else _divisors(per_replica, max_micro_batch)
             for b in micro:
                 if per_replica % b:
                     continue
                 m = per_replica // b
                 for sched, v in _schedules(model, pp, m, pinned, skipped):
-                    for rec in modes:
-                        for z in ([pinned["zero"]] if pinned["zero"] is not None else (range(4) if dp > 1 else (0,))):
-                            count += 1
-                            if count > MAX_CANDIDATES:
-                                raise ValueError(f"more than {MAX_CANDIDATES:,} layouts to price for gpus={gpus}; "
-                                                 f"pin some of dp, tp, pp or micro_batch")
-                            yield Setup(Layout(dp, pp, tp), b, z, rec, sched, v, **software)
+                    for rec, z, lay in itertools.product(modes, zeros, layouts):
+                        count += 1
+                        if count > MAX_CANDIDATES:
+                            raise ValueError(f"more than {MAX_CANDIDATES:,} layouts to price for gpus={gpus}; "
+                                             f"pin some of dp, tp, pp or micro_batch")
+                        yield Setup(lay, b, z, rec, sched, v, **software)
 
 
 def _schedules(model, pp, m, pinned, skipped):
