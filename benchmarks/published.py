@@ -16,6 +16,8 @@ does it choose the published layout family (TP inside a node, PP across nodes, .
 
     python benchmarks/published.py              # the table, a few seconds
     python benchmarks/published.py --calibrate  # MATMUL_SUSTAINED from the two held-out runs
+    python benchmarks/published.py --loso       # leave-one-source-out: each source predicted by
+                                                # a matmul efficiency fitted on the other sources
 """
 from __future__ import annotations
 
@@ -43,6 +45,11 @@ DEEPSPEED_MTNLG = dict(sequence_parallel=False, flash=False, overlap_dp=False, r
                        schedule="1f1b")
 LLAMA3 = dict(sequence_parallel=True, flash=True, overlap_dp=True)
 MOSAIC = dict(sequence_parallel=False, flash=True, overlap_dp=True, zero=3, tp=1, pp=1)  # FSDP: no TP/PP support
+TORCHTITAN_FSDP = dict(sequence_parallel=False, flash=True, overlap_dp=True, zero=3, tp=1, pp=1)  # FSDP2, SDPA
+# Rank orders as the stacks build them (mpkit.layout): Megatron-LM puts PP outermost (tp-cp-ep-dp-pp from
+# the inside out, megatron/core/parallel_state.py's default order); Llama 3 405B used [TP, CP, PP, DP]
+# from the inside out (Dubey et al. 2024 §3.3.2): DP outermost
+MEGATRON_ORDER, LLAMA3_ORDER = dict(order="pp-dp-tp"), dict(order="dp-pp-tp")
 
 # MPT shapes: mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (ALiBi, no biases,
 # GeLU MLP of 4x, vocab 50368, flash/triton attention)
@@ -50,6 +57,13 @@ _MPT = dict(vocab=50368, bias=False, dropout=False, learned_positions=False)
 MPT = {"7b": Transformer(32, 4096, 32, **_MPT, name="MPT-7B"), "13b": Transformer(40, 5120, 40, **_MPT, name="MPT-13B"),
        "30b": Transformer(48, 7168, 56, **_MPT, name="MPT-30B"),
        "70b": Transformer(80, 8192, 64, **_MPT, name="MPT-70B")}
+
+
+# Llama 2 shapes (Touvron et al. 2023, Table 1; SwiGLU widths 13824 / 28672 from the released configs),
+# sequence 4096, vocabulary 32000, GQA with 8 key/value heads at 70B
+_LLAMA = dict(gated=True, bias=False, dropout=False, tied=False, learned_positions=False)
+LLAMA2 = {"13b": Transformer(40, 5120, 40, 4096, 32000, ffn=13824, **_LLAMA, name="Llama 2 13B"),
+          "70b": Transformer(80, 8192, 64, 4096, 32000, ffn=28672, kv_heads=8, **_LLAMA, name="Llama 2 70B")}
 
 
 def _gpt(layers, hidden, heads):
@@ -66,7 +80,8 @@ class Run:
     global_batch: int
     published: float
     metric: str  # "tflops": TFLOP/s per GPU by Megatron's eq. 3 (with recompute); "seconds": per iteration;
-    # "tflops_6n": TFLOP/s per GPU by 6·params + attention per token; "tokens": tokens/s
+    # "tflops_6n": TFLOP/s per GPU by 6·params + attention per token; "tokens": tokens/s;
+    # "tokens_gpu": tokens/s per GPU
     setup: dict = field(default_factory=dict)
 
 
@@ -77,7 +92,7 @@ RUNS = [
     # parallel all-reduce after the pipeline flush). Metric: achieved TFLOP/s per GPU by eq. 3.
     # Table rows as reproduced in SotaroKaneda/MLCarbon data/megatron_table.csv.
     *[Run("Narayanan 2021 T1", f"GPT {p}B", _gpt(l, h, a), "Nx8xA100-ib", n, B, tf, "tflops",
-          dict(MEGATRON_2021, tp=t, pp=pp))
+          dict(MEGATRON_2021, tp=t, pp=pp, **(MEGATRON_ORDER if pp > 1 and n // (t * pp) > 1 else {})))
       for p, a, h, l, t, pp, n, B, tf in [
           (1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
           (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
@@ -110,7 +125,7 @@ RUNS = [
     # BF16 TFLOP/s per GPU (as quoted from the paper's table by glennklockwood.com/garden/llama-3.1).
     # The third row (CP 16, 131K sequences) needs context parallelism, which the planner lacks.
     *[Run("Dubey 2024 T4", f"Llama 3 405B, {n} GPUs", MODELS["llama3-405b"], "Nx8xH100-ib", n, 2048, tf, "tflops_6n",
-          dict(LLAMA3, tp=8, pp=16, micro_batch=1))
+          dict(LLAMA3, tp=8, pp=16, micro_batch=1, **LLAMA3_ORDER))
       for n, tf in ((8192, 430), (16384, 400))],
     # MosaicML, mosaicml/llm-foundry scripts/train/benchmarking/README.md ("MPT Training
     # Benchmarks"): FSDP FULL_SHARD (ZeRO-3) data parallel only, flash attention; tokens/s as
@@ -126,6 +141,18 @@ RUNS = [
           ("70b", 2048, 64, "H100", "Nx8xH100-ib", 8, 2048, 66523, True),
           ("13b", 2048, 64, "H100", "Nx8xH100-ib", 2, 128, 307209, False),
           ("7b", 2048, 8, "H100", "8xH100-nvlink", 6, 48, 85144, False)]],
+    # torchtitan, pytorch/torchtitan docs/performance.md (commit 0413364): FSDP2 (1D, ZeRO-3) on 64 A100
+    # 80GB, local batch size 1 (Llama 3) or 2 (Llama 2) per GPU, so global batch 64 or 128; WPS = tokens
+    # per second per GPU as published. "selective op" checkpointing keeps the matmul outputs and recomputes
+    # the rest: priced as selective recomputation (nothing extra under flash attention). The A100
+    # cluster's network is not stated: priced as HDR InfiniBand, one NIC per GPU.
+    *[Run("torchtitan A100", f"{model.name}, {ac} AC, 64 A100", model, "Nx8xA100-ib", 64, 64 * lbs, wps,
+          "tokens_gpu", dict(TORCHTITAN_FSDP, micro_batch=lbs,
+                             recompute={"selective op": "selective", "full": "full", "no": "none"}[ac]))
+      for model, lbs, ac, wps in [
+          (MODELS["llama3-8b"], 1, "selective op", 2973), (MODELS["llama3-70b"], 1, "full", 331),
+          (LLAMA2["13b"], 2, "no", 2162), (LLAMA2["13b"], 2, "selective op", 1904),
+          (LLAMA2["70b"], 2, "full", 353)]],
 ]
 
 
@@ -136,6 +163,8 @@ def metric(run: Run, step_time: float) -> float:
         return step_time
     if run.metric == "tokens":
         return tokens / step_time
+    if run.metric == "tokens_gpu":
+        return tokens / step_time / run.gpus
     if run.metric == "tflops":
         flops = formulas.megatron_flops(run.global_batch, m.seq_len, m.layers, m.hidden, m.vocab, recompute=True)
         return flops / step_time / run.gpus / 1e12
@@ -193,9 +222,63 @@ def calibrate() -> dict:
     return out
 
 
+GRID = tuple(round(0.30 + 0.02 * i, 2) for i in range(31))  # matmul efficiencies 0.30 ... 0.90
+
+
+def error_grid() -> dict:
+    """{run index: [throughput error at each GRID efficiency]}: each run priced as published (its
+    pins) with the matmul efficiency of its GPU set to each value."""
+    return {i: [throughput_error(run, metric(run, predict(run, eff).step_time)) for eff in GRID]
+            for i, run in enumerate(RUNS)}
+
+
+def leave_one_source_out(grid: dict) -> dict:
+    """{source: (efficiency fitted per GPU without it, [its runs' errors])}. For each source and
+    each GPU its runs use, the matmul efficiency is the GRID value with the least mean absolute
+    error over the *other* sources' runs on that GPU; the source is then predicted at it. A source
+    whose GPU no other source ran on cannot be predicted this way (None)."""
+    out = {}
+    for source in dict.fromkeys(r.source for r in RUNS):
+        fitted, errors = {}, []
+        for i, run in enumerate(RUNS):
+            if run.source != source:
+                continue
+            gpu = gpu_of(run)
+            if gpu not in fitted:
+                others = [j for j, r in enumerate(RUNS) if r.source != source and gpu_of(r) == gpu]
+                fitted[gpu] = None if not others else min(
+                    range(len(GRID)), key=lambda k: statistics.mean(abs(grid[j][k]) for j in others))
+            k = fitted[gpu]
+            errors.append(None if k is None else grid[i][k])
+        out[source] = ({g: (None if k is None else GRID[k]) for g, k in fitted.items()}, errors)
+    return out
+
+
+def print_leave_one_source_out():
+    start = time.time()
+    result = leave_one_source_out(error_grid())
+    print("\n| source | runs | GPUs | matmul efficiency fitted without it | MAPE predicting it | max |")
+    print("|---|---:|---|---|---:|---:|")
+    pooled = []
+    for source, (fitted, errors) in result.items():
+        known = [abs(e) for e in errors if e is not None]
+        pooled += known
+        gpus = ", ".join(sorted(fitted))
+        effs = ", ".join(f"{g} {'-' if v is None else f'{v:.2f}'}" for g, v in sorted(fitted.items()))
+        mape = f"{statistics.mean(known):.1%}" if known else "- (no other source on this GPU)"
+        print(f"| {source} | {len(errors)} | {gpus} | {effs} | {mape} | {max(known):.1%} |" if known else
+              f"| {source} | {len(errors)} | {gpus} | {effs} | {mape} | - |")
+    print(f"\nLeave-one-source-out MAPE {statistics.mean(pooled):.1%} over {len(pooled)} runs from "
+          f"{len(result)} sources (each source predicted with constants fitted on the others; grid "
+          f"{GRID[0]}-{GRID[-1]}); worst source {max(statistics.mean(abs(e) for e in errs if e is not None) for _, errs in result.values() if any(e is not None for e in errs)):.1%}. {time.time() - start:.0f} s")
+
+
 def main():
     if "--calibrate" in sys.argv:
         print("MATMUL_SUSTAINED =", calibrate())
+        return
+    if "--loso" in sys.argv:
+        print_leave_one_source_out()
         return
     start = time.time()
     print(f"# {platform.node()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}, "
@@ -209,7 +292,8 @@ def main():
         best = predict(run)
         software = {k: v for k, v in run.setup.items() if k not in LAYOUT}
         free = predict(run, **software)
-        unit = {"tflops": "TFLOP/s/GPU", "tflops_6n": "TFLOP/s/GPU", "seconds": "s/iteration", "tokens": "tokens/s"}
+        unit = {"tflops": "TFLOP/s/GPU", "tflops_6n": "TFLOP/s/GPU", "seconds": "s/iteration", "tokens": "tokens/s",
+                "tokens_gpu": "tokens/s/GPU"}
         if best is None:
             print(f"| {run.source} | {run.label} | {run.gpus} | pinned layout does not fit | {unit[run.metric]} | "
                   f"{run.published:g} | - | - | - | - | - | - |")
@@ -225,8 +309,10 @@ def main():
         pub_family, plan_family = family(best), (family(free) if free else "nothing fits")
         same.append(pub_family == plan_family)
         choice = "-" if free is None else (f"{free.setup.layout.dp}x{free.setup.layout.pp}x{free.setup.layout.tp}"
-                                           f"{f', ZeRO-{free.setup.zero}' if free.setup.zero else ''}")
-        print(f"| {run.source} | {run.label} | {run.gpus} | {lay.dp} x {lay.pp} x {lay.tp}, "
+                                           f"{f', ZeRO-{free.setup.zero}' if free.setup.zero else ''}"
+                                           f"{', PP outermost' if free.setup.layout.dims[0] == 'pp' else ''}")
+        outer = ", PP outermost" if lay.order == "pp-dp-tp" and lay.dp > 1 and lay.pp > 1 else ""
+        print(f"| {run.source} | {run.label} | {run.gpus} | {lay.dp} x {lay.pp} x {lay.tp}{outer}, "
               f"{best.micro_batches}x{best.setup.micro_batch}, {best.setup.recompute} | {unit[run.metric]} | "
               f"{run.published:,.4g} | {predicted:,.4g} | {err:+.1%}{' (calibration)' if held_out else ''} | "
               f"{at_best:+.1%} | {choice} | {pub_family} | {plan_family} |")
