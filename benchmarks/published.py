@@ -18,6 +18,7 @@ does it choose the published layout family (TP inside a node, PP across nodes, .
     python benchmarks/published.py --calibrate  # MATMUL_SUSTAINED from the two held-out runs
     python benchmarks/published.py --loso       # leave-one-source-out: each source predicted by
                                                 # a matmul efficiency fitted on the other sources
+    python benchmarks/published.py --stacks     # mpkit.sim.hardware.STACKS, fitted per software
 """
 from __future__ import annotations
 
@@ -254,6 +255,35 @@ def leave_one_source_out(grid: dict) -> dict:
     return out
 
 
+# the training software each source ran (mpkit.sim.hardware.STACKS)
+STACK_OF = {"Narayanan 2021 T1": "megatron", "Korthikanti 2022 T4": "megatron", "Smith 2022 §2.4": "deepspeed",
+            "Dubey 2024 T4": "llama3", "MosaicML llm-foundry": "llm-foundry", "torchtitan A100": "torchtitan"}
+
+
+def print_stacks():
+    """STACKS' efficiencies: per stack and GPU, the GRID value (at most MATMUL_BEST) with the least
+    mean absolute error over that stack's rows; then the one out-of-sample check, Megatron-LM's two
+    papers predicting each other."""
+    grid, groups = error_grid(), {}
+    for i, run in enumerate(RUNS):
+        groups.setdefault((STACK_OF[run.source], gpu_of(run)), []).append(i)
+
+    def best(rows, gpu):
+        allowed = [k for k, eff in enumerate(GRID) if eff <= MATMUL_BEST[gpu]]
+        return min(allowed, key=lambda k: statistics.mean(abs(grid[j][k]) for j in rows))
+
+    print("| stack | GPU | runs | fitted matmul efficiency | MAPE at it |\n|---|---|---:|---:|---:|")
+    for (stack, gpu), rows in groups.items():
+        k = best(rows, gpu)
+        print(f"| {stack} | {gpu} | {len(rows)} | {GRID[k]:.2f} | {statistics.mean(abs(grid[j][k]) for j in rows):.1%} |")
+    for fit, check in (("Narayanan 2021 T1", "Korthikanti 2022 T4"), ("Korthikanti 2022 T4", "Narayanan 2021 T1")):
+        rows = [i for i, r in enumerate(RUNS) if r.source == fit]
+        k = best(rows, "A100")
+        other = [i for i, r in enumerate(RUNS) if r.source == check]
+        print(f"\nmegatron fitted on {fit} only ({GRID[k]:.2f}) predicts {check}: MAPE "
+              f"{statistics.mean(abs(grid[j][k]) for j in other):.1%}")
+
+
 def print_leave_one_source_out():
     start = time.time()
     result = leave_one_source_out(error_grid())
@@ -276,6 +306,9 @@ def print_leave_one_source_out():
 def main():
     if "--calibrate" in sys.argv:
         print("MATMUL_SUSTAINED =", calibrate())
+        return
+    if "--stacks" in sys.argv:
+        print_stacks()
         return
     if "--loso" in sys.argv:
         print_leave_one_source_out()

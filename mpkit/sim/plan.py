@@ -28,7 +28,7 @@ from mpkit.i18n import check_lang, t
 from mpkit.layout import ORDERS, Layout
 from mpkit.sim import formulas
 from mpkit.sim.analytic import SCHEDULES, Estimate, Setup, Transformer, aligned, estimate, transformer, whole_number
-from mpkit.sim.hardware import Hardware
+from mpkit.sim.hardware import STACKS, Hardware, with_stack
 from mpkit.sim.machines import get_hardware
 
 RECOMPUTE = formulas.RECOMPUTE
@@ -99,8 +99,11 @@ class LayoutTable:
         that decide whether a layout fits (sequence parallelism and flash attention change the
         activations several-fold) are stated, never silent."""
         word = lambda key: t("plan_on" if self.pins.get(key, True) else "plan_off", lang)  # noqa: E731
-        return t("plan_assumes", lang, sp=word("sequence_parallel"), flash=word("flash"),
-                 overlap=word("overlap_dp"), pins=self.pinned_text(lang))
+        stack = self.pins.get("stack")
+        software = (t("plan_stack", lang, name=STACKS[stack].name, mfu=self.hardware.mfu, source=STACKS[stack].source)
+                    if stack else t("plan_stack_none", lang, mfu=self.hardware.mfu))
+        return software + " " + t("plan_assumes", lang, sp=word("sequence_parallel"), flash=word("flash"),
+                                  overlap=word("overlap_dp"), pins=self.pinned_text(lang))
 
     def _columns(self, lang):
         return [t("plan_col_rank", lang), "dp x pp x tp", t("plan_col_order", lang), t("plan_col_micro", lang),
@@ -344,7 +347,7 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
 
 def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=None, tp=None, pp=None,
          micro_batch=None, zero=None, recompute=None, schedule=None, virtual=None, order=None, sequence_parallel=True,
-         flash=True, overlap_dp=True, max_micro_batch=16, lang="en", top=10) -> LayoutTable:
+         flash=True, overlap_dp=True, stack=None, max_micro_batch=16, lang="en", top=10) -> LayoutTable:
     """The layouts of ``gpus`` GPUs of ``hardware`` that train ``model`` with ``global_batch``
     sequences per step, fastest first, with the ones that do not fit and why.
 
@@ -357,10 +360,15 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     "pp-dp-tp" as Megatron-LM; both are searched where dp and pp exceed 1);
     the rest is searched (tp only within a node's GPUs unless pinned). ``sequence_parallel``,
     ``flash`` (fused causal attention) and ``overlap_dp`` (gradient reduction hidden behind
-    backward) describe the training software."""
+    backward) describe the training software; ``stack`` ("megatron", "deepspeed", "torchtitan",
+    "llm-foundry", "llama3", "generic"; ``mpkit.sim.hardware.STACKS``) prices matmuls at the rate
+    that software's published runs imply on this GPU (None: the hardware's own). The table's header
+    states every one of these."""
     start = time.perf_counter()
     model = transformer(model)
     hw = get_hardware(hardware)
+    if stack is not None:
+        hw = with_stack(hw, stack)
     check_lang(lang)
     if gpus is None:
         if hw.nodes is None:
@@ -377,7 +385,7 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     pinned = {k: v if v is None or isinstance(v, str) else int(v) for k, v in pinned.items()}
     software = {k: bool(v) for k, v in software.items()}
     table = LayoutTable(model, hw, gpus, global_batch, lang=lang, top=top,
-                        pins=dict(pinned, **software, max_micro_batch=max_micro_batch))
+                        pins=dict(pinned, **software, stack=stack, max_micro_batch=max_micro_batch))
     per_node = hw.devices_per_node
     for setup in list(_candidates(model, gpus, global_batch, pinned, max_micro_batch, software, table.skipped,
                                   per_node)):

@@ -16,21 +16,23 @@ import ipywidgets as w
 from mpkit.i18n import LANG_LABELS, LANGS, t
 from mpkit.sim.analytic import MODELS
 from mpkit.sim.formulas import RECOMPUTE, ZERO_STAGES
+from mpkit.sim.hardware import STACKS
 from mpkit.sim.hardware import GPU_PRESETS, MULTI_NODE
 from mpkit.sim.plan import plan
 
 MODEL_CHOICES = (*MODELS, "7B", "13B", "70B")
 HARDWARE_CHOICES = (*GPU_PRESETS, *MULTI_NODE)
-PINS = {"tp": (1, 2, 4, 8, 16, 32), "zero": ZERO_STAGES, "recompute": RECOMPUTE}  # None: searched
+PINS = {"tp": (1, 2, 4, 8, 16, 32), "zero": ZERO_STAGES, "recompute": RECOMPUTE,  # None: searched
+        "stack": tuple(STACKS)}  # None: the hardware's own matmul efficiency
 
 
 class Planner:
     """Controls -> ``plan`` -> table and explanation. ``result`` is the latest good LayoutTable."""
 
     def __init__(self, model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8,
-                 tp=None, zero=None, recompute=None, sequence_parallel=True, flash=True):
+                 tp=None, zero=None, recompute=None, sequence_parallel=True, flash=True, stack=None):
         self.top = top
-        pins = dict(tp=tp, zero=zero, recompute=recompute)
+        pins = dict(tp=tp, zero=zero, recompute=recompute, stack=stack)
         for key, value in pins.items():
             if value is not None and (isinstance(value, bool) or value not in PINS[key]):
                 raise ValueError(f"{key}={value!r}: the widget offers {', '.join(map(repr, PINS[key]))} or None "
@@ -57,12 +59,13 @@ class Planner:
 
     def _label(self):
         lang = self.controls["lang"].value
-        for key in ("model", "hardware", "gpus", "global_batch", "tp", "zero", "recompute", "sequence_parallel",
-                    "flash"):
+        for key in ("model", "hardware", "gpus", "global_batch", "tp", "zero", "recompute", "stack",
+                    "sequence_parallel", "flash"):
             self.controls[key].description = t(f"plan_w_{key}", lang)
         for key in PINS:  # "auto" reads as "search" in the chosen language (new options reset the value)
             control = self.controls[key]
-            value, control.options = control.value, [(t("plan_w_auto", lang), None), *control.options[1:]]
+            auto = "-" if key == "stack" else t("plan_w_auto", lang)
+            value, control.options = control.value, [(auto, None), *control.options[1:]]
             control.value = value
 
     def _changed(self, change):
@@ -96,17 +99,19 @@ class Planner:
     def widget(self) -> w.Widget:
         c = self.controls
         return w.VBox([w.HBox([c["model"], c["hardware"]]), w.HBox([c["gpus"], c["global_batch"], c["lang"]]),
-                       w.HBox([c["tp"], c["zero"], c["recompute"]]), w.HBox([c["sequence_parallel"], c["flash"]]),
+                       w.HBox([c["tp"], c["zero"], c["recompute"]]),
+                       w.HBox([c["stack"], c["sequence_parallel"], c["flash"]]),
                        self.status, self.table, self.explanation])
 
 
 def planner(model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8, *, tp=None,
-            zero=None, recompute=None, sequence_parallel=True, flash=True) -> w.Widget:
+            zero=None, recompute=None, sequence_parallel=True, flash=True, stack=None) -> w.Widget:
     """The planner widget; the ``Planner`` behind it is ``widget.planner``. ``tp``, ``zero`` and
-    ``recompute`` start pinned where given (None: searched), ``sequence_parallel`` and ``flash``
-    on or off; each is a control."""
+    ``recompute`` start pinned where given (None: searched), ``stack`` names the training software
+    (None: the hardware's own matmul rate), ``sequence_parallel`` and ``flash`` on or off; each is
+    a control."""
     state = Planner(model, hardware, gpus, global_batch, lang, top, tp=tp, zero=zero, recompute=recompute,
-                    sequence_parallel=sequence_parallel, flash=flash)
+                    sequence_parallel=sequence_parallel, flash=flash, stack=stack)
     box = state.widget
     box.planner = state
     return box
