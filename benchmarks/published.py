@@ -144,21 +144,24 @@ RUNS = [
           ("7b", 2048, 8, "H100", "8xH100-nvlink", 6, 48, 85144, False)]],
     # torchtitan, pytorch/torchtitan docs/performance.md (commit 0413364): FSDP2 (1D, ZeRO-3) on 64 A100
     # 80GB, local batch size 1 (Llama 3) or 2 (Llama 2) per GPU, so global batch 64 or 128; WPS = tokens
-    # per second per GPU as published. "selective op" checkpointing keeps the matmul outputs and recomputes
-    # the rest: priced as selective recomputation (nothing extra under flash attention). The A100
-    # cluster's network is not stated: priced as HDR InfiniBand, one NIC per GPU.
+    # per second per GPU as published. "selective op" checkpointing keeps the attention output and every
+    # other matmul's output and recomputes the rest: recompute="op". The A100 cluster's network is not
+    # stated: priced as HDR InfiniBand, one NIC per GPU.
     *[Run("torchtitan A100", f"{model.name}, {ac} AC, 64 A100", model, "Nx8xA100-ib", 64, 64 * lbs, wps,
           "tokens_gpu", dict(TORCHTITAN_FSDP, micro_batch=lbs,
-                             recompute={"selective op": "selective", "full": "full", "no": "none"}[ac]))
+                             recompute={"selective op": "op", "full": "full", "no": "none"}[ac]))
       for model, lbs, ac, wps in [
           (MODELS["llama3-8b"], 1, "selective op", 2973), (MODELS["llama3-70b"], 1, "full", 331),
           (LLAMA2["13b"], 2, "no", 2162), (LLAMA2["13b"], 2, "selective op", 1904),
           (LLAMA2["70b"], 2, "full", 353)]],
-    # Not here: torchtitan's H100 rows (benchmarks/llama3_h100_202412_torchtitan.md, Llama 3.1 8B, FSDP,
-    # local batch 2, "selective" op-level checkpointing: 82.4 GiB measured): the planner's memory model
-    # needs 107 GB for them (89.8 GB of activations: it keeps every Korthikanti activation or, under
-    # full recomputation, none; op-level checkpointing keeps every other matmul's output), so it
-    # refuses a layout that ran. Listed in BENCHMARKS.md as a known gap.
+    # torchtitan, pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3 (the
+    # bf16 rows; Float8 rows left out): Llama 3.1 8B, 1D FSDP, local batch 2, selective (op-level)
+    # activation checkpointing, on Grand Teton H100s (96GB HBM2e, 500 W cap: the "H100-96GB" preset), 8
+    # and 128 GPUs, eager and torch.compile; TPS/GPU as published
+    *[Run("torchtitan H100", f"Llama 3.1 8B, {n} H100-96GB{', compiled' if compiled else ''}", MODELS["llama3-8b"],
+          "Nx8xH100-96GB-ib" if n > 8 else "8xH100-96GB-nvlink", n, 2 * n, tps, "tokens_gpu",
+          dict(TORCHTITAN_FSDP, micro_batch=2, recompute="op"))
+      for n, compiled, tps in [(8, False, 5762), (8, True, 6667), (128, False, 5605), (128, True, 6514)]],
     # BLOOM 176B (BigScience): bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm: 48
     # nodes of 8 A100 80GB, TP 4, PP 12 (so DP 8), micro-batch 2, global batch 2048, 70 layers of 14336,
     # 112 heads, seq 2048, ALiBi, vocab padded to 250880, activation checkpointing, bf16 with
@@ -274,7 +277,7 @@ def leave_one_source_out(grid: dict) -> dict:
 # the training software each source ran (mpkit.sim.hardware.STACKS)
 STACK_OF = {"Narayanan 2021 T1": "megatron", "Korthikanti 2022 T4": "megatron", "Smith 2022 §2.4": "deepspeed",
             "Dubey 2024 T4": "llama3", "MosaicML llm-foundry": "llm-foundry", "torchtitan A100": "torchtitan",
-            "BigScience BLOOM": "deepspeed"}
+            "torchtitan H100": "torchtitan", "BigScience BLOOM": "deepspeed"}
 
 
 def print_stacks():

@@ -25,7 +25,7 @@ def test_a_stack_sets_the_matmul_rate_and_the_table_says_which():
 
 def test_a_stack_without_runs_on_the_gpu_is_refused_with_the_ones_that_have():
     with pytest.raises(ValueError, match="stack='megatron' has no published runs on 'H100'; stacks measured on "
-                                         "it: 'generic', 'llm-foundry', 'llama3'"):
+                                         "it: 'generic', 'torchtitan', 'llm-foundry', 'llama3'"):
         plan("gpt3-175b", "16x8xH100-ib", gpus=128, global_batch=512, stack="megatron")
     with pytest.raises(ValueError, match="stack='nemo' is unknown; use one of 'generic', 'megatron'"):
         plan("gpt3-175b", "16x8xH100-ib", gpus=128, global_batch=512, stack="nemo")

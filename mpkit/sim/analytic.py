@@ -49,6 +49,10 @@ from mpkit.whole import is_number
 BYTES = 2  # bf16 activations, gradients and the weights the matmuls read
 ADAM_BYTES = 28  # per parameter: read fp32 master, m, v (12) + bf16 grad (2); write master, m, v + bf16 weight (14)
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
+# "op": torchtitan's op-level selective activation checkpointing (torchtitan/models/llama3/infra/
+# parallelize.py, _save_list): keeps the attention kernel's output and every other matmul's output,
+# recomputes the rest in backward; searched by plan only when pinned
+RECOMPUTE = (*formulas.RECOMPUTE, "op")
 
 
 @dataclass(frozen=True)
@@ -205,11 +209,24 @@ def activation_bytes(model: Transformer, t: int, sequence_parallel: bool, recomp
     h, f, a, s = model.hidden, model.ffn_hidden, model.heads, model.seq_len
     if recompute == "full":
         return 2 * h / (t if sequence_parallel else 1)
+    if recompute == "op":  # the block's input, the attention output and the odd-numbered matmuls' outputs
+        kept = sum(width for width, _ in _matmuls(model, t)[0::2])
+        return 2 * h / (t if sequence_parallel else 1) + 2 * h / t + 2 * kept
     masks = 2 * h if model.dropout else 0
     replicated = 4 * h + masks + 4 * h
     split = 2 * h + 4 * model.kv_hidden + 2 * h + (4 * f if model.gated else 2 * f) + 2 * f
     scores = 0 if (flash or recompute == "selective") else a * s * (5 if model.dropout else 2)
     return (replicated / (t if sequence_parallel else 1)) + (split + scores) / t
+
+
+def _matmuls(model: Transformer, t: int) -> list[tuple[float, float]]:
+    """(output width on one rank, weights on one rank) of a block's matmuls in forward order: q, k,
+    v, the attention projection, the MLP's (w1, w3, w2 gated; fc1, fc2 otherwise). Column-parallel
+    outputs are split t ways; a row-parallel matmul's output is full width (a partial sum)."""
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_hidden
+    mlp = [(f / t, h * f / t), (f / t, h * f / t), (h, f * h / t)] if model.gated else [(f / t, h * f / t),
+                                                                                       (h, f * h / t)]
+    return [(h / t, h * h / t), (kv / t, h * kv / t), (kv / t, h * kv / t), (h, h * h / t), *mlp]
 
 
 def memory_bound_bytes(model: Transformer, t: int, sequence_parallel: bool, flash: bool) -> tuple[float, float]:
@@ -314,7 +331,9 @@ class Estimate:
         these (their 96·B·s·l·h² assumes full recomputation), so their "52 % of peak" is an HFU."""
         m = self.model
         scores = 4 * m.layers * m.seq_len * m.hidden
-        extra = {"full": 2 * m.layers * m.layer_weights + scores, "selective": scores}.get(self.setup.recompute, 0)
+        again = sum(weights for _, weights in _matmuls(m, 1)[1::2])  # "op": the even-numbered matmuls
+        extra = {"full": 2 * m.layers * m.layer_weights + scores, "selective": scores,
+                 "op": 2 * m.layers * again}.get(self.setup.recompute, 0)
         return self.model_flops_per_token + extra
 
     def _utilisation(self, flops_per_token) -> float:
@@ -425,6 +444,8 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
         bwd += fwd
     elif setup.recompute == "selective" and not setup.flash:
         bwd += scores / rate + tokens * attn_bytes / mem_bw
+    elif setup.recompute == "op":  # the even-numbered matmuls and every memory-bound op, forward again
+        bwd += 2 * tokens * sum(weights for _, weights in _matmuls(model, tp)[1::2]) / rate + tokens * local / mem_bw
 
     # tensor parallel: 2 collectives of the layer's activations each way (+2 when recomputing)
     tp_bytes = tokens * h * BYTES
@@ -508,5 +529,5 @@ def _link_name(span) -> str:
     return "none" if span == (1, 1) else ("intra" if span[1] == 1 else "inter")
 
 
-__all__ = ["Transformer", "MODELS", "transformer", "Setup", "Estimate", "estimate", "activation_bytes",
+__all__ = ["Transformer", "MODELS", "transformer", "Setup", "Estimate", "estimate", "activation_bytes", "RECOMPUTE",
            "memory_bound_bytes", "aligned", "whole_number", "SCHEDULES", "USABLE_MEMORY"]

@@ -307,7 +307,9 @@ STACKS = {
                       "Narayanan et al. 2021 Table 1 and Korthikanti et al. 2022 Table 4: 18 runs"),
     "deepspeed": Stack("Megatron-DeepSpeed", {"A100": 0.54},
                        "Smith et al. 2022 §2.4 (MT-NLG 530B, 3 runs) and BigScience's BLOOM 176B (1 run)"),
-    "torchtitan": Stack("torchtitan (FSDP2)", {"A100": 0.58}, "torchtitan docs/performance.md, 64 A100s: 5 runs"),
+    "torchtitan": Stack("torchtitan (FSDP2)", {"A100": 0.58, "H100": 0.38},
+                        "torchtitan docs/performance.md (64 A100s, 5 runs) and benchmarks/"
+                        "llama3_h100_202412_torchtitan.md (500 W H100s, 4 runs)"),
     "llm-foundry": Stack("MosaicML llm-foundry (FSDP)", {"A100": 0.70, "H100": 0.48},
                          "llm-foundry scripts/train/benchmarking/README.md: 5 A100 and 3 H100 runs"),
     "llama3": Stack("Meta's Llama 3 stack", {"H100": 0.80},

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field, replace
 from mpkit.i18n import check_lang, t
 from mpkit.layout import ORDERS, Layout
 from mpkit.sim import formulas
-from mpkit.sim.analytic import SCHEDULES, Estimate, Setup, Transformer, aligned, estimate, transformer, whole_number
+from mpkit.sim.analytic import RECOMPUTE, SCHEDULES, Estimate, Setup, Transformer, aligned, estimate, transformer, whole_number
 from mpkit.sim.hardware import STACKS, Hardware, with_stack
 from mpkit.sim.machines import get_hardware
 
-RECOMPUTE = formulas.RECOMPUTE
 VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
 # Each candidate is priced in ~20 us: 50,000 take about a second, so a larger search is refused at
 # once (the published runs' searches hold 600-5,000; a 1e15-parameter model on 5.8 million GPUs
@@ -355,7 +354,8 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     a dict of ``mpkit.sim.Transformer`` fields or a Transformer. ``hardware``: a preset
     ("8xH100-nvlink"; multi-node "4x8xH100-ib", "Nx8xA100-ib") or a Hardware; ``gpus`` defaults
     to all of it. Pin any of dp, tp, pp, micro_batch, zero (0-3), recompute ("none",
-    "selective", "full"), schedule ("1f1b", "interleaved", "gpipe"), virtual (chunks per rank),
+    "selective", "full", or "op": torchtitan's op-level checkpointing, searched only when
+    pinned), schedule ("1f1b", "interleaved", "gpipe"), virtual (chunks per rank),
     order (the rank order, outermost first: "dp-pp-tp" as picotron and mpkit's 3d run, or
     "pp-dp-tp" as Megatron-LM; both are searched where dp and pp exceed 1);
     the rest is searched (tp only within a node's GPUs unless pinned). ``sequence_parallel``,
@@ -399,9 +399,10 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
 def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch, software, skipped, per_node):
     """Every Setup the search prices; combinations that are no layout go to ``skipped``.
     Selective recomputation is left out under flash attention (it never stores the scores that
-    selective recomputation would drop: the same layout twice)."""
+    selective recomputation would drop: the same layout twice), and "op" (torchtitan's op-level
+    checkpointing) is priced only when pinned."""
     modes = [pinned["recompute"]] if pinned["recompute"] else [
-        r for r in RECOMPUTE if not (software["flash"] and r == "selective")]
+        r for r in RECOMPUTE if r != "op" and not (software["flash"] and r == "selective")]
     tps = [pinned["tp"]] if pinned["tp"] else [d for d in _divisors(per_node, per_node) if gpus % d == 0
                                                and model.heads % d == 0 and model.kv % d == 0]
     count = 0

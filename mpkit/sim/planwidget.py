@@ -14,8 +14,8 @@ import html
 import ipywidgets as w
 
 from mpkit.i18n import LANG_LABELS, LANGS, t
-from mpkit.sim.analytic import MODELS
-from mpkit.sim.formulas import RECOMPUTE, ZERO_STAGES
+from mpkit.sim.analytic import MODELS, RECOMPUTE
+from mpkit.sim.formulas import ZERO_STAGES
 from mpkit.sim.hardware import STACKS
 from mpkit.sim.hardware import GPU_PRESETS, MULTI_NODE
 from mpkit.sim.plan import plan
