@@ -213,6 +213,8 @@ STRINGS = {
     'plan_stack': {"ko": '소프트웨어: {name} — 행렬곱을 최대 성능의 {mfu:.0%}로 계산({source}에서 맞춤).', "en": 'Software: {name}, matmuls at {mfu:.0%} of peak (fitted to {source}).'},
     'plan_stack_none': {"ko": '소프트웨어: 지정 안 함 — 행렬곱을 하드웨어에 적힌 대로 최대 성능의 {mfu:.0%}로 계산(stack=으로 바꿀 수 있음).', "en": "Software: not given, matmuls at the hardware's own {mfu:.0%} of peak (stack= changes it)."},
     'plan_w_stack': {"ko": '소프트웨어', "en": 'software'},
+    'plan_hsdp': {"ko": ', HSDP: GPU {shard}개 그룹마다 ZeRO', "en": ', HSDP: ZeRO within groups of {shard}'},
+    'plan_skip_shard': {"ko": 'dp가 shard={value}의 배수가 아님', "en": 'dp is not a multiple of shard={value}'},
     'plan_w_model': {"ko": '모델', "en": 'model'},
     'plan_w_hardware': {"ko": '하드웨어', "en": 'hardware'},
     'plan_w_gpus': {"ko": 'GPU 수', "en": 'GPUs'},

@@ -258,7 +258,9 @@ class Setup:
     pipeline schedule and model chunks per rank (interleaved only); ``sequence_parallel``:
     Megatron's sequence parallelism inside the TP group; ``flash``: fused causal attention that
     never stores the scores; ``overlap_dp``: data-parallel gradient traffic hidden behind the
-    last backward."""
+    last backward. ``shard``: hybrid sharding (HSDP) when it is less than dp: the ZeRO stage shards
+    over groups of ``shard`` neighbouring DP ranks, and those groups' replicas all-reduce their
+    gradient shards once per step (0: over the whole DP group)."""
 
     layout: Layout
     micro_batch: int = 1
@@ -269,13 +271,15 @@ class Setup:
     sequence_parallel: bool = True
     flash: bool = True
     overlap_dp: bool = True
+    shard: int = 0
 
     def describe(self, micro_batches: int, lang: str = "en") -> str:
         sched = "" if self.layout.pp == 1 else (
             f", {self.schedule}" + (f" v={self.virtual}" if self.schedule == "interleaved" else ""))
         order = t("plan_pp_outermost", lang) if self.layout.order == "pp-dp-tp" else ""
+        hybrid = t("plan_hsdp", lang, shard=self.shard) if 0 < self.shard < self.layout.dp else ""
         return t("plan_setup", lang, dp=self.layout.dp, pp=self.layout.pp, tp=self.layout.tp, m=micro_batches,
-                 b=self.micro_batch, schedule=sched, zero=self.zero, recompute=self.recompute) + order
+                 b=self.micro_batch, schedule=sched, zero=self.zero, recompute=self.recompute) + hybrid + order
 
 
 @dataclass
@@ -384,7 +388,14 @@ def _span(layout: Layout, dim: str, per_node: int) -> tuple[int, int]:
     size = getattr(layout, dim)
     if size == 1:
         return 1, 1
-    stride = layout.rank(**{dim: 1}) - layout.rank()
+    return _strided_span(size, layout.rank(**{dim: 1}) - layout.rank(), per_node)
+
+
+@lru_cache(maxsize=65536)
+def _strided_span(size: int, stride: int, per_node: int) -> tuple[int, int]:
+    """(ranks per node, nodes) of ``size`` ranks ``stride`` apart from rank 0."""
+    if size == 1:
+        return 1, 1
     if stride >= per_node:
         return 1, size
     per = min(size, -(-per_node // stride))
@@ -480,8 +491,10 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     psi = (psi_first if pp == 1 else max(psi_first, psi_last)) / tp
     grads = psi * BYTES
     dp_time = 0.0
+    shard = setup.shard if 0 < setup.shard < dp and setup.zero >= 1 else dp  # HSDP: ZeRO within groups of shard
     if dp > 1:
-        span = spans["dp"]
+        stride = lay.rank(dp=1) - lay.rank()
+        span = _strided_span(shard, stride, per_node)
         if setup.zero <= 1:  # once per step, after the last micro-batch's backward
             reduce = _allreduce(hw, grads, span) if setup.zero == 0 else 2 * _reduce_scatter(hw, grads, span)
             last_backward = layers * bwd
@@ -494,7 +507,10 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
             else:
                 exposed = max(0.0, unit - layers * bwd)
             dp_time = m * exposed + (unit if setup.zero == 2 else 0.0)  # ZeRO-2: all-gather the new weights once
-    optimizer = psi / (dp if setup.zero >= 1 else 1) * ADAM_BYTES / mem_bw
+        if shard < dp:  # HSDP: the replicas of each shard all-reduce it once per step, behind the last backward
+            replicas = _allreduce(hw, grads / shard, _strided_span(dp // shard, stride * shard, per_node))
+            dp_time += max(0.0, replicas - layers * bwd) if setup.overlap_dp else replicas
+    optimizer = psi / (shard if setup.zero >= 1 else 1) * ADAM_BYTES / mem_bw
 
     compute = m * (work + logits)
     tp_exposed, pp_exposed = m * tp_stage, m * hops
@@ -502,7 +518,7 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
             "bubble": max(pipeline - compute - tp_exposed - pp_exposed, 0.0), "dp": dp_time, "optimizer": optimizer}
 
     # memory of the fullest rank: model states, then the activations it holds at once
-    states = formulas.zero_memory(max(psi, 1.0), dp, setup.zero)
+    states = formulas.zero_memory(max(psi, 1.0), shard, setup.zero)
     per_layer = tokens * activation_bytes(model, tp, sp, setup.recompute, setup.flash)
     transient = 0.0
     if setup.recompute == "full":  # the layer being recomputed holds its full activations for a moment
@@ -515,7 +531,7 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
         first = formulas.inflight_activations(setup.schedule, pp, m, 0, v) * chunk * per_layer
         last = formulas.inflight_activations(setup.schedule, pp, m, pp - 1, v) * chunk * per_layer + logit_bytes
         activations = max(first, last) + transient
-    if setup.zero == 3 and dp > 1:  # FSDP holds two layers' gathered weights and one layer's full gradient
+    if setup.zero == 3 and shard > 1:  # FSDP holds two layers' gathered weights and one layer's full gradient
         states["parameters"] += 2 * model.layer_parameters / tp * BYTES
         states["gradients"] += model.layer_parameters / tp * BYTES
     memory = {**states, "activations": activations}

@@ -36,7 +36,7 @@ VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
 # once (the published runs' searches hold 600-5,000; a 1e15-parameter model on 5.8 million GPUs
 # held 73,000 and took 1.5 s, layers=10**6 153,000 and 2.8 s)
 MAX_CANDIDATES = 50_000
-_PINNABLE = ("dp", "tp", "pp", "micro_batch", "zero", "recompute", "schedule", "virtual", "order")
+_PINNABLE = ("dp", "tp", "pp", "micro_batch", "zero", "recompute", "schedule", "virtual", "order", "shard")
 
 
 def _divisors(n: int, limit: int) -> list[int]:
@@ -314,7 +314,7 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
     if gpus > per_node and gpus % per_node:
         raise ValueError(f"gpus={gpus} is not a multiple of the {per_node} GPUs per node of {hw.name!r}; use whole "
                          f"nodes ({per_node}, {2 * per_node}, {3 * per_node}, ...)")
-    for name in ("dp", "tp", "pp", "micro_batch", "virtual"):
+    for name in ("dp", "tp", "pp", "micro_batch", "virtual", "shard"):
         if pinned[name] is not None:
             whole_number(name, pinned[name])
     _choice("zero", pinned["zero"], formulas.ZERO_STAGES)
@@ -340,13 +340,19 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
         if share % pinned["micro_batch"]:
             raise ValueError(f"micro_batch={pinned['micro_batch']} does not divide the {share} sequences per replica "
                              f"(global_batch={global_batch} / dp={pinned['dp']})")
+    if pinned["shard"] is not None and pinned["zero"] == 0:
+        raise ValueError(f"shard={pinned['shard']} shards ZeRO's states over groups of the DP dimension: pin zero=1, "
+                         f"2 or 3 (or leave zero to the search)")
+    if pinned["shard"] is not None and pinned["dp"] is not None and pinned["dp"] % pinned["shard"]:
+        raise ValueError(f"shard={pinned['shard']} does not divide dp={pinned['dp']}: HSDP splits the DP group into "
+                         f"equal shard groups")
     if pinned["virtual"] is not None and pinned["schedule"] not in (None, "interleaved"):
         raise ValueError(f"virtual={pinned['virtual']} model chunks only apply to schedule='interleaved'")
 
 
 def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=None, tp=None, pp=None,
          micro_batch=None, zero=None, recompute=None, schedule=None, virtual=None, order=None, sequence_parallel=True,
-         flash=True, overlap_dp=True, stack=None, max_micro_batch=16, lang="en", top=10) -> LayoutTable:
+         flash=True, overlap_dp=True, stack=None, shard=None, max_micro_batch=16, lang="en", top=10) -> LayoutTable:
     """The layouts of ``gpus`` GPUs of ``hardware`` that train ``model`` with ``global_batch``
     sequences per step, fastest first, with the ones that do not fit and why.
 
@@ -356,7 +362,8 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     to all of it. Pin any of dp, tp, pp, micro_batch, zero (0-3), recompute ("none",
     "selective", "full", or "op": torchtitan's op-level checkpointing, searched only when
     pinned), schedule ("1f1b", "interleaved", "gpipe"), virtual (chunks per rank),
-    order (the rank order, outermost first: "dp-pp-tp" as picotron and mpkit's 3d run, or
+    shard (hybrid sharding, HSDP: the ZeRO stage within groups of ``shard`` neighbouring DP ranks,
+    replicas across them; priced only when pinned), order (the rank order, outermost first: "dp-pp-tp" as picotron and mpkit's 3d run, or
     "pp-dp-tp" as Megatron-LM; both are searched where dp and pp exceed 1);
     the rest is searched (tp only within a node's GPUs unless pinned). ``sequence_parallel``,
     ``flash`` (fused causal attention) and ``overlap_dp`` (gradient reduction hidden behind
@@ -377,7 +384,7 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     if global_batch is None:
         raise ValueError("global_batch is required: the sequences per optimizer step (GPT-3 used 1536)")
     pinned = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, zero=zero, recompute=recompute,
-                  schedule=schedule, virtual=virtual, order=order)
+                  schedule=schedule, virtual=virtual, order=order, shard=shard)
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp)
     _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top)
     # numpy's integers (a sweep over np.arange) as Python's: plain arithmetic from here on
@@ -417,6 +424,10 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
             if global_batch % dp:
                 skipped["plan_skip_dp", global_batch] += 1
                 continue
+            shard = pinned["shard"] or 0
+            if dp % (shard or 1):
+                skipped["plan_skip_shard", shard] += 1
+                continue
             orders = [pinned["order"]] if pinned["order"] else (
                 list(ORDERS) if dp > 1 and pp > 1 else ["dp-pp-tp"])  # one dimension of 1: the same grid
             layouts = [Layout(dp, pp, tp, order) for order in orders]
@@ -427,7 +438,8 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
                 if not layouts:
                     continue
             per_replica = global_batch // dp
-            zeros = [pinned["zero"]] if pinned["zero"] is not None else (range(4) if dp > 1 else (0,))
+            zeros = [pinned["zero"]] if pinned["zero"] is not None else (
+                (range(1 if shard else 0, 4)) if dp > 1 else (0,))
             micro = [pinned["micro_batch"]] if pinned["micro_batch"] else _divisors(per_replica, max_micro_batch)
             for b in micro:
                 if per_replica % b:
@@ -439,7 +451,7 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
                         if count > MAX_CANDIDATES:
                             raise ValueError(f"more than {MAX_CANDIDATES:,} layouts to price for gpus={gpus}; "
                                              f"pin some of dp, tp, pp or micro_batch")
-                        yield Setup(lay, b, z, rec, sched, v, **software)
+                        yield Setup(lay, b, z, rec, sched, v, **software, shard=shard)
 
 
 def _schedules(model, pp, m, pinned, skipped):
