@@ -215,6 +215,7 @@ STRINGS = {
     'plan_w_stack': {"ko": '소프트웨어', "en": 'software'},
     'plan_hsdp': {"ko": ', HSDP: GPU {shard}개 그룹마다 ZeRO', "en": ', HSDP: ZeRO within groups of {shard}'},
     'plan_skip_shard': {"ko": 'dp가 shard={value}의 배수가 아님', "en": 'dp is not a multiple of shard={value}'},
+    'plan_keep_params': {"ko": ', 순전파 뒤 가중치 유지', "en": ', weights kept after forward'},
     'plan_w_model': {"ko": '모델', "en": 'model'},
     'plan_w_hardware': {"ko": '하드웨어', "en": 'hardware'},
     'plan_w_gpus': {"ko": 'GPU 수', "en": 'GPUs'},

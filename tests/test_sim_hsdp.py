@@ -26,3 +26,17 @@ def test_hsdp_needs_a_zero_stage_and_a_shard_that_divides_dp():
         plan(**KW, dp=256, shard=3)
     searched = plan(**{k: v for k, v in KW.items() if k != "zero"}, shard=8)
     assert {e.setup.zero for e in searched.rows + searched.dropped} == {1, 2, 3}
+
+
+def test_fsdp_keeping_weights_after_forward_gathers_once_and_holds_the_stage():
+    """FSDP2's reshard_after_forward=False: backward reuses forward's gathered weights (one all-gather
+    per micro-batch instead of two) and holds the whole stage's bf16 weights until its backward."""
+    kept, default = plan(**KW, reshard_after_forward=False).best, plan(**KW).best
+    assert kept.time["dp"] < default.time["dp"]
+    psi = default.comm_bytes["dp"] / 2
+    assert kept.memory["parameters"] - default.memory["parameters"] == pytest.approx(
+        (psi - 2 * default.model.layer_parameters) * 2)
+    table = plan(**KW, reshard_after_forward=False)
+    assert "weights kept after forward" in table.explain() and "reshard_after_forward=False" in str(table)
+    with pytest.raises(ValueError, match="reshard_after_forward='no' must be True or False"):
+        plan(**KW, reshard_after_forward="no")

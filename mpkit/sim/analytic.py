@@ -260,7 +260,9 @@ class Setup:
     never stores the scores; ``overlap_dp``: data-parallel gradient traffic hidden behind the
     last backward. ``shard``: hybrid sharding (HSDP) when it is less than dp: the ZeRO stage shards
     over groups of ``shard`` neighbouring DP ranks, and those groups' replicas all-reduce their
-    gradient shards once per step (0: over the whole DP group)."""
+    gradient shards once per step (0: over the whole DP group). ``reshard_after_forward``
+    (ZeRO-3 only, FSDP2's option of that name): False keeps each micro-batch's gathered weights
+    from forward to backward, so backward gathers nothing, for a whole stage of bf16 weights held."""
 
     layout: Layout
     micro_batch: int = 1
@@ -272,12 +274,14 @@ class Setup:
     flash: bool = True
     overlap_dp: bool = True
     shard: int = 0
+    reshard_after_forward: bool = True
 
     def describe(self, micro_batches: int, lang: str = "en") -> str:
         sched = "" if self.layout.pp == 1 else (
             f", {self.schedule}" + (f" v={self.virtual}" if self.schedule == "interleaved" else ""))
         order = t("plan_pp_outermost", lang) if self.layout.order == "pp-dp-tp" else ""
         hybrid = t("plan_hsdp", lang, shard=self.shard) if 0 < self.shard < self.layout.dp else ""
+        hybrid += t("plan_keep_params", lang) if self.zero == 3 and not self.reshard_after_forward else ""
         return t("plan_setup", lang, dp=self.layout.dp, pp=self.layout.pp, tp=self.layout.tp, m=micro_batches,
                  b=self.micro_batch, schedule=sched, zero=self.zero, recompute=self.recompute) + hybrid + order
 
@@ -502,8 +506,9 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
         else:  # every micro-batch: reduce-scatter the gradients during backward; ZeRO-3 also
             # all-gathers the weights for forward and again for backward, a layer ahead (FSDP prefetch)
             unit = _reduce_scatter(hw, grads, span)
-            if setup.zero == 3:
-                exposed = max(0.0, unit - layers * fwd) + max(0.0, 2 * unit - layers * bwd - logits)
+            if setup.zero == 3:  # backward gathers the weights again unless forward kept them
+                again = 2 if setup.reshard_after_forward else 1
+                exposed = max(0.0, unit - layers * fwd) + max(0.0, again * unit - layers * bwd - logits)
             else:
                 exposed = max(0.0, unit - layers * bwd)
             dp_time = m * exposed + (unit if setup.zero == 2 else 0.0)  # ZeRO-2: all-gather the new weights once
@@ -532,7 +537,8 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
         last = formulas.inflight_activations(setup.schedule, pp, m, pp - 1, v) * chunk * per_layer + logit_bytes
         activations = max(first, last) + transient
     if setup.zero == 3 and shard > 1:  # FSDP holds two layers' gathered weights and one layer's full gradient
-        states["parameters"] += 2 * model.layer_parameters / tp * BYTES
+        # (or, keeping them after forward, the whole stage's until its backward)
+        states["parameters"] += (2 * model.layer_parameters / tp if setup.reshard_after_forward else psi) * BYTES
         states["gradients"] += model.layer_parameters / tp * BYTES
     memory = {**states, "activations": activations}
 

@@ -91,6 +91,7 @@ class LayoutTable:
     def pinned_text(self, lang="en") -> str:
         """The knobs the caller fixed, as plan's keywords ("zero=1, tp=8"), or 'nothing'."""
         fixed = [f"{k}={v!r}" for k, v in self.pins.items() if k in _PINNABLE and v is not None]
+        fixed += ["reshard_after_forward=False"] if self.pins.get("reshard_after_forward") is False else []
         return ", ".join(fixed) or t("plan_no_pins", lang)
 
     def assumptions(self, lang="en") -> str:
@@ -352,7 +353,8 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
 
 def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=None, tp=None, pp=None,
          micro_batch=None, zero=None, recompute=None, schedule=None, virtual=None, order=None, sequence_parallel=True,
-         flash=True, overlap_dp=True, stack=None, shard=None, max_micro_batch=16, lang="en", top=10) -> LayoutTable:
+         flash=True, overlap_dp=True, stack=None, shard=None, reshard_after_forward=True, max_micro_batch=16, lang="en",
+         top=10) -> LayoutTable:
     """The layouts of ``gpus`` GPUs of ``hardware`` that train ``model`` with ``global_batch``
     sequences per step, fastest first, with the ones that do not fit and why.
 
@@ -363,7 +365,8 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     "selective", "full", or "op": torchtitan's op-level checkpointing, searched only when
     pinned), schedule ("1f1b", "interleaved", "gpipe"), virtual (chunks per rank),
     shard (hybrid sharding, HSDP: the ZeRO stage within groups of ``shard`` neighbouring DP ranks,
-    replicas across them; priced only when pinned), order (the rank order, outermost first: "dp-pp-tp" as picotron and mpkit's 3d run, or
+    replicas across them; priced only when pinned), reshard_after_forward (ZeRO-3: False keeps the
+    gathered weights from forward to backward, as FSDP2's option), order (the rank order, outermost first: "dp-pp-tp" as picotron and mpkit's 3d run, or
     "pp-dp-tp" as Megatron-LM; both are searched where dp and pp exceed 1);
     the rest is searched (tp only within a node's GPUs unless pinned). ``sequence_parallel``,
     ``flash`` (fused causal attention) and ``overlap_dp`` (gradient reduction hidden behind
@@ -385,7 +388,8 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
         raise ValueError("global_batch is required: the sequences per optimizer step (GPT-3 used 1536)")
     pinned = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, zero=zero, recompute=recompute,
                   schedule=schedule, virtual=virtual, order=order, shard=shard)
-    software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp)
+    software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp,
+                    reshard_after_forward=reshard_after_forward)
     _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top)
     # numpy's integers (a sweep over np.arange) as Python's: plain arithmetic from here on
     gpus, global_batch, max_micro_batch, top = int(gpus), int(global_batch), int(max_micro_batch), int(top)
