@@ -19,6 +19,7 @@ does it choose the published layout family (TP inside a node, PP across nodes, .
     python benchmarks/published.py --loso       # leave-one-source-out: each source predicted by
                                                 # a matmul efficiency fitted on the other sources
     python benchmarks/published.py --stacks     # mpkit.sim.hardware.STACKS, fitted per software
+    python benchmarks/published.py --fp8        # FP8_MATMUL_SPEEDUP from torchtitan's Float8 rows
 """
 from __future__ import annotations
 
@@ -274,6 +275,35 @@ def leave_one_source_out(grid: dict) -> dict:
     return out
 
 
+# torchtitan's Float8 rows beside their bf16 twins (benchmarks/llama3_h100_202412_torchtitan.md, Tables 1
+# and 3, both torch.compile'd): (GPUs, bf16 TPS/GPU, Float8 TPS/GPU). They fit FP8_MATMUL_SPEEDUP and so
+# are not among the RUNS that test it
+FP8_PAIRS = [(8, 6667, 8532), (128, 6514, 8380)]
+
+
+def fit_fp8() -> float:
+    """The blocks' FP8 matmul speed-up at which the model's Float8/bf16 step-time ratio, averaged
+    over FP8_PAIRS, equals the published one (bisection)."""
+    from mpkit.sim import hardware
+
+    def predicted_ratio(n, speedup):
+        old = hardware.FP8_MATMUL_SPEEDUP["H100"]
+        hardware.FP8_MATMUL_SPEEDUP["H100"] = speedup
+        try:
+            kw = dict(model=MODELS["llama3-8b"], hardware="Nx8xH100-96GB-ib" if n > 8 else "8xH100-96GB-nvlink",
+                      gpus=n, global_batch=2 * n, micro_batch=2, recompute="op", **TORCHTITAN_FSDP)
+            return plan(**kw).best.step_time / plan(**kw, fp8=True).best.step_time
+        finally:
+            hardware.FP8_MATMUL_SPEEDUP["H100"] = old
+
+    target = statistics.mean(fp8 / bf16 for _, bf16, fp8 in FP8_PAIRS)
+    lo, hi = 1.0, 2.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if statistics.mean(predicted_ratio(n, mid) for n, _, _ in FP8_PAIRS) < target else (lo, mid)
+    return round((lo + hi) / 2, 2)
+
+
 # the training software each source ran (mpkit.sim.hardware.STACKS)
 STACK_OF = {"Narayanan 2021 T1": "megatron", "Korthikanti 2022 T4": "megatron", "Smith 2022 §2.4": "deepspeed",
             "Dubey 2024 T4": "llama3", "MosaicML llm-foundry": "llm-foundry", "torchtitan A100": "torchtitan",
@@ -327,6 +357,9 @@ def print_leave_one_source_out():
 def main():
     if "--calibrate" in sys.argv:
         print("MATMUL_SUSTAINED =", calibrate())
+        return
+    if "--fp8" in sys.argv:
+        print("FP8_MATMUL_SPEEDUP = {'H100':", fit_fp8(), "}")
         return
     if "--stacks" in sys.argv:
         print_stacks()

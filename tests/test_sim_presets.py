@@ -27,3 +27,28 @@ def test_the_96gb_h100_has_more_memory_and_less_bandwidth():
     h96, h80 = get_hardware("8xH100-96GB-nvlink"), get_hardware("8xH100-nvlink")
     assert (h96.memory_bytes, h96.mem_bw) == (96e9, 2.4e12) and h96.flops == h80.flops
     assert gpu_model(get_hardware("Nx8xH100-96GB-ib")) == "H100-96GB"
+
+
+def test_fp8_speeds_up_the_blocks_matmuls_as_torchtitans_float8_rows_measured(monkeypatch):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from mpkit.sim.analytic import MODELS
+    from mpkit.sim.hardware import FP8_MATMUL_SPEEDUP
+
+    kw = dict(model=MODELS["llama3-8b"], hardware="8xH100-96GB-nvlink", gpus=8, global_batch=16, zero=3, tp=1, pp=1,
+              micro_batch=2, recompute="op", sequence_parallel=False)
+    bf16, fp8 = plan(**kw).best, plan(**kw, fp8=True).best
+    assert bf16.step_time / fp8.step_time == pytest.approx(8532 / 6667, rel=0.01)  # torchtitan Table 1, compiled
+    assert fp8.memory == bf16.memory and ", FP8" in fp8.setup.describe(fp8.micro_batches) and "fp8=True" in str(
+        plan(**kw, fp8=True))
+    with pytest.raises(ValueError, match="fp8=True needs FP8 tensor cores .* hardware='8xA100-nvlink' has none"):
+        plan("7B", "8xA100-nvlink", gpus=8, global_batch=8, fp8=True)
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "published.py"
+    spec = importlib.util.spec_from_file_location("published_fp8", script)
+    published = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "published_fp8", published)
+    monkeypatch.syspath_prepend(str(script.parent))
+    spec.loader.exec_module(published)
+    assert published.fit_fp8() == FP8_MATMUL_SPEEDUP["H100"]

@@ -43,7 +43,7 @@ from functools import cached_property, lru_cache
 from mpkit.i18n import t
 from mpkit.layout import Layout
 from mpkit.sim import formulas
-from mpkit.sim.hardware import USABLE_MEMORY, Hardware
+from mpkit.sim.hardware import FP8_MATMUL_SPEEDUP, USABLE_MEMORY, Hardware, gpu_model
 from mpkit.whole import is_number
 
 BYTES = 2  # bf16 activations, gradients and the weights the matmuls read
@@ -262,7 +262,8 @@ class Setup:
     over groups of ``shard`` neighbouring DP ranks, and those groups' replicas all-reduce their
     gradient shards once per step (0: over the whole DP group). ``reshard_after_forward``
     (ZeRO-3 only, FSDP2's option of that name): False keeps each micro-batch's gathered weights
-    from forward to backward, so backward gathers nothing, for a whole stage of bf16 weights held."""
+    from forward to backward, so backward gathers nothing, for a whole stage of bf16 weights held.
+    ``fp8``: the blocks' matmuls in FP8, ``FP8_MATMUL_SPEEDUP`` times faster (Hopper only)."""
 
     layout: Layout
     micro_batch: int = 1
@@ -275,6 +276,7 @@ class Setup:
     overlap_dp: bool = True
     shard: int = 0
     reshard_after_forward: bool = True
+    fp8: bool = False
 
     def describe(self, micro_batches: int, lang: str = "en") -> str:
         sched = "" if self.layout.pp == 1 else (
@@ -282,6 +284,7 @@ class Setup:
         order = t("plan_pp_outermost", lang) if self.layout.order == "pp-dp-tp" else ""
         hybrid = t("plan_hsdp", lang, shard=self.shard) if 0 < self.shard < self.layout.dp else ""
         hybrid += t("plan_keep_params", lang) if self.zero == 3 and not self.reshard_after_forward else ""
+        hybrid += ", FP8" if self.fp8 else ""
         return t("plan_setup", lang, dp=self.layout.dp, pp=self.layout.pp, tp=self.layout.tp, m=micro_batches,
                  b=self.micro_batch, schedule=sched, zero=self.zero, recompute=self.recompute) + hybrid + order
 
@@ -453,14 +456,15 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     scores = 4 * tokens * s * h / tp * (0.5 if setup.flash else 1.0)
     local, attn_bytes = memory_bound_bytes(model, tp, sp, setup.flash)
     mem_fwd = tokens * (local + attn_bytes) / mem_bw
-    fwd = gemm / rate + scores / fused + mem_fwd
-    bwd = 2 * gemm / rate + (2.5 if setup.flash else 2.0) * scores / fused + 2 * mem_fwd
+    gemm_rate = rate * (FP8_MATMUL_SPEEDUP[gpu_model(hw).split("-")[0]] if setup.fp8 else 1.0)  # plan checks the GPU
+    fwd = gemm / gemm_rate + scores / fused + mem_fwd
+    bwd = 2 * gemm / gemm_rate + (2.5 if setup.flash else 2.0) * scores / fused + 2 * mem_fwd
     if setup.recompute == "full":
         bwd += fwd
     elif setup.recompute == "selective" and not setup.flash:
         bwd += scores / rate + tokens * attn_bytes / mem_bw
     elif setup.recompute == "op":  # the even-numbered matmuls and every memory-bound op, forward again
-        bwd += 2 * tokens * sum(weights for _, weights in _matmuls(model, tp)[1::2]) / rate + tokens * local / mem_bw
+        bwd += 2 * tokens * sum(weights for _, weights in _matmuls(model, tp)[1::2]) / gemm_rate + tokens * local / mem_bw
 
     # tensor parallel: 2 collectives of the layer's activations each way (+2 when recomputing)
     tp_bytes = tokens * h * BYTES

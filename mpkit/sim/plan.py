@@ -28,7 +28,7 @@ from mpkit.i18n import check_lang, t
 from mpkit.layout import ORDERS, Layout
 from mpkit.sim import formulas
 from mpkit.sim.analytic import RECOMPUTE, SCHEDULES, Estimate, Setup, Transformer, aligned, estimate, transformer, whole_number
-from mpkit.sim.hardware import STACKS, Hardware, with_stack
+from mpkit.sim.hardware import FP8_MATMUL_SPEEDUP, STACKS, Hardware, gpu_model, with_stack
 from mpkit.sim.machines import get_hardware
 
 VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
@@ -92,6 +92,7 @@ class LayoutTable:
         """The knobs the caller fixed, as plan's keywords ("zero=1, tp=8"), or 'nothing'."""
         fixed = [f"{k}={v!r}" for k, v in self.pins.items() if k in _PINNABLE and v is not None]
         fixed += ["reshard_after_forward=False"] if self.pins.get("reshard_after_forward") is False else []
+        fixed += ["fp8=True"] if self.pins.get("fp8") else []
         return ", ".join(fixed) or t("plan_no_pins", lang)
 
     def assumptions(self, lang="en") -> str:
@@ -353,8 +354,8 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
 
 def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=None, tp=None, pp=None,
          micro_batch=None, zero=None, recompute=None, schedule=None, virtual=None, order=None, sequence_parallel=True,
-         flash=True, overlap_dp=True, stack=None, shard=None, reshard_after_forward=True, max_micro_batch=16, lang="en",
-         top=10) -> LayoutTable:
+         flash=True, overlap_dp=True, stack=None, shard=None, reshard_after_forward=True, fp8=False, max_micro_batch=16,
+         lang="en", top=10) -> LayoutTable:
     """The layouts of ``gpus`` GPUs of ``hardware`` that train ``model`` with ``global_batch``
     sequences per step, fastest first, with the ones that do not fit and why.
 
@@ -366,7 +367,8 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     pinned), schedule ("1f1b", "interleaved", "gpipe"), virtual (chunks per rank),
     shard (hybrid sharding, HSDP: the ZeRO stage within groups of ``shard`` neighbouring DP ranks,
     replicas across them; priced only when pinned), reshard_after_forward (ZeRO-3: False keeps the
-    gathered weights from forward to backward, as FSDP2's option), order (the rank order, outermost first: "dp-pp-tp" as picotron and mpkit's 3d run, or
+    gathered weights from forward to backward, as FSDP2's option), fp8 (the blocks' matmuls in FP8,
+    H100 presets), order (the rank order, outermost first: "dp-pp-tp" as picotron and mpkit's 3d run, or
     "pp-dp-tp" as Megatron-LM; both are searched where dp and pp exceed 1);
     the rest is searched (tp only within a node's GPUs unless pinned). ``sequence_parallel``,
     ``flash`` (fused causal attention) and ``overlap_dp`` (gradient reduction hidden behind
@@ -389,8 +391,12 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     pinned = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, zero=zero, recompute=recompute,
                   schedule=schedule, virtual=virtual, order=order, shard=shard)
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp,
-                    reshard_after_forward=reshard_after_forward)
+                    reshard_after_forward=reshard_after_forward, fp8=fp8)
     _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top)
+    family = (gpu_model(hw) or "").split("-")[0]
+    if software["fp8"] and family not in FP8_MATMUL_SPEEDUP:
+        raise ValueError(f"fp8=True needs FP8 tensor cores with a measured speed-up ({', '.join(FP8_MATMUL_SPEEDUP)} "
+                         f"presets); hardware={hw.name!r} has none: use fp8=False")
     # numpy's integers (a sweep over np.arange) as Python's: plain arithmetic from here on
     gpus, global_batch, max_micro_batch, top = int(gpus), int(global_batch), int(max_micro_batch), int(top)
     pinned = {k: v if v is None or isinstance(v, str) else int(v) for k, v in pinned.items()}
