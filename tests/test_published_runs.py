@@ -1,26 +1,13 @@
 """benchmarks/published.py, the planner's validation table: every row cites its source, every run
 fits in memory as it was published (a memory model that refuses a layout that really ran prices it
 wrongly), and the leave-one-source-out fit never sees the source it predicts."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "published.py"
+from published_script import load_published
 
 
 @pytest.fixture(scope="module")
 def published():
-    spec = importlib.util.spec_from_file_location("published", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["published"] = module  # its dataclasses look their module up
-    sys.path.insert(0, str(SCRIPT.parent))  # its `from machine import load`
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return module
+    return load_published()
 
 
 def test_every_published_run_fits_as_published(published):
@@ -29,7 +16,7 @@ def test_every_published_run_fits_as_published(published):
         assert published.predict(run) is not None, f"{run.source} / {run.label}: the published layout does not fit"
 
 
-def test_leave_one_source_out_fits_without_the_source(published, monkeypatch):
+def test_leave_one_source_out_fits_without_the_source(published):
     runs = published.RUNS
     sources = list(dict.fromkeys(r.source for r in runs))
     # a made-up grid: every run's error is its source's index at every efficiency but one, where the

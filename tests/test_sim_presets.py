@@ -1,9 +1,11 @@
 """Presets beyond one NIC per GPU and 80 GB (issue 31): Jean Zay's four Omni-Path links per 8-GPU node
 (BLOOM) and Meta's 96 GB, power-capped H100s (torchtitan's benchmarks), by name like the others."""
 import pytest
+from published_script import load_published
 
 from mpkit.sim import get_hardware, plan
-from mpkit.sim.hardware import MULTI_NODE, gpu_model
+from mpkit.sim.analytic import MODELS
+from mpkit.sim.hardware import FP8_MATMUL_SPEEDUP, MULTI_NODE, gpu_model
 
 
 def test_omni_path_gives_each_gpu_an_eighth_of_four_links():
@@ -29,14 +31,7 @@ def test_the_96gb_h100_has_more_memory_and_less_bandwidth():
     assert gpu_model(get_hardware("Nx8xH100-96GB-ib")) == "H100-96GB"
 
 
-def test_fp8_speeds_up_the_blocks_matmuls_as_torchtitans_float8_rows_measured(monkeypatch):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    from mpkit.sim.analytic import MODELS
-    from mpkit.sim.hardware import FP8_MATMUL_SPEEDUP
-
+def test_fp8_speeds_up_the_blocks_matmuls_as_torchtitans_float8_rows_measured():
     kw = dict(model=MODELS["llama3-8b"], hardware="8xH100-96GB-nvlink", gpus=8, global_batch=16, zero=3, tp=1, pp=1,
               micro_batch=2, recompute="op", sequence_parallel=False)
     bf16, fp8 = plan(**kw).best, plan(**kw, fp8=True).best
@@ -45,10 +40,5 @@ def test_fp8_speeds_up_the_blocks_matmuls_as_torchtitans_float8_rows_measured(mo
         plan(**kw, fp8=True))
     with pytest.raises(ValueError, match="fp8=True needs FP8 tensor cores .* hardware='8xA100-nvlink' has none"):
         plan("7B", "8xA100-nvlink", gpus=8, global_batch=8, fp8=True)
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "published.py"
-    spec = importlib.util.spec_from_file_location("published_fp8", script)
-    published = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "published_fp8", published)
-    monkeypatch.syspath_prepend(str(script.parent))
-    spec.loader.exec_module(published)
+    published = load_published()
     assert published.fit_fp8() == FP8_MATMUL_SPEEDUP["H100"]

@@ -1,11 +1,8 @@
 """The training software as an explicit, visible input of the planner (issue 31): ``stack=`` prices
 matmuls at the rate that software's published runs imply on the GPU, says so in the table, and
 refuses a stack that never ran on the GPU; the constants are what benchmarks/published.py fits."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from published_script import load_published
 
 from mpkit.sim import plan, planner
 from mpkit.sim.hardware import STACKS, gpu_model, with_stack
@@ -43,12 +40,7 @@ def test_the_widget_has_a_software_control():
 
 @pytest.mark.timeout(120)
 def test_the_constants_are_what_the_published_runs_fit(monkeypatch):
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "published.py"
-    spec = importlib.util.spec_from_file_location("published_stacks", script)
-    published = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "published_stacks", published)
-    monkeypatch.syspath_prepend(str(script.parent))
-    spec.loader.exec_module(published)
+    published = load_published()
     printed = []
     monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
     published.print_stacks()
