@@ -464,7 +464,8 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     elif setup.recompute == "selective" and not setup.flash:
         bwd += scores / rate + tokens * attn_bytes / mem_bw
     elif setup.recompute == "op":  # the even-numbered matmuls and every memory-bound op, forward again
-        bwd += 2 * tokens * sum(weights for _, weights in _matmuls(model, tp)[1::2]) / gemm_rate + tokens * local / mem_bw
+        again = 2 * tokens * sum(weights for _, weights in _matmuls(model, tp)[1::2])
+        bwd += again / gemm_rate + tokens * local / mem_bw
 
     # tensor parallel: 2 collectives of the layer's activations each way (+2 when recomputing)
     tp_bytes = tokens * h * BYTES

@@ -118,7 +118,8 @@ class LayoutTable:
         comm = (e.time["tp"] + e.time["pp"] + e.time["dp"]) / e.step_time
         outer = "-" if lay.dp == 1 or lay.pp == 1 else lay.dims[0]
         return [str(i), f"{lay.dp} x {lay.pp} x {lay.tp}", outer, f"{e.micro_batches} x {s.micro_batch}", sched,
-                str(s.zero), s.recompute, f"{e.step_time:.3g}", f"{e.tokens_per_second:,.0f}", f"{e.mfu:.0%}", f"{e.hfu:.0%}",
+                str(s.zero), s.recompute, f"{e.step_time:.3g}", f"{e.tokens_per_second:,.0f}", f"{e.mfu:.0%}",
+                f"{e.hfu:.0%}",
                 f"{e.bubble_share:.0%}", f"{comm:.0%}", f"{e.memory_total / 1e9:.1f}"]
 
     def _footer(self, lang) -> str:
