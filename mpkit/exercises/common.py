@@ -37,6 +37,10 @@ class Exercise:
     judge: Callable      # judge(case, fn, timeout) -> CaseResult; may raise harness.Stuck / LearnerCrashed
     uses: str = "function"   # what ``check`` takes: "function", "class" or "pair" (two autograd Functions)
     crash_hints: tuple = ()  # (text in the learner's error, Text hint): classic mistakes that raise
+    target: str = ""         # the expression ``check`` is given in a notebook (default: ``name``)
+
+    def __post_init__(self):
+        self.target = self.target or self.name
 
 
 NONE_GRAD = ("NoneType", Text("어떤 텐서가 None입니다: 고정된(requires_grad=False) 파라미터의 p.grad는 None이니 건너뛰세요.",

@@ -202,5 +202,5 @@ EXERCISES = [
               {"seed": 5, "sizes": BIG, "steps": 1, "bucket_mb": 4096 / 2**20}),
          Case(Text("4 rank, 4 KB 버킷, 2 스텝", "4 ranks, 4 KB buckets, 2 steps"), 4,
               {"seed": 6, "sizes": BIG, "steps": 2, "bucket_mb": 4096 / 2**20})],
-        _judge_buckets, uses="class", crash_hints=(NONE_GRAD,)),
+        _judge_buckets, uses="class", crash_hints=(NONE_GRAD,), target="BucketedGradientSync"),
 ]

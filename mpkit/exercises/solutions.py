@@ -1,10 +1,15 @@
 """Reference solutions, written as a learner would: what the tests fill into the labs' stubs and
 into nbgrader's solution regions. They ship with the package (as the quiz keys do) but never
 appear in a student's notebook."""
+import ast
 import inspect
+import sys
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from mpkit.parallel.pipeline.schedules import (Backward, Forward, OptimizerStep, RecvAct, RecvGrad, SendAct,
+                                               SendGrad)
 
 
 def ring_reduce_scatter(ctx, tensor):
@@ -141,31 +146,20 @@ class ReduceFromParallelRegion(torch.autograd.Function):
         return grad
 
 
-f_and_g = (CopyToParallelRegion, ReduceFromParallelRegion)
-
-
 def megatron_mlp(x, up_weight, up_bias, down_weight, down_bias, f, g):
-    import torch.nn.functional as F
     h = F.linear(f(x), up_weight, up_bias)
     return g(F.linear(F.gelu(h), down_weight)) + down_bias
 
 
-def _with_messages(order, rank, p):
-    from mpkit.parallel.pipeline.schedules import (Backward, Forward, OptimizerStep, RecvAct, RecvGrad, SendAct,
-                                                   SendGrad)
-    program = []
-    for kind, mb in order:
-        if kind == "F":
-            program += ([RecvAct(mb, rank, rank - 1)] if rank > 0 else []) + [Forward(mb, rank)]
-            program += [SendAct(mb, rank, rank + 1)] if rank < p - 1 else []
-        else:
-            program += ([RecvGrad(mb, rank, rank + 1)] if rank < p - 1 else []) + [Backward(mb, rank)]
-            program += [SendGrad(mb, rank, rank - 1)] if rank > 0 else []
-    return program + [OptimizerStep()]
-
-
 def gpipe_schedule(rank, p, m):
-    return _with_messages([("F", k) for k in range(m)] + [("B", k) for k in range(m)], rank, p)
+    program = []
+    for mb in range(m):
+        program += [RecvAct(mb, rank, rank - 1)] if rank > 0 else []
+        program += [Forward(mb, rank)] + ([SendAct(mb, rank, rank + 1)] if rank < p - 1 else [])
+    for mb in range(m):
+        program += [RecvGrad(mb, rank, rank + 1)] if rank < p - 1 else []
+        program += [Backward(mb, rank)] + ([SendGrad(mb, rank, rank - 1)] if rank > 0 else [])
+    return program + [OptimizerStep()]
 
 
 def one_f_one_b_schedule(rank, p, m):
@@ -174,7 +168,15 @@ def one_f_one_b_schedule(rank, p, m):
     for k in range(m - warmup):
         order += [("F", warmup + k), ("B", k)]
     order += [("B", k) for k in range(m - warmup, m)]
-    return _with_messages(order, rank, p)
+    program = []
+    for kind, mb in order:
+        if kind == "F":
+            program += [RecvAct(mb, rank, rank - 1)] if rank > 0 else []
+            program += [Forward(mb, rank)] + ([SendAct(mb, rank, rank + 1)] if rank < p - 1 else [])
+        else:
+            program += [RecvGrad(mb, rank, rank + 1)] if rank < p - 1 else []
+            program += [Backward(mb, rank)] + ([SendGrad(mb, rank, rank - 1)] if rank > 0 else [])
+    return program + [OptimizerStep()]
 
 
 def zero1_step(ctx, params, grad, optimizer):
@@ -220,6 +222,21 @@ def memory_per_gpu(params, dp, pp, tp, zero_stage):
             + 12 * psi / (dp if zero_stage >= 1 else 1))
 
 
-def source(name: str) -> str:
-    """The solution of exercise ``name`` as code text (what goes into a notebook cell)."""
-    return inspect.getsource(globals()[name])
+def definitions(exercise) -> list:
+    """The top-level classes and functions that make up ``exercise``'s solution (its ``target``'s names)."""
+    names = [n.strip(" ()") for n in exercise.target.split(",")]
+    return [getattr(sys.modules[__name__], n) for n in names]
+
+
+def source(exercise) -> str:
+    """The solution of ``exercise`` as code text (what goes into a notebook cell)."""
+    return "\n\n".join(inspect.getsource(obj) for obj in definitions(exercise))
+
+
+def body(obj) -> str:
+    """The statements of a function's or class's body after its docstring, as written (indented)."""
+    text = inspect.getsource(obj)
+    tree = ast.parse(text).body[0]
+    statements = tree.body[1:] if ast.get_docstring(tree) is not None else tree.body
+    lines = text.splitlines()
+    return "\n".join(lines[statements[0].lineno - 1 - (len(getattr(statements[0], "decorator_list", [])) or 0):])

@@ -176,7 +176,7 @@ EXERCISES = [
              "g.forward: out = x.clone(); dist.all_reduce(out); return out;  g.backward: return grad",
              "f.forward: return x.view_as(x);  f.backward: g = grad.clone(); dist.all_reduce(g); return g\n"
              "g.forward: out = x.clone(); dist.all_reduce(out); return out;  g.backward: return grad")),
-        CASES, _judge_with(_pair_body), uses="pair"),
+        CASES, _judge_with(_pair_body), uses="pair", target="(CopyToParallelRegion, ReduceFromParallelRegion)"),
     Exercise("megatron_mlp", "03", Text("all-reduce 한 번인 Megatron MLP", "A Megatron MLP with one all-reduce"), STUB_MLP, (
         Text("열 병렬 다음 행 병렬: 가운데 GeLU는 rank마다 자기 특성에만 작용하니 통신이 필요 없습니다.",
              "Column then row: the GeLU in between acts on each rank's own features, so it needs no communication."),
