@@ -10,5 +10,6 @@ from mpkit.exercises.catalog import EXERCISES, by_lab, get
 from mpkit.exercises.checker import check
 from mpkit.exercises.progress import passed_exercises
 from mpkit.exercises.result import CheckResult
+from mpkit.exercises.widget import show
 
-__all__ = ["EXERCISES", "by_lab", "get", "check", "passed_exercises", "CheckResult"]
+__all__ = ["EXERCISES", "by_lab", "get", "check", "show", "passed_exercises", "CheckResult"]
