@@ -29,6 +29,8 @@ STRINGS = {
     'progress': {"ko": '맞힌 문항 / 답한 문항 / 전체', "en": 'correct / answered / total'},
     'pitfall': {"ko": '함정 유형', "en": 'Pitfall'},
     'pitfall_result': {"ko": '맞힘 / 문항', "en": 'correct / items'},
+    'exercises_passed': {"ko": '통과한 연습(직접 만들기)', "en": 'Exercises passed (build it yourself)'},
+    'exercises_none': {"ko": '아직 없음', "en": 'none yet'},
     'review_empty': {"ko": '복습할 문항이 없습니다. 틀린 문항이 생기면 여기에서 다시 풀 수 있어요.', "en": 'Nothing to review yet: items you miss will come back here.'},
     'sheet_name': {"ko": '이름', "en": 'Name'},
     'sheet_date': {"ko": '날짜', "en": 'Date'},

@@ -106,3 +106,53 @@ def test_bad_calls_are_refused_with_what_to_change():
         exercises.check("ring_all_reduce", None)
     with pytest.raises(ValueError, match="lang"):
         exercises.check("ring_all_reduce", solutions.ring_all_reduce, lang="fr")
+
+
+def test_review_lists_the_exercises_passed(tmp_path):
+    from mpkit import quiz
+    assert "none yet" in quiz.review(lang="en", student="lee", results_dir=tmp_path).exercises.value
+    exercises.check("memory_per_gpu", solutions.memory_per_gpu, results_dir=tmp_path, student="lee")
+    view = quiz.review(lang="ko", student="lee", results_dir=tmp_path)
+    assert "통과한 연습" in view.exercises.value and "memory_per_gpu" in view.exercises.value
+
+
+def _write_checks(args):
+    folder, writer = args
+    from mpkit.exercises.result import CaseResult, CheckResult, Text
+    from mpkit.exercises.progress import record_check
+    from mpkit.quiz.store import ResultStore
+    for i in range(10):
+        result = CheckResult(f"ex{writer}", "en", [CaseResult(Text("a", "a"), i % 2 == 0)])
+        record_check(result, student="kim", results_dir=folder)
+        ResultStore("kim", folder).record([(f"mp-{writer}{i:02d}", "O", True)], lang="en", mode="drill")
+
+
+def test_exercise_checks_and_quiz_answers_from_concurrent_writers_are_all_kept(tmp_path):
+    import multiprocessing
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        pool.map(_write_checks, [(str(tmp_path), w) for w in range(4)])
+    data = json.loads((tmp_path / "kim.json").read_text(encoding="utf-8"))
+    assert sorted(data["exercises"]) == ["ex0", "ex1", "ex2", "ex3"]
+    assert all(len(e["history"]) == 10 and e["passed"] for e in data["exercises"].values())
+    assert len(data["items"]) == 40
+
+
+def test_a_hostile_exercises_entry_is_moved_aside_not_trusted(tmp_path):
+    (tmp_path / "kim.json").write_text(json.dumps({"format": "mpkit-quiz-results", "version": 2, "student": "kim",
+                                                   "items": {}, "exercises": {"ring_all_reduce": "yes"}}))
+    with pytest.warns(UserWarning, match="exercises"):
+        exercises.check("memory_per_gpu", solutions.memory_per_gpu, results_dir=tmp_path, student="kim")
+    assert list(tmp_path.glob("kim.json.corrupt-*"))
+    assert json.loads((tmp_path / "kim.json").read_text())["exercises"]["memory_per_gpu"]["passed"] is True
+
+
+def test_exercise_texts_use_the_glossary():
+    from pathlib import Path
+
+    from mpkit.quiz import glossary
+    terms = glossary.load(Path(__file__).resolve().parents[1] / "quizzes" / glossary.GLOSSARY_FILE)
+    for ex in EXERCISES.values():
+        texts = [ex.title, *ex.hints, *(case.name for case in ex.cases)]
+        for lang in ("ko", "en"):
+            words = "\n".join(text(lang) for text in texts) + ("\n" + ex.stub if lang == "ko" else "")
+            assert not glossary.variants(words, lang, terms), (ex.name, lang, glossary.variants(words, lang, terms))

@@ -16,12 +16,12 @@ from mpkit.exercises.progress import record_check
 from mpkit.exercises.result import CheckResult, Text
 from mpkit.i18n import check_lang
 
-STUCK_HINT = Text("모든 rank가 서로를 기다립니다(교착). 블로킹 send는 상대가 recv를 걸 때까지 끝나지 않습니다: 짝이 맞는지, "
+STUCK_HINT = Text("모든 랭크가 서로를 기다립니다(교착). 블로킹 send는 상대가 recv를 걸 때까지 끝나지 않습니다: 짝이 맞는지, "
                   "양쪽이 먼저 보내기만 하지 않는지 보세요. isend/irecv를 둘 다 건 뒤에 wait()하면 풀립니다.",
                   "every rank waits for another (a deadlock). A blocking send does not finish until the peer posts its "
                   "recv: check that every send has its recv, and that two ranks do not both send first. Posting "
                   "isend and irecv and only then wait()ing on both avoids it.")
-LOOP_HINT = Text("어떤 rank는 통신을 기다리지 않고 계속 실행 중이었습니다: 끝나지 않는 반복문이 있는지 보세요.",
+LOOP_HINT = Text("어떤 랭크는 통신을 기다리지 않고 계속 실행 중이었습니다: 끝나지 않는 반복문이 있는지 보세요.",
                  "some rank was still running, not waiting on a message: look for a loop that never ends.")
 
 
@@ -53,7 +53,7 @@ def check(name: str, fn, lang: str = "ko", timeout: float = 6.0, record: bool = 
             if _not_done(crash):
                 return CheckResult(name, lang, [], not_done=True)
             hint = next((h for text, h in exercise.crash_hints if text in crash.text), None)
-            results.append(failed(case, Text(f"rank {crash.rank}에서 예외가 났습니다:\n{crash.text}",
+            results.append(failed(case, Text(f"랭크 {crash.rank}에서 예외가 났습니다:\n{crash.text}",
                                              f"rank {crash.rank} raised:\n{crash.text}"), hint))
         except harness.Stuck as stuck:
             stuck_in = case

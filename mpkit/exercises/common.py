@@ -149,7 +149,7 @@ def compare_grads(case, rank, expected: dict, got: dict, n: int, local: dict | N
     parameter given one); None when all match."""
     for name, want in expected.items():
         have = got.get(name)
-        where = Text(f"rank {rank}, 파라미터 '{name}'의 그래디언트:", f"rank {rank}, gradient of '{name}':")
+        where = Text(f"랭크 {rank}, 파라미터 '{name}'의 그래디언트:", f"rank {rank}, gradient of '{name}':")
         if want is None:
             if have is not None:
                 return failed(case, where + Text("None이어야 합니다(고정된 파라미터).", "should stay None (a frozen parameter)."),
@@ -164,7 +164,7 @@ def compare_grads(case, rank, expected: dict, got: dict, n: int, local: dict | N
         if not close(want, have):
             hint = factor_hint(ratio(want, have), n)
             if hint is None and local is not None and local.get(name) is not None and close(local[name], have):
-                hint = Text("이 rank 자신의 그래디언트 그대로입니다: 다른 rank와 평균하지 않았습니다(통신이 없었거나 다른 텐서를 "
+                hint = Text("이 랭크 자신의 그래디언트 그대로입니다: 다른 랭크와 평균하지 않았습니다(통신이 없었거나 다른 텐서를 "
                             "all-reduce했습니다).", "this is the rank's own gradient: it was never averaged with the "
                             "others (no communication, or another tensor was all-reduced).")
             return failed(case, mismatch(where, want, have), hint)

@@ -113,7 +113,7 @@ def _judge_buckets(case, cls, timeout):
     for rank, output in enumerate(outputs):
         for step in range(steps):
             reduces = [c for c in output["calls"] if c.kind == "all_reduce" and c.phase in (f"backward {step}", f"sync {step}")]
-            where = Text(f"rank {rank}, {step + 1}번째 스텝:", f"rank {rank}, step {step + 1}:")
+            where = Text(f"랭크 {rank}, {step + 1}번째 스텝:", f"rank {rank}, step {step + 1}:")
             too_big = [c.nbytes for c in reduces if c.nbytes > largest]
             if too_big:
                 return failed(case, where + Text(f"{too_big[0]} B짜리 all-reduce가 있습니다(버킷 한도 {bucket_bytes:.0f} B).",
@@ -144,7 +144,7 @@ def _judge_buckets(case, cls, timeout):
 
 
 STUB_AVG = '''def average_gradients(ctx, model):
-    """loss.backward() 뒤에 불립니다. 모든 rank의 p.grad를 평균해 제자리에 두세요(고정된 파라미터는 p.grad가 None).
+    """loss.backward() 뒤에 불립니다. 모든 랭크의 p.grad를 평균해 제자리에 두세요(고정된 파라미터는 p.grad가 None).
     Called after loss.backward(): average every p.grad over all ranks, in place (frozen parameters have
     p.grad None). dist.all_reduce / ctx.comm.all_reduce, ctx.world_size."""
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
@@ -169,15 +169,15 @@ BIG = (16, 32, 32, 32, 4)  # 2.8k trainable floats: several 4 KB buckets
 
 EXERCISES = [
     Exercise("average_gradients", "01", Text("그래디언트 평균", "Average the gradients"), STUB_AVG, (
-        Text("각 rank는 배치의 자기 몫으로 그래디언트를 구했습니다. 모든 rank에서 같은 평균이 되어야 합니다.",
+        Text("각 랭크는 배치의 자기 몫으로 그래디언트를 구했습니다. 모든 랭크에서 같은 평균이 되어야 합니다.",
              "Each rank computed gradients on its slice of the batch; every rank must end with the same average."),
-        Text("평균 = (rank들의 그래디언트 합) / world_size. all-reduce는 합을 줍니다.",
+        Text("평균 = (랭크들의 그래디언트 합) / world_size. all-reduce는 합을 줍니다.",
              "average = (sum over ranks) / world_size; all-reduce gives the sum."),
         Text("for p in model.parameters():\n    if p.grad is not None:\n        dist.all_reduce(p.grad); p.grad /= ctx.world_size",
              "for p in model.parameters():\n    if p.grad is not None:\n        dist.all_reduce(p.grad); p.grad /= ctx.world_size")),
         [Case(Text("2 rank", "2 ranks"), 2, {"seed": 1, "sizes": SIZES, "steps": 1}),
-         Case(Text("4 rank, 고정된 레이어", "4 ranks, a frozen layer"), 4, {"seed": 2, "sizes": SIZES, "steps": 1}),
-         Case(Text("2 rank, 2 스텝(zero_grad 기본값)", "2 ranks, 2 steps (zero_grad's defaults)"), 2,
+         Case(Text("4 랭크, 고정된 레이어", "4 ranks, a frozen layer"), 4, {"seed": 2, "sizes": SIZES, "steps": 1}),
+         Case(Text("2 랭크, 2 스텝(zero_grad 기본값)", "2 ranks, 2 steps (zero_grad's defaults)"), 2,
               {"seed": 3, "sizes": SIZES, "steps": 2})],
         _judge_average, crash_hints=(NONE_GRAD,)),
     Exercise("bucketed_gradients", "01", Text("버킷과 훅으로 그래디언트 동기화", "Bucketed gradient sync from hooks"),
@@ -196,11 +196,11 @@ EXERCISES = [
              "ready in its bucket; when all are ready: flat = torch.cat([q.grad.reshape(-1) ...]); keep work = "
              "all_reduce(flat, async_op=True).\nfinish(): wait() every work; flat /= world_size; copy each piece back into "
              "q.grad; reset the state for the next step.")),
-        [Case(Text("2 rank, 버킷 하나(25 MB)", "2 ranks, one bucket (25 MB)"), 2,
+        [Case(Text("2 랭크, 버킷 하나(25 MB)", "2 ranks, one bucket (25 MB)"), 2,
               {"seed": 4, "sizes": BIG, "steps": 1, "bucket_mb": 25.0}),
-         Case(Text("2 rank, 4 KB 버킷 여러 개", "2 ranks, several 4 KB buckets"), 2,
+         Case(Text("2 랭크, 4 KB 버킷 여러 개", "2 ranks, several 4 KB buckets"), 2,
               {"seed": 5, "sizes": BIG, "steps": 1, "bucket_mb": 4096 / 2**20}),
-         Case(Text("4 rank, 4 KB 버킷, 2 스텝", "4 ranks, 4 KB buckets, 2 steps"), 4,
+         Case(Text("4 랭크, 4 KB 버킷, 2 스텝", "4 ranks, 4 KB buckets, 2 steps"), 4,
               {"seed": 6, "sizes": BIG, "steps": 2, "bucket_mb": 4096 / 2**20})],
         _judge_buckets, uses="class", crash_hints=(NONE_GRAD,), target="BucketedGradientSync"),
 ]

@@ -29,10 +29,10 @@ def _order_hint(layout, got_of):
     """Which dimension the learner made innermost, when it is not tp."""
     for dim in DIMS:
         if getattr(layout, dim) > 1 and got_of(1).get(dim) == 1 and dim != "tp":
-            return Text(f"rank 0과 1이 {dim} 좌표만 다릅니다: mpkit에서는 tp가 가장 안쪽(이웃한 rank가 같은 TP 그룹)이고, 그다음 pp, "
+            return Text(f"랭크 0과 1이 {dim} 좌표만 다릅니다: mpkit에서는 tp가 가장 안쪽(이웃한 랭크가 같은 TP 그룹)이고, 그다음 pp, "
                         "dp가 가장 바깥입니다.", f"ranks 0 and 1 differ in their {dim} coordinate: in mpkit tp is innermost "
                         "(adjacent ranks share a TP group), then pp, with dp outermost.")
-    return Text("rank = (dp·PP + pp)·TP + tp를 거꾸로 푸세요: tp = rank % TP, 그다음 (rank // TP) % PP, dp = rank // (TP·PP).",
+    return Text("랭크 = (dp·PP + pp)·TP + tp를 거꾸로 푸세요: tp = 랭크 % TP, 그다음 (랭크 // TP) % PP, dp = 랭크 // (TP·PP).",
                 "invert rank = (dp·PP + pp)·TP + tp: tp = rank % TP, then pp = (rank // TP) % PP, dp = rank // (TP·PP).")
 
 
@@ -46,7 +46,7 @@ def _judge_coords(case, fn, timeout):
     for rank, value in enumerate(got):
         want = layout.coords(rank)
         if as_dict(value) != want:
-            return failed(case, Text(f"rank {rank}: 기댓값 (dp, pp, tp) = {tuple(want.values())}, 실제 {value!r}.",
+            return failed(case, Text(f"랭크 {rank}: 기댓값 (dp, pp, tp) = {tuple(want.values())}, 실제 {value!r}.",
                                      f"rank {rank}: expected (dp, pp, tp) = {tuple(want.values())}, got {value!r}."),
                           _order_hint(layout, lambda r: as_dict(got[r]) if isinstance(as_dict(got[r]), dict) else {}))
     return passed(case)
@@ -70,10 +70,10 @@ def _judge_groups(case, fn, timeout):
             have = got[dim]
         if have != want:
             swapped = next((d for d in DIMS if d != dim and _normal(layout.groups(d)) == have), None)
-            hint = (Text(f"'{dim}'에 넣은 그룹은 {swapped} 그룹입니다: 한 {dim} 그룹은 {dim} 좌표만 다른 rank들입니다.",
+            hint = (Text(f"'{dim}'에 넣은 그룹은 {swapped} 그룹입니다: 한 {dim} 그룹은 {dim} 좌표만 다른 랭크들입니다.",
                          f"what you gave as '{dim}' are the {swapped} groups: a {dim} group is the ranks that differ only "
                          f"in their {dim} coordinate.") if swapped else
-                    Text("tp가 가장 안쪽입니다: TP 그룹은 이웃한 rank들(0,1,...), DP 그룹의 rank들은 PP·TP씩 떨어져 있습니다.",
+                    Text("tp가 가장 안쪽입니다: TP 그룹은 이웃한 랭크들(0,1,...), DP 그룹의 랭크들은 PP·TP씩 떨어져 있습니다.",
                          "tp is innermost: a TP group is adjacent ranks (0, 1, ...); the ranks of a DP group are PP·TP "
                          "apart."))
             return failed(case, Text(f"{dim} 그룹: 기댓값 {want}, 실제 {have}.", f"{dim} groups: expected {want}, got {have}."),
@@ -120,13 +120,13 @@ def _judge_memory(case, fn, timeout):
 
 
 STUB_COORDS = '''def rank_coordinates(rank, dp, pp, tp):
-    """dp x pp x tp 격자에서 rank의 좌표 (dp_index, pp_index, tp_index). mpkit의 배치: tp가 가장 안쪽(이웃한 rank), 그다음 pp,
-    dp가 가장 바깥.  The (dp_index, pp_index, tp_index) of rank on the dp x pp x tp grid. mpkit's layout: tp innermost
+    """dp x pp x tp 격자에서 랭크의 좌표 (dp_index, pp_index, tp_index). mpkit의 배치: tp가 가장 안쪽(이웃한 랭크), 그다음 pp,
+    dp가 가장 바깥.  The (dp_index, pp_index, tp_index) of 랭크 on the dp x pp x tp grid. mpkit's layout: tp innermost
     (adjacent ranks), then pp, dp outermost."""
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''
 STUB_GROUPS = '''def process_groups(dp, pp, tp):
-    """{'dp': [...], 'pp': [...], 'tp': [...]}: 차원마다 그 차원의 좌표만 다른 rank들의 목록(그룹)들. 예: dp=2, pp=1, tp=2 ->
+    """{'dp': [...], 'pp': [...], 'tp': [...]}: 차원마다 그 차원의 좌표만 다른 랭크들의 목록(그룹)들. 예: dp=2, pp=1, tp=2 ->
     {'dp': [[0, 2], [1, 3]], 'pp': [[0], [1], [2], [3]], 'tp': [[0, 1], [2, 3]]}.
     For each dimension, the groups of ranks that differ only in that coordinate."""
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
@@ -145,19 +145,19 @@ def _layout_cases():
 
 
 EXERCISES = [
-    Exercise("rank_coordinates", "10", Text("rank의 좌표", "A rank's coordinates"), STUB_COORDS, (
-        Text("가장 안쪽 차원이 가장 빨리 바뀝니다: rank 0, 1, 2, ...는 먼저 tp 좌표가 바뀝니다.",
+    Exercise("rank_coordinates", "10", Text("랭크의 좌표", "A rank's coordinates"), STUB_COORDS, (
+        Text("가장 안쪽 차원이 가장 빨리 바뀝니다: 랭크 0, 1, 2, ...는 먼저 tp 좌표가 바뀝니다.",
              "The innermost dimension changes fastest: ranks 0, 1, 2, ... step through tp first."),
         Text("rank = (dp_index·pp + pp_index)·tp + tp_index.", "rank = (dp_index·pp + pp_index)·tp + tp_index."),
         Text("rest, tp_index = divmod(rank, tp); dp_index, pp_index = divmod(rest, pp)",
              "rest, tp_index = divmod(rank, tp); dp_index, pp_index = divmod(rest, pp)")),
         _layout_cases(), _judge_coords),
     Exercise("process_groups", "10", Text("레이아웃의 프로세스 그룹", "A layout's process groups"), STUB_GROUPS, (
-        Text("한 차원의 그룹 = 다른 두 좌표가 같은 rank들.", "A group along one dimension = the ranks whose other two "
+        Text("한 차원의 그룹 = 다른 두 좌표가 같은 랭크들.", "A group along one dimension = the ranks whose other two "
              "coordinates are equal."),
-        Text("그룹 수 = (전체 rank 수) / (그 차원의 크기). tp 그룹은 연속된 rank, dp 그룹은 pp·tp 간격.",
+        Text("그룹 수 = (전체 랭크 수) / (그 차원의 크기). tp 그룹은 연속된 랭크, dp 그룹은 pp·tp 간격.",
              "Number of groups = world size / that dimension's size. TP groups are consecutive ranks; DP groups step by pp·tp."),
-        Text("각 rank의 좌표를 구해, 차원 d를 뺀 좌표를 키로 rank들을 모으세요(dict.setdefault(key, []).append(rank)).",
+        Text("각 랭크의 좌표를 구해, 차원 d를 뺀 좌표를 키로 랭크들을 모으세요(dict.setdefault(key, []).append(랭크)).",
              "Compute each rank's coordinates and collect ranks under the key of the other two coordinates "
              "(dict.setdefault(key, []).append(rank)).")),
         _layout_cases(), _judge_groups),

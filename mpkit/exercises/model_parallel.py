@@ -59,7 +59,7 @@ def _judge(case, fn, timeout):
     if not isinstance(got_loss, float) or not close(loss.detach(), torch.tensor(got_loss)):
         return failed(case, mismatch(Text(f"마지막 rank({n - 1})가 돌려준 손실:", f"the loss the last rank ({n - 1}) returned:"),
                                      loss.detach(), torch.tensor(got_loss) if isinstance(got_loss, float) else got_loss),
-                      Text("마지막 rank는 loss_fn(출력, y)를 계산해 그 값(float 또는 텐서)을 돌려줘야 합니다.",
+                      Text("마지막 랭크는 loss_fn(출력, y)를 계산해 그 값(float 또는 텐서)을 돌려줘야 합니다.",
                            "the last rank computes loss_fn(output, y) and returns it (a float or a tensor)."))
     for rank in reversed(range(n)):
         got = outputs[rank]["out"]["grads"]
@@ -67,8 +67,8 @@ def _judge(case, fn, timeout):
         problem = compare_grads(case, rank, want, got, n)
         if problem:
             if rank < n - 1 and all(v is None for v in got.values()):
-                problem.hint = Text(f"rank {rank}에 그래디언트가 오지 않았습니다: rank {rank + 1}은(는) 받은 활성값(requires_grad_()를 "
-                                    f"켠 것)의 .grad를 rank {rank}에 보내고, rank {rank}은(는) 그것을 받아 out.backward(grad)를 "
+                problem.hint = Text(f"랭크 {rank}에 그래디언트가 오지 않았습니다: 랭크 {rank + 1}은(는) 받은 활성값(requires_grad_()를 "
+                                    f"켠 것)의 .grad를 랭크 {rank}에 보내고, 랭크 {rank}은(는) 그것을 받아 out.backward(grad)를 "
                                     "불러야 합니다.",
                                     f"no gradient reached rank {rank}: rank {rank + 1} must send the .grad of the "
                                     f"activation it received (made requires_grad_()) back to rank {rank}, which receives "
@@ -78,9 +78,9 @@ def _judge(case, fn, timeout):
 
 
 STUB = '''def layerwise_step(ctx, stage, x, y, loss_fn, act_shape):
-    """한 스텝의 순전파와 역전파. rank r은 연속된 레이어 묶음 stage를 가집니다. rank 0만 x를, 마지막 rank만 y를 받습니다
-    (나머지는 None). 레이어 사이의 활성값과 그 그래디언트는 모양이 act_shape인 텐서입니다. 끝나면 모든 stage의 p.grad가
-    채워져 있어야 하고, 마지막 rank는 손실을 돌려줍니다(다른 rank는 None).
+    """한 스텝의 순전파와 역전파. 랭크 r은 연속된 레이어 묶음 `stage`를 가집니다. 랭크 0만 `x`를, 마지막 랭크만 `y`를 받습니다
+    (나머지는 None). 레이어 사이의 활성값과 그 그래디언트는 모양이 `act_shape`인 텐서입니다. 끝나면 `stage`의 `p.grad`가
+    채워져 있어야 하고, 마지막 랭크는 손실을 돌려줍니다(다른 랭크는 None).
     One step's forward and backward. Rank r holds stage, a few consecutive layers. Only rank 0 gets x and only
     the last rank gets y (None elsewhere). Activations between ranks, and their gradients, have shape act_shape.
     Afterwards every stage's p.grad is filled; the last rank returns the loss (the others None)."""
@@ -89,9 +89,9 @@ STUB = '''def layerwise_step(ctx, stage, x, y, loss_fn, act_shape):
 
 EXERCISES = [
     Exercise("layerwise_step", "02", Text("레이어 단위 분할: 순전파와 역전파", "Layer-wise split: forward and backward"), STUB, (
-        Text("순전파는 rank 0 → 마지막 rank로 활성값을, 역전파는 반대로 그 활성값의 그래디언트를 보냅니다.",
+        Text("순전파는 랭크 0 → 마지막 랭크로 활성값을, 역전파는 반대로 그 활성값의 그래디언트를 보냅니다.",
              "Forward sends activations rank 0 -> last; backward sends their gradients the other way."),
-        Text("받은 활성값 a에 a.requires_grad_()를 켜야 역전파 뒤 a.grad가 생깁니다. 마지막이 아닌 rank: out.backward(받은 그래디언트).",
+        Text("받은 활성값 a에 a.requires_grad_()를 켜야 역전파 뒤 a.grad가 생깁니다. 마지막이 아닌 랭크: out.backward(받은 그래디언트).",
              "Turn on a.requires_grad_() on a received activation so backward fills a.grad. Ranks other than the last "
              "call out.backward(received gradient)."),
         Text("r>0: a = torch.empty(act_shape); recv(a, r-1); a.requires_grad_()  (r=0: a = x)\nout = stage(a)\n"
@@ -102,7 +102,7 @@ EXERCISES = [
              "out.backward(g)\nr>0: send(a.grad, r-1)")),
         [Case(Text("2 rank", "2 ranks"), 2, {"seed": 11, "frozen": None}),
          Case(Text("4 rank", "4 ranks"), 4, {"seed": 12, "frozen": None}),
-         Case(Text("4 rank, rank 1의 레이어 고정", "4 ranks, rank 1's layer frozen"), 4, {"seed": 13, "frozen": 1})],
+         Case(Text("4 랭크, 랭크 1의 레이어 고정", "4 ranks, rank 1's layer frozen"), 4, {"seed": 13, "frozen": 1})],
         _judge, crash_hints=(("NoneType", Text("None을 보내려 했습니다: 받은 활성값에 requires_grad_()를 켜지 않으면 역전파 뒤에도 "
                                                ".grad가 None입니다.", "something sent or used is None: a received activation "
                                                "without requires_grad_() still has .grad None after backward.")),

@@ -49,7 +49,7 @@ def _run_body(ctx, recorder, programs, seed):
 
 def _structure(case, programs, p, m):
     for rank, program in enumerate(programs):
-        where = Text(f"rank {rank}의 목록:", f"rank {rank}'s list:")
+        where = Text(f"랭크 {rank}의 목록:", f"rank {rank}'s list:")
         if not isinstance(program, list) or not all(isinstance(i, KINDS) for i in program):
             return failed(case, where + Text("명령(Forward, Backward, SendAct, ...)의 list여야 합니다.",
                                              "must be a list of instructions (Forward, Backward, SendAct, ...)."))
@@ -70,10 +70,10 @@ SIMULATOR_HINTS = (
     ("runs without", Text("명령이 필요한 입력 없이 실행됩니다: Backward는 같은 마이크로배치의 Forward 뒤에, Forward/Backward는 그 앞의 "
                           "RecvAct/RecvGrad 뒤에 와야 합니다.", "an instruction runs without its input: a Backward must come "
                           "after its micro-batch's Forward, and a Forward/Backward after the RecvAct/RecvGrad before it.")),
-    ("matched by", Text("받는 쪽은 보내는 쪽과 같은 순서로 메시지를 받아야 합니다(두 rank 사이 메시지는 건 순서대로 짝지어짐).",
+    ("matched by", Text("받는 쪽은 보내는 쪽과 같은 순서로 메시지를 받아야 합니다(두 랭크 사이 메시지는 건 순서대로 짝지어짐).",
                         "a receiver must post its messages in the sender's order (messages between two ranks are matched "
                         "in the order they are posted).")),
-    ("", Text("두 rank가 서로에게서 받기만 기다리면 교착입니다: 활성값은 Forward 바로 앞에서 받고 바로 뒤에서 보내세요"
+    ("", Text("두 랭크가 서로에게서 받기만 기다리면 교착입니다: 활성값은 Forward 바로 앞에서 받고 바로 뒤에서 보내세요"
               "(그래디언트는 Backward 앞뒤).", "two ranks that each wait to receive from the other deadlock: receive an "
               "activation right before its Forward and send it right after (gradients: around the Backward).")),
 )
@@ -95,16 +95,16 @@ def _judge(kind):
             order = [i for i in program if isinstance(i, (Forward, Backward))]
             first_backward = next(k for k, i in enumerate(order) if isinstance(i, Backward))
             if kind == "gpipe" and first_backward < m:
-                return failed(case, Text(f"rank {rank}: 모든 Forward 전에 Backward가 시작했습니다.",
+                return failed(case, Text(f"랭크 {rank}: 모든 Forward 전에 Backward가 시작했습니다.",
                                          f"rank {rank}: a Backward starts before every Forward has run."),
                               Text("GPipe는 m개의 Forward를 모두 한 뒤에 Backward를 합니다(채우고, 비우기).",
                                    "GPipe runs all m Forwards, then the Backwards (fill, then drain)."))
             limit = min(m, p - rank)
             if kind == "1f1b" and sim.peak_in_flight[rank] > limit:
-                return failed(case, Text(f"rank {rank}이(가) 한때 {sim.peak_in_flight[rank]}개 마이크로배치의 활성값을 들고 있습니다"
+                return failed(case, Text(f"랭크 {rank}이(가) 한때 {sim.peak_in_flight[rank]}개 마이크로배치의 활성값을 들고 있습니다"
                                          f"(1F1B는 최대 {limit}).", f"rank {rank} holds the activations of "
                                          f"{sim.peak_in_flight[rank]} micro-batches at once (1F1B: at most {limit})."),
-                              Text(f"준비 단계(warm-up)에서 rank r은 p-r-1개만 Forward하고, 그다음부터 Forward 하나와 Backward 하나를 "
+                              Text(f"준비 단계(warm-up)에서 랭크 r은 p-r-1개만 Forward하고, 그다음부터 Forward 하나와 Backward 하나를 "
                                    f"번갈아 하세요.", "in the warm-up rank r runs only p-r-1 Forwards, then alternates one "
                                    "Forward and one Backward."))
         outputs = harness.run(_run_body, p, (programs, seed), timeout)
@@ -125,11 +125,11 @@ STUB = '''def {name}(rank, p, m):
     {doc_en}
     명령 / instructions: Forward(mb, stage), Backward(mb, stage), RecvAct(mb, stage, frm), SendAct(mb, stage, to),
     RecvGrad(mb, stage, frm), SendGrad(mb, stage, to), OptimizerStep()  (from mpkit.parallel.pipeline.schedules).
-    rank r은 stage r을 가집니다 / rank r holds stage r (stages 0..p-1); 마이크로배치 / micro-batches 0..m-1."""
+    랭크 r은 stage r을 가집니다 / 랭크 r holds stage r (stages 0..p-1); 마이크로배치 / micro-batches 0..m-1."""
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''
 STUB_GPIPE = STUB.format(name="gpipe_schedule",
-                         doc_ko="GPipe: rank의 명령 목록(list)을 돌려줍니다. 모든 마이크로배치를 Forward한 뒤 모두 Backward, 마지막에 OptimizerStep().",
+                         doc_ko="GPipe: 랭크의 명령 목록(list)을 돌려줍니다. 모든 마이크로배치를 Forward한 뒤 모두 Backward, 마지막에 OptimizerStep().",
                          doc_en="GPipe: return this rank's instruction list: every micro-batch forward, then every one backward, then OptimizerStep().")
 STUB_1F1B = STUB.format(name="one_f_one_b_schedule",
                         doc_ko="1F1B: 준비 단계(warm-up) Forward 몇 개, 그다음 Forward 하나·Backward 하나를 번갈아, 끝에 남은 Backward, OptimizerStep().",
@@ -159,8 +159,8 @@ EXERCISES = [
     Exercise("one_f_one_b_schedule", "04", Text("1F1B 스케줄", "The 1F1B schedule"), STUB_1F1B, (
         Text("1F1B는 활성값을 오래 들고 있지 않도록 Backward를 가능한 한 일찍 시작합니다.",
              "1F1B starts Backwards as early as it can so activations are not held long."),
-        Text("warm-up = min(p - rank - 1, m)개의 Forward, 그다음 m - warm-up번 (Forward, Backward), 마지막으로 남은 Backward. "
-             "rank r이 들고 있는 활성값은 최대 p - r개.",
+        Text("warm-up = min(p - 랭크 - 1, m)개의 Forward, 그다음 m - warm-up번 (Forward, Backward), 마지막으로 남은 Backward. "
+             "랭크 r이 들고 있는 활성값은 최대 p - r개.",
              "warm-up = min(p - rank - 1, m) Forwards, then m - warm-up pairs (Forward, Backward), then the remaining "
              "Backwards. Rank r holds at most p - r activations."),
         Text("order = [F(k) for k in range(w)]; for k in range(m - w): order += [F(w + k), B(k)]; order += [B(k) for k in "

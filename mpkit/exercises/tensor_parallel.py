@@ -81,7 +81,7 @@ NAMES = {"z": ("출력", "the output"), "x": ("입력의 그래디언트", "the 
          "b2": ("행 병렬 편향의 그래디언트", "the row layer's bias gradient")}
 
 COUNT_HINTS = {
-    ("forward", 0): Text("순전파에 all-reduce가 없습니다: g의 forward가 rank들의 부분합을 all-reduce해야 합니다.",
+    ("forward", 0): Text("순전파에 all-reduce가 없습니다: g의 forward가 랭크들의 부분합을 all-reduce해야 합니다.",
                          "the forward has no all-reduce: g's forward must all-reduce the ranks' partial sums."),
     ("backward", 0): Text("역전파에 all-reduce가 없습니다: f의 backward가 입력 그래디언트의 부분합을 all-reduce해야 합니다.",
                           "the backward has no all-reduce: f's backward must all-reduce the partial input gradients."),
@@ -103,7 +103,7 @@ def _judge_with(body):
                 reduces = [c for c in output["calls"] if c.kind == "all_reduce" and c.phase == phase]
                 sizes = {c.numel for c in reduces}
                 if phase == "forward" and sizes == {ROWS * IN}:
-                    return failed(case, Text(f"rank {rank}: 순전파에서 입력 크기({ROWS}x{IN})의 텐서를 all-reduce했습니다.",
+                    return failed(case, Text(f"랭크 {rank}: 순전파에서 입력 크기({ROWS}x{IN})의 텐서를 all-reduce했습니다.",
                                              f"rank {rank}: the forward all-reduced a tensor of the input's size "
                                              f"({ROWS}x{IN})."),
                                   Text("f와 g가 바뀌었습니다: f(열 병렬 앞)는 순전파에서 항등, g(행 병렬 뒤)가 all-reduce합니다.",
@@ -111,7 +111,7 @@ def _judge_with(body):
                                        "(after the row layer) all-reduces."))
                 hint = COUNT_HINTS.get((phase, min(len(reduces), 2)))
                 if hint is not None:
-                    return failed(case, Text(f"rank {rank}: {phase} all-reduce {len(reduces)}번.",
+                    return failed(case, Text(f"랭크 {rank}: {phase} all-reduce {len(reduces)}번.",
                                              f"rank {rank}: {len(reduces)} all-reduce(s) in the {phase}."), hint)
         expected = _reference(seed, n)
         for rank, (want, output) in enumerate(zip(expected, outputs)):
@@ -120,7 +120,7 @@ def _judge_with(body):
                 if not close(want[key], got):
                     hint = None
                     if key == "z" and isinstance(got, torch.Tensor) and close(want[key] + (n - 1) * _weights(seed)["b2"], got):
-                        hint = Text("행 병렬 레이어의 편향이 rank 수만큼 더해졌습니다: 편향은 all-reduce 뒤에 한 번만 더하세요.",
+                        hint = Text("행 병렬 레이어의 편향이 랭크 수만큼 더해졌습니다: 편향은 all-reduce 뒤에 한 번만 더하세요.",
                                     "the row layer's bias was added once per rank: add it once, after the all-reduce.")
                     return failed(case, mismatch(Text(f"rank {rank}, {ko}:", f"rank {rank}, {en}:"), want[key], got), hint)
         return passed(case)
@@ -128,7 +128,7 @@ def _judge_with(body):
 
 
 STUB_PAIR = '''class CopyToParallelRegion(torch.autograd.Function):
-    """f: 순전파는 항등(identity), 역전파는 입력 그래디언트를 모든 rank에 걸쳐 all-reduce(합).
+    """f: 순전파는 항등(identity), 역전파는 입력 그래디언트를 모든 랭크에 걸쳐 all-reduce(합).
     f: identity in the forward; all-reduce (sum) of the input's gradient over all ranks in the backward."""
 
     @staticmethod
@@ -141,7 +141,7 @@ STUB_PAIR = '''class CopyToParallelRegion(torch.autograd.Function):
 
 
 class ReduceFromParallelRegion(torch.autograd.Function):
-    """g: 순전파는 rank들의 부분 출력을 all-reduce(합), 역전파는 항등.
+    """g: 순전파는 랭크들의 부분 출력을 all-reduce(합), 역전파는 항등.
     g: all-reduce (sum) of the ranks' partial outputs in the forward; identity in the backward."""
 
     @staticmethod
@@ -153,7 +153,7 @@ class ReduceFromParallelRegion(torch.autograd.Function):
         raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''
 STUB_MLP = '''def megatron_mlp(x, up_weight, up_bias, down_weight, down_bias, f, g):
-    """Megatron MLP: gelu(x·W1ᵀ+b1)·W2ᵀ+b2. 이 rank는 W1의 행(출력 특성) 몫 up_weight와 up_bias(열 병렬),
+    """Megatron MLP: gelu(x·W1ᵀ+b1)·W2ᵀ+b2. 이 랭크는 W1의 행(출력 특성) 몫 up_weight와 up_bias(열 병렬),
     W2의 열(입력 특성) 몫 down_weight(행 병렬), 그리고 전체 down_bias를 가집니다. f와 g는 Megatron의 연산자입니다
     (f(x), g(x)로 부르세요). 순전파의 all-reduce는 정확히 한 번.
     The Megatron MLP gelu(x·W1ᵀ+b1)·W2ᵀ+b2. This rank holds its rows (output features) of W1 as up_weight and
@@ -163,14 +163,14 @@ STUB_MLP = '''def megatron_mlp(x, up_weight, up_bias, down_weight, down_bias, f,
 '''
 
 CASES = [Case(Text("2 rank", "2 ranks"), 2, {"seed": 21}), Case(Text("4 rank", "4 ranks"), 4, {"seed": 22}),
-         Case(Text("3 rank(8개 특성을 3,3,2로)", "3 ranks (8 features as 3, 3, 2)"), 3, {"seed": 23})]
+         Case(Text("3 랭크(8개 특성을 3,3,2로)", "3 ranks (8 features as 3, 3, 2)"), 3, {"seed": 23})]
 
 EXERCISES = [
     Exercise("f_and_g", "03", Text("f와 g 연산자 (autograd Function)", "The f and g operators (autograd Functions)"),
              STUB_PAIR, (
-        Text("열 병렬 레이어의 입력은 모든 rank에 같고, 행 병렬 레이어의 출력은 rank마다 부분합입니다.",
+        Text("열 병렬 레이어의 입력은 모든 랭크에 같고, 행 병렬 레이어의 출력은 랭크마다 부분합입니다.",
              "The column layer's input is the same on every rank; the row layer's output is a partial sum on each rank."),
-        Text("f: y = x, dL/dx = Σ_rank dL/dx_rank.  g: y = Σ_rank x_rank, dL/dx_rank = dL/dy. 서로 켤레(conjugate)입니다.",
+        Text("f: `y = x`, `dL/dx = Σ_r dL/dx_r`.  g: `y = Σ_r x_r`, `dL/dx_r = dL/dy`. 서로 켤레(conjugate)입니다.",
              "f: y = x, dL/dx = Σ_rank dL/dx_rank.  g: y = Σ_rank x_rank, dL/dx_rank = dL/dy. They are conjugates."),
         Text("f.forward: return x.view_as(x);  f.backward: g = grad.clone(); dist.all_reduce(g); return g\n"
              "g.forward: out = x.clone(); dist.all_reduce(out); return out;  g.backward: return grad",
@@ -178,7 +178,7 @@ EXERCISES = [
              "g.forward: out = x.clone(); dist.all_reduce(out); return out;  g.backward: return grad")),
         CASES, _judge_with(_pair_body), uses="pair", target="(CopyToParallelRegion, ReduceFromParallelRegion)"),
     Exercise("megatron_mlp", "03", Text("all-reduce 한 번인 Megatron MLP", "A Megatron MLP with one all-reduce"), STUB_MLP, (
-        Text("열 병렬 다음 행 병렬: 가운데 GeLU는 rank마다 자기 특성에만 작용하니 통신이 필요 없습니다.",
+        Text("열 병렬 다음 행 병렬: 가운데 GeLU는 랭크마다 자기 특성에만 작용하니 통신이 필요 없습니다.",
              "Column then row: the GeLU in between acts on each rank's own features, so it needs no communication."),
         Text("z = g(gelu(f(x)·W1_rᵀ + b1_r)·W2_rᵀ) + b2. 편향 b2는 g 뒤에 한 번만.",
              "z = g(gelu(f(x)·W1_rᵀ + b1_r)·W2_rᵀ) + b2. The bias b2 once, after g."),

@@ -70,12 +70,12 @@ def _judge(case, fn, timeout):
         where = Text(f"{step + 1}번째 스텝:", f"step {step + 1}:")
         for (r1, lo1, hi1), (r2, lo2, hi2) in zip(covered, covered[1:]):
             if lo2 < hi1:
-                return failed(case, where + Text(f"rank {r1}이(가) {lo1}..{hi1 - 1}, rank {r2}이(가) {lo2}..{hi2 - 1}을(를) "
+                return failed(case, where + Text(f"랭크 {r1}이(가) {lo1}..{hi1 - 1}, 랭크 {r2}이(가) {lo2}..{hi2 - 1}을(를) "
                                                  "갱신했습니다: 겹칩니다.", f"rank {r1} updated elements {lo1}..{hi1 - 1} and rank "
                                                  f"{r2} {lo2}..{hi2 - 1}: they overlap."), BOUNDARY_HINT)
         owned = sum(hi - lo for _, lo, hi in covered)
         if owned != numel or any(len(o["out"]["ranges"][step]) > 1 for o in outputs):
-            return failed(case, where + Text(f"샤드들이 {numel}개 원소 중 {owned}개를 덮습니다(각 rank는 연속된 한 조각).",
+            return failed(case, where + Text(f"샤드들이 {numel}개 원소 중 {owned}개를 덮습니다(각 랭크는 연속된 한 조각).",
                                              f"the shards cover {owned} of {numel} elements (each rank one contiguous "
                                              "piece)."), BOUNDARY_HINT)
     want = _reference(seed, numel, n)
@@ -89,21 +89,21 @@ def _judge(case, fn, timeout):
                 hint = Text("그래디언트를 합하기만 하고 world size로 나누지 않았습니다(평균이어야 함).",
                             "the gradients were summed, not averaged (divide by the world size).")
             elif own and close(want[own[0][0]:own[0][1]], got[own[0][0]:own[0][1]]):
-                hint = Text("자기 샤드는 맞지만 다른 샤드가 낡았습니다: 갱신 뒤 all-gather로 모든 rank에 새 파라미터를 모으세요.",
+                hint = Text("자기 샤드는 맞지만 다른 샤드가 낡았습니다: 갱신 뒤 all-gather로 모든 랭크에 새 파라미터를 모으세요.",
                             "this rank's own shard is right but the others are stale: all-gather the updated shards "
                             "into every rank's parameters after the update.")
-            return failed(case, mismatch(Text(f"rank {rank}, {STEPS}스텝 뒤 파라미터:", f"rank {rank}, parameters after "
+            return failed(case, mismatch(Text(f"랭크 {rank}, {STEPS}스텝 뒤 파라미터:", f"rank {rank}, parameters after "
                                               f"{STEPS} steps:"), want, got), hint)
     return passed(case)
 
 
-BOUNDARY_HINT = Text("샤드 경계가 어긋났습니다(off by one?): rank r의 샤드는 flat.tensor_split(N)[r]처럼 [시작, 끝)으로 나누면 "
+BOUNDARY_HINT = Text("샤드 경계가 어긋났습니다(off by one?): 랭크 r의 샤드는 flat.tensor_split(N)[r]처럼 [시작, 끝)으로 나누면 "
                      "겹치지도 비지도 않습니다.", "shard boundaries are off (by one?): cutting half-open ranges [start, end), "
                      "as flat.tensor_split(N)[r] does, leaves no gap and no overlap.")
 
 STUB = '''def zero1_step(ctx, params, grad, optimizer):
-    """ZeRO-1 한 스텝. params는 모든 rank에 같은 1차원 파라미터 벡터(제자리에서 갱신), grad는 이 rank의 그래디언트입니다.
-    이 rank의 샤드(params.tensor_split(N)[rank]처럼 연속된 한 조각)만 갱신하세요:
+    """ZeRO-1 한 스텝. params는 모든 랭크에 같은 1차원 파라미터 벡터(제자리에서 갱신), grad는 이 랭크의 그래디언트입니다.
+    이 랭크의 샤드(params.tensor_split(N)[랭크]처럼 연속된 한 조각)만 갱신하세요:
     optimizer.step(start, param_shard, grad_shard)가 그 샤드를 제자리에서 갱신하고 샤드의 옵티마이저 상태를 가집니다.
     1) 평균 그래디언트의 자기 샤드(reduce-scatter), 2) optimizer.step, 3) 갱신된 샤드를 모두에게(all-gather).
     One ZeRO-1 step. params is the flat parameter vector, the same on every rank (update it in place); grad is this
@@ -116,19 +116,19 @@ STUB = '''def zero1_step(ctx, params, grad, optimizer):
 
 EXERCISES = [
     Exercise("zero1_step", "06", Text("ZeRO-1 한 스텝", "One ZeRO-1 step"), STUB, (
-        Text("옵티마이저 상태를 N개로 나누면 각 rank는 자기 샤드의 평균 그래디언트만 필요합니다.",
+        Text("옵티마이저 상태를 N개로 나누면 각 랭크는 자기 샤드의 평균 그래디언트만 필요합니다.",
              "With the optimizer state split N ways, each rank needs the averaged gradient of its own shard only."),
         Text("reduce-scatter: 평균의 자기 몫 ((N-1)/N·S). all-gather: 갱신된 샤드 ((N-1)/N·S). 합치면 all-reduce와 같은 바이트.",
              "reduce-scatter: your piece of the average ((N-1)/N·S); all-gather: the updated shards ((N-1)/N·S). Together, "
              "the bytes of one all-reduce."),
-        Text("bounds = 각 rank의 [start, end) (tensor_split의 크기로)\ng = grad.clone(); dist.all_reduce(g); g /= N  (또는 "
+        Text("bounds = 각 랭크의 [start, end) (tensor_split의 크기로)\ng = grad.clone(); dist.all_reduce(g); g /= N  (또는 "
              "크기가 같게 채워 reduce_scatter_tensor)\noptimizer.step(start, params[start:end], g[start:end])\n"
-             "rank마다 params[start_r:end_r]를 all_gather(또는 broadcast)",
+             "랭크마다 params[start_r:end_r]를 all_gather(또는 broadcast)",
              "bounds = each rank's [start, end) (from tensor_split's sizes)\ng = grad.clone(); dist.all_reduce(g); g /= N "
              "(or pad to equal sizes and reduce_scatter_tensor)\noptimizer.step(start, params[start:end], g[start:end])\n"
              "all_gather (or broadcast) params[start_r:end_r] from every rank")),
-        [Case(Text("2 rank, 12개 원소", "2 ranks, 12 elements"), 2, {"seed": 41, "numel": 12}),
-         Case(Text("4 rank, 10개 원소(나누어떨어지지 않음)", "4 ranks, 10 elements (uneven)"), 4, {"seed": 42, "numel": 10}),
-         Case(Text("3 rank, 7개 원소", "3 ranks, 7 elements"), 3, {"seed": 43, "numel": 7})],
+        [Case(Text("2 랭크, 12개 원소", "2 ranks, 12 elements"), 2, {"seed": 41, "numel": 12}),
+         Case(Text("4 랭크, 10개 원소(나누어떨어지지 않음)", "4 ranks, 10 elements (uneven)"), 4, {"seed": 42, "numel": 10}),
+         Case(Text("3 랭크, 7개 원소", "3 ranks, 7 elements"), 3, {"seed": 43, "numel": 7})],
         _judge),
 ]
