@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from mpkit.errors import LaunchError
 from mpkit.exercises import harness
 from mpkit.exercises.catalog import get
 from mpkit.exercises.common import failed
@@ -21,8 +22,18 @@ STUCK_HINT = Text("모든 랭크가 서로를 기다립니다(교착). 블로킹
                   "every rank waits for another (a deadlock). A blocking send does not finish until the peer posts its "
                   "recv: check that every send has its recv, and that two ranks do not both send first. Posting "
                   "isend and irecv and only then wait()ing on both avoids it.")
+MISSING_HINT = Text("어떤 랭크는 코드를 끝냈는데 다른 랭크가 아직 그 랭크의 메시지를 기다립니다: send나 recv 하나가 빠졌습니다"
+                    "(모든 send에는 짝이 되는 recv가 있어야 합니다).",
+                    "some ranks returned from your code while others still wait on a message from them: a send or a "
+                    "recv is missing (every send needs its matching recv).")
 LOOP_HINT = Text("어떤 랭크는 통신을 기다리지 않고 계속 실행 중이었습니다: 끝나지 않는 반복문이 있는지 보세요.",
                  "some rank was still running, not waiting on a message: look for a loop that never ends.")
+
+
+def _stuck_hint(stuck: harness.Stuck) -> Text:
+    if stuck.ranks(harness.RUNNING):
+        return LOOP_HINT
+    return MISSING_HINT if stuck.ranks(harness.RETURNED) else STUCK_HINT
 
 
 def _not_done(crash: harness.LearnerCrashed) -> bool:
@@ -55,12 +66,17 @@ def check(name: str, fn, lang: str = "ko", timeout: float = 6.0, record: bool = 
             hint = next((h for text, h in exercise.crash_hints if text in crash.text), None)
             results.append(failed(case, Text(f"랭크 {crash.rank}에서 예외가 났습니다:\n{crash.text}",
                                              f"rank {crash.rank} raised:\n{crash.text}"), hint))
+        except LaunchError as err:  # mpkit's side of the case could not use what the learner's code gave it
+            results.append(failed(case, Text(f"검사기가 결과를 쓸 수 없었습니다: {err.summary}",
+                                             f"the checker could not use what your code returned: {err.summary}"),
+                                  Text("연습의 설명대로 값을 돌려주었는지(무엇을, 어느 랭크에서) 확인하세요.",
+                                       "check that your code returns what the exercise says (what, and on which ranks).")))
         except harness.Stuck as stuck:
             stuck_in = case
             waited = time.monotonic() - started
             results.append(failed(case, Text(f"{waited:.0f}초 안에 끝나지 않았습니다. {stuck.describe()}",
                                              f"did not finish within {waited:.0f} s. {stuck.describe()}"),
-                                  STUCK_HINT if stuck.all_waiting else LOOP_HINT))
+                                  _stuck_hint(stuck)))
     result = CheckResult(name, lang, results)
     if record:
         record_check(result, student=student, results_dir=results_dir)

@@ -59,6 +59,12 @@ def _comm_problems(case, outputs, n, kind) -> "CaseResult | None":
 def _bytes_problem(case, outputs, n, numel, element_size, phases):
     limit = phases * (n - 1) * -(-numel // n) * element_size
     for rank, output in enumerate(outputs):
+        sends = sum(1 for c in output["calls"] if c.kind == "send" and c.numel)
+        if sends > phases * (n - 1):
+            return failed(case, Text(f"랭크 {rank}이(가) 메시지를 {sends}번 보냈습니다. 링은 단계마다 {n - 1}번입니다.",
+                                     f"rank {rank} sent {sends} messages; the ring sends {n - 1} per phase."),
+                          Text(f"각 단계는 N-1 = {n - 1}번입니다: N번째 단계는 이미 끝난 청크를 다시 더하거나 보냅니다.",
+                               f"each phase takes N-1 = {n - 1} steps: an N-th step adds or sends a finished chunk again."))
         sent = sum(c.nbytes for c in output["calls"] if c.kind == "send")
         if sent > limit:
             return failed(case, Text(f"랭크 {rank}이(가) {sent} B를 보냈습니다. 링은 최대 {limit} B입니다.",
@@ -70,7 +76,11 @@ def _bytes_problem(case, outputs, n, numel, element_size, phases):
 
 
 def _value_hint(kind, n, rank, expected, got):
-    factor = factor_hint(ratio(expected, got), n)
+    if isinstance(got, torch.Tensor) and got.shape != expected.shape:
+        return Text(f"결과의 모양은 {tuple(expected.shape)}이어야 합니다" + (" (1차원으로 펼친 것)." if kind == "all_gather" else "."),
+                    f"the result must have shape {tuple(expected.shape)}" +
+                    (" (flattened to 1-D)." if kind == "all_gather" else "."))
+    factor = factor_hint(ratio(expected, got), n, "sum")
     if factor is not None:
         return factor
     if kind == "all_reduce" and isinstance(got, torch.Tensor) and got.shape == expected.shape:
@@ -128,6 +138,10 @@ def _cases(shapes):
     return [Case(Text(f"{n} 랭크, 모양 {tuple(shape)}", f"{n} ranks, shape {tuple(shape)}"), n,
                  {"shape": shape, "seed": i}) for i, (n, shape) in enumerate(shapes)]
 
+
+SELF_SEND = ("not connected", Text("자기 자신에게 보냈거나 없는 랭크와 통신했습니다: 링의 이웃은 (r+1) % N과 (r-1) % N입니다.",
+                                   "a rank messaged itself or a rank that does not exist: the ring's neighbours are "
+                                   "(r+1) % N and (r-1) % N."))
 
 HINTS_RS = (
     Text("텐서를 N개 청크로 나누세요(tensor_split). 각 단계에서 이웃에게 청크 하나를 보내고 다른 이웃에게서 하나를 받아 더합니다.",
@@ -189,9 +203,12 @@ STUB_AR = '''def ring_all_reduce(ctx, tensor):
 
 EXERCISES = [
     Exercise("ring_reduce_scatter", "05", Text("링 reduce-scatter", "Ring reduce-scatter"), STUB_RS, HINTS_RS,
-             _cases([(2, (8,)), (4, (10,)), (3, (2, 5)), (4, (3,))]), _judge("reduce_scatter", 1)),
+             _cases([(2, (8,)), (4, (10,)), (3, (2, 5)), (4, (3,))]), _judge("reduce_scatter", 1),
+             crash_hints=(SELF_SEND,)),
     Exercise("ring_all_gather", "05", Text("링 all-gather", "Ring all-gather"), STUB_AG, HINTS_AG,
-             _cases([(2, (4,)), (4, (3,)), (3, (2, 2))]), _judge("all_gather", 1)),
+             _cases([(2, (4,)), (4, (3,)), (3, (2, 2))]), _judge("all_gather", 1),
+             crash_hints=(SELF_SEND,)),
     Exercise("ring_all_reduce", "05", Text("링 all-reduce", "Ring all-reduce"), STUB_AR, HINTS_AR,
-             _cases([(2, (8,)), (4, (10,)), (3, (2, 5)), (4, (3,))]), _judge("all_reduce", 2)),
+             _cases([(2, (8,)), (4, (10,)), (3, (2, 5)), (4, (3,))]), _judge("all_reduce", 2),
+             crash_hints=(SELF_SEND,)),
 ]

@@ -91,18 +91,23 @@ def ratio(expected: torch.Tensor, got) -> float | None:
     return factor if close(expected * factor, got, 1e-4) else None
 
 
-def factor_hint(factor: float | None, n: int) -> Text | None:
-    """Hints for results off by a factor of the world size: the classic division mistakes."""
+def factor_hint(factor: float | None, n: int, wanted: str = "average") -> Text | None:
+    """Hints for results off by a factor of the world size, the classic division mistakes, told
+    apart by what the exercise wants: the ``"average"`` over ranks or their ``"sum"``."""
     if factor is None:
         return None
-    for value, hint in ((n, Text("결과가 정확히 world size배입니다: 합만 하고 world size로 나누지 않았습니다.",
-                                 "the result is exactly world-size times too large: you summed but did not divide "
-                                 "by the world size.")),
-                        (1 / n, Text("결과가 world size로 한 번 더 나뉘었습니다: 두 번 나누었습니다.",
-                                     "the result is divided by the world size once too often: you divided twice.")),
-                        (n * n, Text("결과가 world size의 제곱배입니다: 두 번 reduce했습니다(예: 같은 텐서를 두 번 all-reduce).",
-                                     "the result is world-size squared times too large: you reduced twice (e.g. the same "
-                                     "tensor all-reduced twice)."))):
+    too_large = Text("결과가 정확히 world size배입니다: 나누지 않은 합이거나, reduce를 한 번 더 했습니다.",
+                     "the result is exactly world-size times too large: a sum never divided by the world size, or "
+                     "one reduction too many.")
+    too_small = (Text("결과가 world size로 한 번 더 나뉘었습니다: 두 번 나누었거나, 평균을 낸 뒤 또 나누었습니다.",
+                      "the result is divided by the world size once too often: divided twice, or an average divided "
+                      "again.") if wanted == "average" else
+                 Text("결과가 합이 아니라 평균입니다: 여기서는 world size로 나누지 마세요.",
+                      "the result is the average, not the sum: do not divide by the world size here."))
+    squared = Text("결과가 world size의 제곱배입니다: 같은 텐서를 두 번 합했습니다(예: 두 번 all-reduce).",
+                   "the result is world-size squared times too large: the same tensor was summed twice (e.g. "
+                   "all-reduced twice).")
+    for value, hint in ((n, too_large), (1 / n, too_small), (n * n, squared)):
         if abs(factor - value) <= 1e-3 * value:
             return hint
     return None
@@ -143,7 +148,7 @@ def grads(model) -> dict:
     return {name: None if p.grad is None else p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
-def compare_grads(case, rank, expected: dict, got: dict, n: int, local: dict | None = None):
+def compare_grads(case, rank, expected: dict, got: dict, n: int, local: dict | None = None, wanted="average"):
     """The first parameter whose gradient differs, as a failed CaseResult with the hint for the
     mistake it shows (a factor of the world size, a rank that kept its own gradient, a frozen
     parameter given one); None when all match."""
@@ -162,7 +167,7 @@ def compare_grads(case, rank, expected: dict, got: dict, n: int, local: dict | N
                           Text("역전파가 이 파라미터에 닿지 않았거나 그래디언트를 지웠습니다.",
                                "the backward never reached this parameter, or its gradient was cleared."))
         if not close(want, have):
-            hint = factor_hint(ratio(want, have), n)
+            hint = factor_hint(ratio(want, have), n, wanted)
             if hint is None and local is not None and local.get(name) is not None and close(local[name], have):
                 hint = Text("이 랭크 자신의 그래디언트 그대로입니다: 다른 랭크와 평균하지 않았습니다(통신이 없었거나 다른 텐서를 "
                             "all-reduce했습니다).", "this is the rank's own gradient: it was never averaged with the "

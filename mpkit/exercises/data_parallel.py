@@ -17,52 +17,70 @@ from mpkit.exercises.result import Text
 ROWS = 8
 
 
-def _reference(seed, sizes, steps):
-    """Per-step gradients of the whole batch on one device (SGD steps between)."""
-    model = mlp(seed, sizes)
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+def _reference(seed, sizes, steps, rows=slice(None)):
+    """Per-step gradients of ``rows`` of each batch on one device (SGD steps on the whole batch's
+    gradient between): the whole batch's by default, one rank's own slice for the hints."""
+    model, whole = mlp(seed, sizes), mlp(seed, sizes)
+    opt = torch.optim.SGD([p for p in whole.parameters() if p.requires_grad], lr=0.1)
     out = []
     for step in range(steps):
         x, y = batch(seed + step, ROWS, sizes[0], sizes[-1])
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        model.load_state_dict(whole.state_dict())
+        model.zero_grad()
+        F.cross_entropy(model(x[rows]), y[rows]).backward()
         out.append(grads(model))
+        opt.zero_grad()
+        F.cross_entropy(whole(x), y).backward()
         opt.step()
     return out
+
+
+def _rows(rank, n):
+    return slice(rank * ROWS // n, (rank + 1) * ROWS // n)
 
 
 def _train(ctx, recorder, seed, sizes, steps, after_backward, before=None):
     model = mlp(seed, sizes)
     helper = before(model) if before else None
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    out, local = [], []
+    out, unwaited = [], []
     for step in range(steps):
         x, y = batch(seed + step, ROWS, sizes[0], sizes[-1])
-        rows = slice(ctx.rank * ROWS // ctx.world_size, (ctx.rank + 1) * ROWS // ctx.world_size)
+        rows = _rows(ctx.rank, ctx.world_size)
         opt.zero_grad()  # torch's default: set_to_none=True
         recorder.phase = f"backward {step}"
         loss = F.cross_entropy(model(x[rows]), y[rows])
-        if helper is None:
-            loss.backward()
-            local.append(grads(model))
-        else:
-            recorder.call(loss.backward)  # the learner's hooks run inside backward
+        recorder.call(loss.backward)  # the learner's hooks, if any, run inside backward
         recorder.phase = f"sync {step}"
         recorder.call(after_backward, model, helper)
         out.append(grads(model))
+        unwaited.append(len(recorder.pending))  # works the step's gradients were read without waiting for
+        recorder.pending.clear()
         opt.step()
-    return {"grads": out, "local": local}
+    return {"grads": out, "unwaited": unwaited}
+
+
+UNWAITED_HINT = Text("비동기 all-reduce(async_op=True)의 결과를 wait() 없이 썼습니다: 쓰기 전에 work.wait()를 부르세요.",
+                     "an asynchronous all-reduce (async_op=True) was used without wait(): call work.wait() before using "
+                     "its result.")
+LATER_STEP_HINT = Text("첫 스텝은 맞고 그다음 스텝이 틀립니다: 이전 스텝의 상태(버킷 카운터, 남은 work, 그래디언트)를 "
+                       "초기화하지 않았습니다.", "the first step is right and a later one wrong: state from the previous step "
+                       "(a bucket counter, pending works, gradients) was not reset.")
 
 
 def _judge_grads(case, outputs, seed, sizes, steps):
+    n = case.world_size
     expected = _reference(seed, sizes, steps)
     for step in range(steps):
         for rank, output in enumerate(outputs):
-            local = output["out"]["local"][step] if output["out"]["local"] else None
-            problem = compare_grads(case, rank, expected[step], output["out"]["grads"][step], case.world_size, local)
+            local = _reference(seed, sizes, steps, _rows(rank, n))[step]
+            problem = compare_grads(case, rank, expected[step], output["out"]["grads"][step], n, local)
             if problem:
-                if steps > 1:
+                if output["out"]["unwaited"][step] and problem.hint is None:
+                    problem.hint = UNWAITED_HINT
+                if step > 0:
                     problem.detail = Text(f"{step + 1}번째 스텝, ", f"step {step + 1}, ") + problem.detail
+                    problem.hint = problem.hint or LATER_STEP_HINT
                 return problem
     return None
 
@@ -132,6 +150,15 @@ def _judge_buckets(case, cls, timeout):
                               Text(f"그래디언트를 버킷으로 묶어 평평하게(flatten) 만든 뒤 버킷마다 한 번 보내세요: 여기서는 "
                                    f"{fewest}번이면 됩니다.", f"flatten gradients into buckets and send one all-reduce per "
                                    f"bucket: {fewest} would do here."))
+            blocking = [c for c in reduces if c.phase == f"backward {step}" and c.blocking]
+            if blocking:
+                return failed(case, where + Text("훅 안의 all-reduce가 블로킹입니다: 역전파가 그 통신이 끝날 때까지 멈춥니다.",
+                                                 "an all-reduce inside a hook is blocking: the backward stops until it "
+                                                 "finishes."),
+                              Text("훅에서는 dist.all_reduce(flat, async_op=True)로 시작만 하고, finish()에서 wait()하세요: "
+                                   "그래야 통신이 나머지 역전파와 겹칩니다.",
+                                   "in the hook only start it, dist.all_reduce(flat, async_op=True), and wait() in "
+                                   "finish(): that is what overlaps the communication with the rest of the backward."))
             if not any(c.phase == f"backward {step}" for c in reduces):
                 return failed(case, where + Text("모든 all-reduce가 backward가 끝난 뒤에 시작했습니다.",
                                                  "every all-reduce started after the backward had finished."),
@@ -165,6 +192,7 @@ STUB_BUCKETS = '''class BucketedGradientSync:
 '''
 
 SIZES = (6, 8, 8, 3)
+SIZES_6 = (6, 8, 8, 8, 3)  # six trainable tensors: a division by their count cannot pass for one by 4 ranks
 BIG = (16, 32, 32, 32, 4)  # 2.8k trainable floats: several 4 KB buckets
 
 EXERCISES = [
@@ -176,7 +204,7 @@ EXERCISES = [
         Text("for p in model.parameters():\n    if p.grad is not None:\n        dist.all_reduce(p.grad); p.grad /= ctx.world_size",
              "for p in model.parameters():\n    if p.grad is not None:\n        dist.all_reduce(p.grad); p.grad /= ctx.world_size")),
         [Case(Text("2 rank", "2 ranks"), 2, {"seed": 1, "sizes": SIZES, "steps": 1}),
-         Case(Text("4 랭크, 고정된 레이어", "4 ranks, a frozen layer"), 4, {"seed": 2, "sizes": SIZES, "steps": 1}),
+         Case(Text("4 랭크, 고정된 레이어", "4 ranks, a frozen layer"), 4, {"seed": 2, "sizes": SIZES_6, "steps": 1}),
          Case(Text("2 랭크, 2 스텝(zero_grad 기본값)", "2 ranks, 2 steps (zero_grad's defaults)"), 2,
               {"seed": 3, "sizes": SIZES, "steps": 2})],
         _judge_average, crash_hints=(NONE_GRAD,)),

@@ -34,6 +34,7 @@ WATCHED = ("send", "recv", "isend", "irecv", "all_reduce", "broadcast", "reduce"
            "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
            "all_to_all_single", "barrier", "scatter", "gather")
 P2P = ("send", "recv", "isend", "irecv")
+RUNNING, RETURNED = "running your code", "returned from your code"
 _HIDDEN = (str(Path(__file__).resolve().parents[1]), str(Path(torch.__file__).resolve().parent),
            os.path.dirname(inspect.__file__))
 
@@ -73,10 +74,10 @@ class Stuck(Exception):
         super().__init__(str(waits))
         self.waits, self.timeout = waits, timeout
 
-    @property
-    def all_waiting(self) -> bool:
-        """Every rank that reported was blocked in a message or collective (a deadlock, not a loop)."""
-        return bool(self.waits) and all("waiting" in what for what in self.waits.values())
+    def ranks(self, state: str) -> list:
+        """The ranks in ``state``: "waiting" (blocked in a message or collective), RUNNING (inside the
+        learner's code, not communicating: a loop), RETURNED (done with the learner's code)."""
+        return sorted(r for r, what in self.waits.items() if (state in what if state == "waiting" else what == state))
 
     def describe(self) -> str:
         return "; ".join(f"rank {rank}: {what}" for rank, what in sorted(self.waits.items()))
@@ -98,6 +99,7 @@ class Recorder:
 
     def __init__(self, rank: int, status_dir: str):
         self.rank, self.calls, self.active, self.inside, self.phase = rank, [], False, False, None
+        self.pending = set()   # asynchronous works not waited on yet
         self.status = Path(status_dir) / f"rank{rank}.json"
         self.errors = Path(status_dir) / f"error{rank}.json"
 
@@ -135,7 +137,7 @@ class Recorder:
                     return work if work is None else _Watched(work, recorder, call)
                 recorder._set_status(f"{call.describe()}, waiting")
                 result = original(*args, **kwargs)
-                recorder._set_status("running your code")
+                recorder._set_status(RUNNING)
                 return result
             finally:
                 recorder.inside = False
@@ -144,7 +146,7 @@ class Recorder:
     def call(self, fn, *args, **kwargs):
         """Run the learner's ``fn`` with recording on; on an exception, file the learner's lines."""
         self.active = True
-        self._set_status("running your code")
+        self._set_status(RUNNING)
         try:
             return fn(*args, **kwargs)
         except BaseException as exc:
@@ -153,7 +155,7 @@ class Recorder:
             raise
         finally:
             self.active = False
-            self._set_status("running the checker's code")
+            self._set_status(RETURNED)
 
 
 class _Watched:
@@ -161,11 +163,13 @@ class _Watched:
 
     def __init__(self, work, recorder, call):
         self._work, self._recorder, self._call = work, recorder, call
+        recorder.pending.add(self)
 
     def wait(self, *args, **kwargs):
         self._recorder._set_status(f"{self._call.describe()}, waiting in wait()")
         result = self._work.wait(*args, **kwargs)
-        self._recorder._set_status("running your code" if self._recorder.active else "running the checker's code")
+        self._recorder.pending.discard(self)
+        self._recorder._set_status("running your code" if self._recorder.active else RETURNED)
         return result
 
     def __getattr__(self, name):
@@ -194,7 +198,9 @@ def run(body, world_size: int, args=(), timeout: float = 6.0) -> list[dict]:
             return list(launch(_rank_main, world_size, args=(body, status_dir, tuple(args)), timeout=timeout,
                                trace=False, memory=False))
         except LaunchTimeout:
-            raise Stuck(_statuses(status_dir, world_size, "status"), timeout) from None
+            waits = _statuses(status_dir, world_size, "status")
+            waits.update({r: "had not started (a busy machine?)" for r in range(world_size) if r not in waits})
+            raise Stuck(waits, timeout) from None
         except LaunchError as err:
             errors = _statuses(status_dir, world_size, "error")
             if errors:  # the first learner error is the cause; later ones are other ranks seeing it

@@ -46,6 +46,15 @@ def _judge_coords(case, fn, timeout):
     for rank, value in enumerate(got):
         want = layout.coords(rank)
         if as_dict(value) != want:
+            hint = None
+            if isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()):
+                hint = Text("순서가 거꾸로입니다: (dp, pp, tp) 순서로 돌려주세요.", "the order is reversed: return (dp, pp, tp).")
+            elif isinstance(as_dict(value), dict) and all(isinstance(as_dict(value).get(d), int) for d in DIMS) and \
+                    all(as_dict(value)[d] == want[d] + 1 for d in DIMS):
+                hint = Text("좌표는 0부터 셉니다: 랭크 0은 (0, 0, 0)입니다.", "coordinates count from 0: rank 0 is (0, 0, 0).")
+            if hint is not None:
+                return failed(case, Text(f"랭크 {rank}: 기댓값 (dp, pp, tp) = {tuple(want.values())}, 실제 {value!r}.",
+                                         f"rank {rank}: expected (dp, pp, tp) = {tuple(want.values())}, got {value!r}."), hint)
             return failed(case, Text(f"랭크 {rank}: 기댓값 (dp, pp, tp) = {tuple(want.values())}, 실제 {value!r}.",
                                      f"rank {rank}: expected (dp, pp, tp) = {tuple(want.values())}, got {value!r}."),
                           _order_hint(layout, lambda r: as_dict(got[r]) if isinstance(as_dict(got[r]), dict) else {}))
@@ -69,6 +78,10 @@ def _judge_groups(case, fn, timeout):
         except (TypeError, ValueError):
             have = got[dim]
         if have != want:
+            if isinstance(have, list) and len(have) < len(want) and all(len(g) == 1 for g in want if g not in have):
+                return failed(case, Text(f"{dim} 그룹: 기댓값 {want}, 실제 {have}.", f"{dim} groups: expected {want}, got {have}."),
+                              Text(f"크기가 1인 차원에도 그룹이 있습니다: 랭크마다 하나씩, 크기 1인 그룹들.",
+                                   f"a dimension of size 1 still has groups: one per rank, each of size 1."))
             swapped = next((d for d in DIMS if d != dim and _normal(layout.groups(d)) == have), None)
             hint = (Text(f"'{dim}'에 넣은 그룹은 {swapped} 그룹입니다: 한 {dim} 그룹은 {dim} 좌표만 다른 랭크들입니다.",
                          f"what you gave as '{dim}' are the {swapped} groups: a {dim} group is the ranks that differ only "
@@ -92,13 +105,19 @@ def expected_memory(params, dp, pp, tp, zero_stage):
 def _memory_hint(params, dp, pp, tp, stage, got):
     psi = params / (pp * tp)
     variants = [
-        (16 * psi / dp, Text("ZeRO-1/2에서 모든 상태를 dp로 나누었습니다: ZeRO-1은 옵티마이저 상태(12Ψ)만, ZeRO-2는 그래디언트까지만 나눕니다.",
-                             "you divided every state by dp: ZeRO-1 shards only the optimizer state (12Ψ), ZeRO-2 the "
-                             "gradients too, only ZeRO-3 the parameters.")),
+        (16 * psi / dp, Text("모든 상태를 dp로 나누었습니다: stage 0은 아무것도 나누지 않고, ZeRO-1은 옵티마이저 상태(12Ψ)만, ZeRO-2는 "
+                             "그래디언트까지, ZeRO-3만 파라미터까지 나눕니다.",
+                             "you divided every state by dp: stage 0 shards nothing, ZeRO-1 only the optimizer state "
+                             "(12Ψ), ZeRO-2 the gradients too, only ZeRO-3 the parameters.")),
         (sum(zero_memory(params, dp, stage).values()), Text("pp·tp로 나누지 않았습니다: 한 GPU는 모델의 1/(pp·tp)만 가집니다.",
                                                              "you did not divide by pp·tp: one GPU holds 1/(pp·tp) of the model.")),
         (sum(zero_memory(psi, dp * pp * tp, stage).values()), Text("ZeRO는 dp 그룹 안에서만 나눕니다(전체 GPU 수가 아니라 dp).",
                                                                     "ZeRO shards within the dp group only (dp, not every GPU).")),
+        (sum(zero_memory(psi, dp, min(stage, 2)).values()), Text("ZeRO-3은 파라미터(2Ψ)까지 dp로 나눕니다.",
+                                                                 "ZeRO-3 shards the parameters (2Ψ) across dp too.")),
+        (sum(zero_memory(psi, dp, stage, 2, 2, 8).values()), Text("옵티마이저 상태는 12바이트입니다: fp32 마스터 가중치 4 + "
+                                                                  "모멘텀 4 + 분산 4.", "the optimizer state is 12 bytes: "
+                                                                  "fp32 master weights 4 + momentum 4 + variance 4.")),
         (sum(zero_memory(psi, dp, stage, 4, 4, 8).values()), Text("혼합 정밀도 Adam은 2+2+12 = 16바이트/파라미터입니다(fp32 4+4+8이 아님).",
                                                                   "mixed-precision Adam is 2+2+12 = 16 bytes per parameter "
                                                                   "(not fp32's 4+4+8).")),
@@ -121,7 +140,7 @@ def _judge_memory(case, fn, timeout):
 
 STUB_COORDS = '''def rank_coordinates(rank, dp, pp, tp):
     """dp x pp x tp 격자에서 랭크의 좌표 (dp_index, pp_index, tp_index). mpkit의 배치: tp가 가장 안쪽(이웃한 랭크), 그다음 pp,
-    dp가 가장 바깥.  The (dp_index, pp_index, tp_index) of 랭크 on the dp x pp x tp grid. mpkit's layout: tp innermost
+    dp가 가장 바깥.  The (dp_index, pp_index, tp_index) of rank on the dp x pp x tp grid. mpkit's layout: tp innermost
     (adjacent ranks), then pp, dp outermost."""
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''

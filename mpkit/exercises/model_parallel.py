@@ -43,8 +43,8 @@ def _body(ctx, recorder, fn, seed, frozen):
     last = ctx.rank == ctx.world_size - 1
     loss = recorder.call(fn, ctx, stage, x if ctx.rank == 0 else None, y if last else None, F.mse_loss,
                          (ROWS, WIDTH))
-    if isinstance(loss, torch.Tensor):
-        loss = loss.item()
+    if isinstance(loss, torch.Tensor):  # one number, or what else the learner returned, as a picture
+        loss = loss.item() if loss.numel() == 1 else f"a tensor of shape {tuple(loss.shape)}"
     return {"loss": loss, "grads": grads(stage)}
 
 
@@ -55,6 +55,12 @@ def _judge(case, fn, timeout):
     x, y = _data(seed)
     loss = F.mse_loss(model(x), y)
     loss.backward()
+    for rank, output in enumerate(outputs[:-1]):
+        if output["out"]["loss"] is not None:
+            return failed(case, Text(f"랭크 {rank}이(가) None이 아닌 {output['out']['loss']!r}을(를) 돌려주었습니다.",
+                                     f"rank {rank} returned {output['out']['loss']!r}, not None."),
+                          Text("손실은 마지막 랭크에만 있습니다: 다른 랭크는 None을 돌려주세요.",
+                               "only the last rank has the loss: the other ranks return None."))
     got_loss = outputs[-1]["out"]["loss"]
     if not isinstance(got_loss, float) or not close(loss.detach(), torch.tensor(got_loss)):
         return failed(case, mismatch(Text(f"마지막 rank({n - 1})가 돌려준 손실:", f"the loss the last rank ({n - 1}) returned:"),
@@ -106,6 +112,9 @@ EXERCISES = [
         _judge, crash_hints=(("NoneType", Text("None을 보내려 했습니다: 받은 활성값에 requires_grad_()를 켜지 않으면 역전파 뒤에도 "
                                                ".grad가 None입니다.", "something sent or used is None: a received activation "
                                                "without requires_grad_() still has .grad None after backward.")),
+                             ("implicitly created only for scalar", Text(
+                                 "out.backward()에 받은 그래디언트를 넘기세요: 출력이 스칼라가 아니면 out.backward(grad)입니다.",
+                                 "pass the received gradient: for a non-scalar output call out.backward(grad).")),
                              ("does not require grad", Text("역전파할 텐서가 그래디언트를 요구하지 않습니다: 받은 활성값에 "
                                                             "requires_grad_()를 켜세요.", "the tensor you backward through "
                                                             "needs no gradient: call requires_grad_() on the received "

@@ -60,6 +60,23 @@ def _structure(case, programs, p, m):
                                                  f"있어야 하는데 {done}입니다.",
                                                  f"needs {kind.__name__}(mb, stage={rank}) exactly once for each "
                                                  f"micro-batch 0..{m - 1}; it has {done}."))
+        for ins in program:
+            peer = getattr(ins, "to", getattr(ins, "frm", None))
+            if peer is None:
+                continue
+            neighbour = rank + 1 if isinstance(ins, (SendAct, RecvGrad)) else rank - 1
+            if ins.stage != rank or peer != neighbour or not 0 <= neighbour < p:
+                what = (Text(f"{ins}: 스테이지 {rank}에는 이런 메시지가 없습니다(그쪽에 이웃 스테이지가 없음).",
+                             f"{ins}: stage {rank} has no such message (no neighbouring stage on that side).")
+                        if not 0 <= neighbour < p else
+                        Text(f"{ins}: 스테이지 {rank}의 이 메시지는 랭크 {neighbour}와 주고받아야 합니다.",
+                             f"{ins}: this message of stage {rank} goes to or comes from rank {neighbour}."))
+                return failed(case, where + what,
+                              Text("활성값은 r → r+1(SendAct to=r+1, RecvAct frm=r-1), 그래디언트는 r+1 → r(RecvGrad frm=r+1, "
+                                   "SendGrad to=r-1). 첫 스테이지는 활성값을 받지 않고 마지막 스테이지는 보내지 않습니다.",
+                                   "activations go r -> r+1 (SendAct to=r+1, RecvAct frm=r-1), gradients r+1 -> r "
+                                   "(RecvGrad frm=r+1, SendGrad to=r-1). The first stage receives no activation and the "
+                                   "last sends none."))
         if not program or not isinstance(program[-1], OptimizerStep):
             return failed(case, where + Text("마지막 명령은 OptimizerStep()이어야 합니다.",
                                              "must end with OptimizerStep()."))
@@ -67,6 +84,9 @@ def _structure(case, programs, p, m):
 
 
 SIMULATOR_HINTS = (
+    ("does not hold", Text("보내는 명령이 그 값을 만드는 계산보다 먼저 옵니다: SendAct는 Forward 뒤, SendGrad는 Backward 뒤에.",
+                           "a send comes before the computation that produces what it sends: SendAct after its Forward, "
+                           "SendGrad after its Backward.")),
     ("runs without", Text("명령이 필요한 입력 없이 실행됩니다: Backward는 같은 마이크로배치의 Forward 뒤에, Forward/Backward는 그 앞의 "
                           "RecvAct/RecvGrad 뒤에 와야 합니다.", "an instruction runs without its input: a Backward must come "
                           "after its micro-batch's Forward, and a Forward/Backward after the RecvAct/RecvGrad before it.")),
@@ -125,7 +145,7 @@ STUB = '''def {name}(rank, p, m):
     {doc_en}
     명령 / instructions: Forward(mb, stage), Backward(mb, stage), RecvAct(mb, stage, frm), SendAct(mb, stage, to),
     RecvGrad(mb, stage, frm), SendGrad(mb, stage, to), OptimizerStep()  (from mpkit.parallel.pipeline.schedules).
-    랭크 r은 stage r을 가집니다 / 랭크 r holds stage r (stages 0..p-1); 마이크로배치 / micro-batches 0..m-1."""
+    랭크 r은 스테이지 r을 가집니다 / rank r holds stage r (stages 0..p-1); 마이크로배치 / micro-batches 0..m-1."""
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''
 STUB_GPIPE = STUB.format(name="gpipe_schedule",

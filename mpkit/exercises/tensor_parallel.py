@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from mpkit.exercises import harness
-from mpkit.exercises.common import Case, Exercise, close, failed, mismatch, passed, seeded
+from mpkit.exercises.common import Case, Exercise, close, factor_hint, failed, mismatch, passed, ratio, seeded
 from mpkit.exercises.result import Text
 from mpkit.parallel.tensor_parallel import copy_to_parallel_region, reduce_from_parallel_region
 
@@ -59,13 +59,23 @@ def _run_mlp(ctx, recorder, seed, forward):
     return {"z": z.detach(), **{k: None if v.grad is None else v.grad.clone() for k, v in leaves.items()}}
 
 
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+               "reduce", "broadcast", "all_to_all", "all_to_all_single")
+
+
 def _pair_body(ctx, recorder, pair, seed):
     f, g = pair
 
+    changed = []
+
     def forward(p):
         h = F.linear(f.apply(p["x"]), p["w1"], p["b1"])
-        return g.apply(F.linear(F.gelu(h), p["w2"])) + p["b2"]
-    return _run_mlp(ctx, recorder, seed, forward)
+        partial = F.linear(F.gelu(h), p["w2"])
+        before = partial.detach().clone()
+        out = g.apply(partial)
+        changed.append(not torch.equal(before, partial.detach()))
+        return out + p["b2"]
+    return _run_mlp(ctx, recorder, seed, forward) | {"g_changed_its_input": changed[0] if changed else False}
 
 
 def _mlp_body(ctx, recorder, fn, seed):
@@ -100,7 +110,7 @@ def _judge_with(body):
         outputs = harness.run(body, n, (fn, seed), timeout)
         for rank, output in enumerate(outputs):
             for phase in ("forward", "backward"):
-                reduces = [c for c in output["calls"] if c.kind == "all_reduce" and c.phase == phase]
+                reduces = [c for c in output["calls"] if c.kind in COLLECTIVES and c.phase == phase]
                 sizes = {c.numel for c in reduces}
                 if phase == "forward" and sizes == {ROWS * IN}:
                     return failed(case, Text(f"랭크 {rank}: 순전파에서 입력 크기({ROWS}x{IN})의 텐서를 all-reduce했습니다.",
@@ -111,14 +121,24 @@ def _judge_with(body):
                                        "(after the row layer) all-reduces."))
                 hint = COUNT_HINTS.get((phase, min(len(reduces), 2)))
                 if hint is not None:
-                    return failed(case, Text(f"랭크 {rank}: {phase} all-reduce {len(reduces)}번.",
-                                             f"rank {rank}: {len(reduces)} all-reduce(s) in the {phase}."), hint)
+                    return failed(case, Text(f"랭크 {rank}: {phase}의 집합 통신 {len(reduces)}번.",
+                                             f"rank {rank}: {len(reduces)} collective(s) in the {phase}."), hint)
+            if output["out"].get("g_changed_its_input"):
+                return failed(case, Text(f"랭크 {rank}: g가 입력 텐서를 제자리에서 바꾸었습니다.",
+                                         f"rank {rank}: g changed its input tensor in place."),
+                              Text("autograd Function의 입력은 바꾸지 마세요(다른 곳에서 쓰일 수 있음): x.clone()을 all-reduce해서 "
+                                   "돌려주세요.", "never modify an autograd Function's input in place (someone else may "
+                                   "hold it): all-reduce a clone, x.clone(), and return that."))
         expected = _reference(seed, n)
         for rank, (want, output) in enumerate(zip(expected, outputs)):
             for key, (ko, en) in NAMES.items():
                 got = output["out"][key]
                 if not close(want[key], got):
-                    hint = None
+                    hint = factor_hint(ratio(want[key], got), n, "sum")
+                    if key == "z" and hint is None:
+                        hint = Text("통신 횟수는 맞는데 출력이 다릅니다: 두 레이어 사이의 계산을 보세요(GeLU는 각 랭크의 자기 특성에, "
+                                    "행 병렬 레이어 앞에서).", "the communication is right but the output is not: check the "
+                                    "math between the layers (GeLU on each rank's own features, before the row layer).")
                     if key == "z" and isinstance(got, torch.Tensor) and close(want[key] + (n - 1) * _weights(seed)["b2"], got):
                         hint = Text("행 병렬 레이어의 편향이 랭크 수만큼 더해졌습니다: 편향은 all-reduce 뒤에 한 번만 더하세요.",
                                     "the row layer's bias was added once per rank: add it once, after the all-reduce.")

@@ -53,13 +53,40 @@ def _body(ctx, recorder, fn, seed, numel):
     return {"params": params, "ranges": ranges}
 
 
-def _reference(seed, numel, n, average=True):
+def _reference(seed, numel, n, divide_by=None, own_rank=None):
+    """The parameters after the steps: the averaged gradient by default; ``divide_by`` another
+    divisor of the summed gradient (1: summed, n*n: divided twice); ``own_rank``: that rank's
+    gradient alone (no communication)."""
     params, buf = _params(seed, numel), torch.zeros(numel)
     for step in range(STEPS):
-        g = torch.stack([_grad(seed, r, step, numel) for r in range(n)]).sum(0) / (n if average else 1)
+        if own_rank is None:
+            g = torch.stack([_grad(seed, r, step, numel) for r in range(n)]).sum(0) / (divide_by or n)
+        else:
+            g = _grad(seed, own_rank, step, numel)
         buf = buf * MOMENTUM + g
         params = params - LR * buf
     return params
+
+
+def _variant_hint(seed, numel, n, got):
+    """The classic ZeRO-1 mistakes, recognised by the parameters they produce."""
+    pieces = [piece.numel() for piece in torch.empty(numel).tensor_split(n)]
+    starts = [sum(pieces[:r]) for r in range(n)]
+    local = torch.cat([_reference(seed, numel, n, own_rank=r)[s:s + k] for r, (s, k) in enumerate(zip(starts, pieces))])
+    for variant, hint in (
+            (_reference(seed, numel, n, divide_by=1), Text("그래디언트를 합하기만 하고 world size로 나누지 않았습니다(평균이어야 함).",
+                                                           "the gradients were summed, not averaged (divide by the world size).")),
+            (_reference(seed, numel, n, divide_by=n * n), Text("평균을 world size로 한 번 더 나누었습니다.",
+                                                               "the average was divided by the world size once more.")),
+            (local, Text("각 랭크가 자기 그래디언트만으로 갱신했습니다: 먼저 reduce-scatter(또는 all-reduce)로 평균 그래디언트의 "
+                         "자기 몫을 구하세요.", "each rank updated with its own gradient only: first get your shard of the "
+                         "averaged gradient (reduce-scatter, or all-reduce then slice).")),
+            (_params(seed, numel), Text("파라미터가 전혀 바뀌지 않았습니다: optimizer.step에 복사본이 아니라 params의 뷰(params[start:end])를 "
+                                        "넘기세요.", "the parameters never changed: give optimizer.step a view of params "
+                                        "(params[start:end]), not a copy."))):
+        if close(variant, got):
+            return hint
+    return None
 
 
 def _judge(case, fn, timeout):
@@ -68,6 +95,13 @@ def _judge(case, fn, timeout):
     for step in range(STEPS):
         covered = sorted((r, lo, hi) for r, o in enumerate(outputs) for lo, hi in o["out"]["ranges"][step] if hi > lo)
         where = Text(f"{step + 1}번째 스텝:", f"step {step + 1}:")
+        whole = [r for r, lo, hi in covered if hi - lo == numel and n > 1]
+        if whole:
+            return failed(case, where + Text(f"랭크 {whole[0]}이(가) 벡터 전체를 갱신했습니다.",
+                                             f"rank {whole[0]} updated the whole vector."),
+                          Text("ZeRO-1에서 각 랭크는 자기 샤드만 갱신하고(옵티마이저 상태도 그 샤드만), 나머지는 all-gather로 받습니다.",
+                               "in ZeRO-1 each rank updates only its own shard (and keeps optimizer state for it "
+                               "only); it gets the rest by all-gather."))
         for (r1, lo1, hi1), (r2, lo2, hi2) in zip(covered, covered[1:]):
             if lo2 < hi1:
                 return failed(case, where + Text(f"랭크 {r1}이(가) {lo1}..{hi1 - 1}, 랭크 {r2}이(가) {lo2}..{hi2 - 1}을(를) "
@@ -79,16 +113,12 @@ def _judge(case, fn, timeout):
                                              f"the shards cover {owned} of {numel} elements (each rank one contiguous "
                                              "piece)."), BOUNDARY_HINT)
     want = _reference(seed, numel, n)
-    summed = _reference(seed, numel, n, average=False)
     for rank, output in enumerate(outputs):
         got = output["out"]["params"]
         if not close(want, got):
             own = [(lo, hi) for lo, hi in output["out"]["ranges"][-1]]
-            hint = None
-            if close(summed, got):
-                hint = Text("그래디언트를 합하기만 하고 world size로 나누지 않았습니다(평균이어야 함).",
-                            "the gradients were summed, not averaged (divide by the world size).")
-            elif own and close(want[own[0][0]:own[0][1]], got[own[0][0]:own[0][1]]):
+            hint = _variant_hint(seed, numel, n, got)
+            if hint is None and own and close(want[own[0][0]:own[0][1]], got[own[0][0]:own[0][1]]):
                 hint = Text("자기 샤드는 맞지만 다른 샤드가 낡았습니다: 갱신 뒤 all-gather로 모든 랭크에 새 파라미터를 모으세요.",
                             "this rank's own shard is right but the others are stale: all-gather the updated shards "
                             "into every rank's parameters after the update.")
