@@ -82,6 +82,7 @@ STRINGS = {
     'mib': {"ko": '메모리 (MiB)', "en": 'memory (MiB)'},
     'peak_total': {"ko": '최대 합계 (막대 위 숫자)', "en": 'peak total (number above the bar)'},
     'capacity': {"ko": '장치 용량', "en": 'device capacity'},
+    'above_peak': {"ko": '최대 합계 위 (범주마다 최대 시점이 달라 동시에 있지 않음)', "en": 'above the peak (categories peak at different times)'},
     'parameters': {"ko": '파라미터', "en": 'parameters'},
     'gradients': {"ko": '그래디언트', "en": 'gradients'},
     'activations': {"ko": '활성값', "en": 'activations'},
