@@ -188,7 +188,7 @@ STRINGS = {
     'plan_zero': {"ko": 'ZeRO-{zero}는 모델 상태를 데이터 병렬 그룹에 나눕니다: GPU당 {before:.1f} -> {after:.1f} GB (없으면 이 배치는 {fits}).', "en": 'ZeRO-{zero} shards model states over the data-parallel group: {before:.1f} -> {after:.1f} GB per GPU (without it this layout {fits}).'},
     'plan_fits': {"ko": '{gb:.1f} GB로 여전히 들어갑니다', "en": 'would still fit, at {gb:.1f} GB'},
     'plan_not_fit': {"ko": '{gb:.1f} GB가 필요해 들어가지 않습니다', "en": 'would need {gb:.1f} GB and not fit'},
-    'plan_recompute': {"ko": '재계산({mode})은 활성값를 덜 보관합니다: GPU당 {before:.1f} -> {after:.1f} GB, 계산 {cost:+.0%} (없으면 이 배치는 {fits}).', "en": 'Recomputation ({mode}) keeps fewer activations: {before:.1f} -> {after:.1f} GB per GPU, for {cost:+.0%} compute (without it this layout {fits}).'},
+    'plan_recompute': {"ko": '재계산({mode})은 활성값을 덜 보관합니다: GPU당 {before:.1f} -> {after:.1f} GB, 계산 {cost:+.0%} (없으면 이 배치는 {fits}).', "en": 'Recomputation ({mode}) keeps fewer activations: {before:.1f} -> {after:.1f} GB per GPU, for {cost:+.0%} compute (without it this layout {fits}).'},
     'plan_w_model': {"ko": '모델', "en": 'model'},
     'plan_w_hardware': {"ko": '하드웨어', "en": 'hardware'},
     'plan_w_gpus': {"ko": 'GPU 수', "en": 'GPUs'},
