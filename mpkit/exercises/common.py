@@ -148,6 +148,12 @@ def grads(model) -> dict:
     return {name: None if p.grad is None else p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
+OWN_GRADIENT = Text("이 랭크 자신의 그래디언트 그대로입니다: 다른 랭크와 평균하지 않았습니다(통신이 없었거나, 다른 텐서나 복사본을 "
+                    "all-reduce해서 p.grad에 제자리로(in place) 돌려놓지 않았습니다).",
+                    "this is the rank's own gradient: it was never averaged with the others (no communication, or "
+                    "another tensor or a copy was all-reduced and never put back into p.grad in place).")
+
+
 def compare_grads(case, rank, expected: dict, got: dict, n: int, local: dict | None = None, wanted="average"):
     """The first parameter whose gradient differs, as a failed CaseResult with the hint for the
     mistake it shows (a factor of the world size, a rank that kept its own gradient, a frozen
@@ -169,8 +175,6 @@ def compare_grads(case, rank, expected: dict, got: dict, n: int, local: dict | N
         if not close(want, have):
             hint = factor_hint(ratio(want, have), n, wanted)
             if hint is None and local is not None and local.get(name) is not None and close(local[name], have):
-                hint = Text("이 랭크 자신의 그래디언트 그대로입니다: 다른 랭크와 평균하지 않았습니다(통신이 없었거나 다른 텐서를 "
-                            "all-reduce했습니다).", "this is the rank's own gradient: it was never averaged with the "
-                            "others (no communication, or another tensor was all-reduced).")
+                hint = OWN_GRADIENT
             return failed(case, mismatch(where, want, have), hint)
     return None

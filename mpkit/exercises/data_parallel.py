@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from mpkit.exercises import harness
-from mpkit.exercises.common import NONE_GRAD, Case, Exercise, batch, compare_grads, failed, grads, mlp, passed
+from mpkit.exercises.common import NONE_GRAD, OWN_GRADIENT, Case, Exercise, batch, compare_grads, failed, grads, mlp, passed
 from mpkit.exercises.result import Text
 
 ROWS = 8
@@ -122,6 +122,12 @@ def _judge_buckets(case, cls, timeout):
     outputs = harness.run(_bucket_body, case.world_size, (cls, seed, sizes, steps, bucket_mb), timeout)
     problem = _judge_grads(case, outputs, seed, sizes, steps)
     if problem:
+        if problem.hint is OWN_GRADIENT:
+            problem.hint = Text("이 그래디언트는 평균되지 않았습니다: 이 파라미터의 버킷이 보내지지 않았거나(예: 훅이 불리지 않는 "
+                                "고정된(frozen) 파라미터가 든 버킷은 결코 차지 않음), 평균을 p.grad에 돌려놓지 않았습니다.",
+                                "this gradient was never averaged: its bucket was never sent (a bucket holding a frozen "
+                                "parameter, whose hook never fires, never fills), or the average was not copied back "
+                                "into p.grad (still the rank's own gradient).")
         return problem
     model = mlp(seed, sizes)
     trainable = [p.numel() * 4 for p in model.parameters() if p.requires_grad]

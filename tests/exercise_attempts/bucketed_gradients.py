@@ -286,5 +286,5 @@ WRONG = [
     (FrozenInBucket, "frozen"),
     (OneBigBucket, "bucket"),
     (BlockingInHook, "async"),
-    (ForgetsCopyBack, "own gradient"),
+    (ForgetsCopyBack, "copied back"),
 ]

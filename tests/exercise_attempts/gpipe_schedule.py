@@ -211,11 +211,11 @@ def stage0_receives_from_minus_one(rank, p, m):
 
 WRONG = [
     (no_optimizer_step, "optimizer"),
-    (messages_at_the_ends, "stage"),
+    (messages_at_the_ends, "no neighbouring stage"),
     (send_grad_before_backward, "before"),
-    (grads_from_wrong_neighbour, "deadlock"),
+    (grads_from_wrong_neighbour, "gradients r+1 -> r"),
     (one_f_one_b_submitted, "gpipe"),
     (backward_order_differs_by_rank, "order"),
     (forgot_recv_act, "recv"),
-    (stage0_receives_from_minus_one, "stage 0"),
+    (stage0_receives_from_minus_one, "no neighbouring stage"),
 ]

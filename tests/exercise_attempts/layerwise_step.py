@@ -200,8 +200,8 @@ def grad_sent_wrong_way(ctx, stage, x, y, loss_fn, act_shape):
 WRONG = [
     (forgot_requires_grad, "requires_grad"),
     (backward_without_gradient, "gradient"),
-    (never_sends_input_grad, "deadlock"),
+    (never_sends_input_grad, "missing"),
     (returns_output_everywhere, "none"),
-    (last_rank_no_backward, "backward"),
+    (last_rank_no_backward, "missing"),
     (grad_sent_wrong_way, "deadlock"),
 ]

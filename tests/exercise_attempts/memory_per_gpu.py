@@ -67,9 +67,9 @@ def shards_over_whole_world(params, dp, pp, tp, zero_stage):
 WRONG = [
     (zero1_divides_everything, "optimizer"),
     (forgot_model_parallel_split, "pp"),
-    (stage2_shards_params, "stage 2"),
-    (stage3_keeps_params, "stage 3"),
+    (stage2_shards_params, "only zero-3 the parameters"),
+    (stage3_keeps_params, "zero-3 shards the parameters"),
     (optimizer_eight_bytes, "12"),
-    (stage0_divided_by_dp, "stage 0"),
+    (stage0_divided_by_dp, "stage 0 shards nothing"),
     (shards_over_whole_world, "dp"),
 ]

@@ -114,9 +114,9 @@ def groups_keyed_by_own_coordinate(dp, pp, tp):
 
 WRONG = [
     (tp_outermost, "innermost"),
-    (dp_and_tp_swapped, "swapped"),
+    (dp_and_tp_swapped, "tp groups"),
     (drops_size_one_groups, "size 1"),
-    (wrong_keys, "key"),
+    (wrong_keys, "expected a dict"),
     (only_first_group, "group"),
     (groups_keyed_by_own_coordinate, "differ"),
 ]

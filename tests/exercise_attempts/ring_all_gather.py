@@ -156,12 +156,12 @@ def spins_forever(ctx, piece):
 
 
 WRONG = [
-    (uses_all_gather, "point-to-point"),
-    (wrong_slot, "slot"),
+    (uses_all_gather, "send/recv"),
+    (wrong_slot, "out of place"),
     (not_flattened, "1-d"),
     (everyone_sends_first, "deadlock"),
-    (rotated_order, "rank order"),
+    (rotated_order, "out of place"),
     (skips_a_neighbour, "neighbour"),
-    (sends_everything_each_step, "bytes"),
+    (sends_everything_each_step, "one chunk"),
     (spins_forever, "loop"),
 ]

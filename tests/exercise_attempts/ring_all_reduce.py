@@ -187,7 +187,7 @@ WRONG = [
     (uses_all_reduce, "send/recv"),
     (returns_new_tensor, "in place"),
     (forgot_all_gather, "all-gather"),
-    (all_gather_adds, "copy"),
+    (all_gather_adds, "all-gather phase"),
     (everyone_sends_first, "deadlock"),
     (averages, "sum"),
     (gather_starts_from_wrong_chunk, "chunk"),

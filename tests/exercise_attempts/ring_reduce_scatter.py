@@ -139,9 +139,9 @@ def returns_view_of_scratch(ctx, tensor):
 
 
 WRONG = [
-    (uses_all_reduce, "point-to-point"),
+    (uses_all_reduce, "send/recv"),
     (wrong_chunk_index, "chunk"),
-    (modifies_input, "unchanged"),
+    (modifies_input, "leaves its input alone"),
     (everyone_sends_first, "deadlock"),
     (n_steps_instead_of_n_minus_1, "step"),
     (averages, "divide"),

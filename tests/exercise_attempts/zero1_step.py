@@ -197,6 +197,6 @@ WRONG = [
     (shard_bounds_floor, "shard"),
     (shard_bounds_off_by_one, "shard"),
     (local_gradient_only, "averag"),
-    (divides_twice, "twice"),
-    (steps_on_a_copy, "in place"),
+    (divides_twice, "once more"),
+    (steps_on_a_copy, "not a copy"),
 ]
