@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mpkit.observe import active
+from mpkit.parallel.pipeline.split_backward import backward_input, backward_weight
 from mpkit.parallel.pipeline.schedules import (Backward, BackwardInput, BackwardWeight, Forward, OptimizerStep, RecvAct,
                                                SendAct, SendGrad, batches)
 
@@ -146,7 +147,7 @@ class PipelineExecutor:
                              f"first step's {self.shapes[0][0]}: every step of a pipeline takes batches of one shape")
         self.inputs, self.outputs, self.grads, self.dx = {}, {}, {}, {}
         self.x, self.y, self.sending, self.loss = x, y, [], None
-        self.losses, self.results, self.pending_w = {}, {}, {}
+        self.losses, self.results, self.pending_w = {}, ({} if outputs is not None else None), {}
         trace = active.trace()
         for item in batches(program):
             if isinstance(item, list):
@@ -181,7 +182,8 @@ class PipelineExecutor:
             self.inputs[(mb, stage)] = (sink, x)
         out = self.stages[stage](x)
         if stage == self.last:  # divided by m: mean over micro-batches = the global batch's mean loss
-            self.results[mb] = out.detach()
+            if self.results is not None:  # kept only when asked: m outputs alive for the whole step
+                self.results[mb] = out.detach()
             loss = self.loss_fn(out, self._micro(self.y, mb))
             self.losses[mb] = loss.detach()
             out = loss / self.scale
@@ -194,10 +196,12 @@ class PipelineExecutor:
         out, grad = self.outputs.pop((mb, stage)), self.grads.pop((mb, stage), None)
         sink, x = self.inputs.pop((mb, stage), ([], None))
         weights = [q for q in self.stages[stage].parameters() if q.requires_grad]
-        if split:
-            self.pending_w[(mb, stage)] = (out, grad, weights)
-            if x is not None and out.requires_grad:
-                sink.append(torch.autograd.grad(out, x, grad, retain_graph=bool(weights))[0])
+        if split and x is not None and out.requires_grad:
+            dx, groups = backward_input(out, grad, x, weights)
+            sink.append(dx)
+            self.pending_w[(mb, stage)] = (out, groups)  # ``out`` keeps the graph alive until W
+        elif split:  # the first stage: no input gradient to hurry, W runs the whole backward
+            self.pending_w[(mb, stage)] = (out, grad)
         elif out.requires_grad:  # else a frozen first stage: nothing before it to compute a gradient for
             torch.autograd.backward(out, grad)  # accumulates into the parameters' .grad
         if stage > 0:
@@ -208,12 +212,12 @@ class PipelineExecutor:
                 self.dx[(mb, stage)] = dx
 
     def _backward_weight(self, mb, stage):
-        """W: the weight gradients, accumulated into ``.grad``. Autograd walks the stage's graph
-        from its output again (torch's ``stage_backward_weight`` starts from the gradients B left
-        at the weights' nodes instead, so its W costs only the weight part)."""
-        out, grad, weights = self.pending_w.pop((mb, stage))
-        if weights and out.requires_grad:
-            torch.autograd.backward(out, grad, inputs=weights)
+        """W: the weight gradients, accumulated into ``.grad`` (``split_backward``)."""
+        out, rest = self.pending_w.pop((mb, stage))
+        if isinstance(rest, list):
+            backward_weight(rest)
+        elif out.requires_grad:
+            torch.autograd.backward(out, rest)
 
     def _wait_sends(self):
         for work, _ in self.sending:
