@@ -33,6 +33,7 @@ from torch import nn
 import mpkit
 from mpkit.parallel import pipeline, schedule, simulate
 from mpkit.parallel.pipeline.schedules import chunks_per_rank, placement
+from pp import step_times  # benchmarks/pp.py
 from turns import medians_taking_turns  # benchmarks/turns.py
 
 WORLD, M, LAYERS, HIDDEN, BATCH, LAYER_MS = 4, 8, 8, 32, 64, 10.0
@@ -126,14 +127,6 @@ def _torch(ctx, name, v, torch_name, steps):
         for s in mine:
             s.submod.zero_grad(set_to_none=True)
     ctx.set_step(None)
-
-
-def step_times(trace, steps) -> list[float]:
-    out = []
-    for step in range(steps):
-        events = [e for e in trace.events if e.step == step]
-        out.append(max(e.end for e in events) - min(e.start for e in events))
-    return out
 
 
 def measure(fn, args, steps, bubble=False):

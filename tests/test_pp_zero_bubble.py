@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import mpkit
+from test_pipeline_misuse import batch, net  # a 5-layer nn.Sequential and one batch for it
 from mpkit.parallel.pipeline.schedules import (Backward, BackwardInput, BackwardWeight, Forward, placement, schedule,
                                                simulate)
 
@@ -97,15 +97,6 @@ def test_pp_matches_single(name, world_size, model, sizes, optimizer):
 
 
 # ---- a rank builds only its own stages -----------------------------------------------------------
-
-def net():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 5))
-
-
-def batch():
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(8, 6, generator=g), torch.randint(0, 5, (8,), generator=g)
 
 
 def _own_stages(ctx, scale_grads):

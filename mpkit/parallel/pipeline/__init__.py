@@ -10,10 +10,18 @@ and drawn by the labs), run by one executor for every schedule (``executor.py``)
   (p-1)/(m+p-1).
 - ``interleaved``: v model chunks per rank (Megatron's virtual stages); the bubble shrinks to
   (p-1)/(v·m+p-1) of the step, i.e. (p-1)/(v·m) of the ideal time, for v times the messages.
+- ``looped_bfs``: v chunks per rank, every micro-batch through a rank's first chunk before the next
+  (GPipe chunk by chunk; Lamy-Poirier 2023); the interleaved bubble with GPipe's memory.
+- ``interleaved_zb`` and ``zbv``: zero bubble (Qi et al. 2024). The backward splits into B (the
+  input gradient, which the previous stage waits for) and W (the weight gradients, which nobody
+  waits for; ``split_backward.py``), and W fills the slots where 1F1B waits. ``interleaved_zb``
+  keeps (interleaved) 1F1B's order (ZB-H1 with v = 1); ``zbv`` folds two chunks per rank in a V.
 
 ``pipeline(...)`` returns a ``Pipeline`` holding this rank's stages: ``loss = pipe.step(x, y)``
 runs forward and backward of every micro-batch (each holds batch/m samples, its loss scaled by
-1/m, gradients accumulated), then the caller steps its optimizer over ``pipe.parameters()``.
+1/m unless ``scale_grads=False``, gradients accumulated), then the caller steps its optimizer over
+``pipe.parameters()``. ``tests/test_pipeline_torch_cases.py`` runs PyTorch's own pipelining test
+cases against it through an adapter with torch's names.
 """
 from __future__ import annotations
 

@@ -8,7 +8,11 @@ the cost model: on a machine's prices), drawn by the labs, and run for real by
 
 Stages are numbered globally: with ``p`` ranks and ``v`` virtual stages (model chunks) per rank
 there are ``p·v`` stages and stage ``s`` lives on rank ``s % p`` (Megatron's interleaving:
-rank 0 holds stages 0, p, 2p, ...). Without interleaving (v = 1) stage = rank.
+rank 0 holds stages 0, p, 2p, ...). Without interleaving (v = 1) stage = rank. ``zbv`` places its
+two chunks per rank in a V (``placement``). Zero-bubble lists split a stage's ``Backward`` into
+``BackwardInput`` (B) and ``BackwardWeight`` (W); their order comes from playing the F/B order on
+unit costs with W filling the waits (``_play``, ``_zbv``), deadlock-free by construction and
+checked again by ``simulate``.
 
 Communication semantics (what the executor does and the simulator models): the communication
 instructions between two computations form one *batch*, posted together (isend/irecv), like
