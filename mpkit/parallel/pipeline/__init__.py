@@ -152,7 +152,9 @@ def pipeline(stages_or_module, split_points=None, schedule="1f1b", micro_batches
     ``scale_grads=False``). ``virtual_stages``: model chunks per rank for ``interleaved``,
     ``looped_bfs``, ``interleaved_zb`` (default 2; 1 for the others). Call this on every rank: one
     small all-gather checks that the ranks agree (schedule, micro_batches, split_points, stages)
-    and that every rank has a parameter to train, and names the rank that differs.
+    and that every rank has a parameter to train, and names the rank that differs. A weight tied
+    across ranks is refused where the whole model is given; from one rank's own stages it cannot be
+    seen (each rank's copy is its own object), so keep tied layers in one stage there.
     """
     p = dist.get_world_size(group)
     if virtual_stages is None:
