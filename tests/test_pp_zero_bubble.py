@@ -141,3 +141,15 @@ def _wrong_placement(ctx):
 def test_own_stages_on_the_wrong_rank_are_refused():
     with pytest.raises(mpkit.LaunchError, match=r"rank 0 holds stages \[1\], but the schedule puts stages \[0\] there"):
         mpkit.launch(_wrong_placement, 2, timeout=40)
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"schedule": "zbv"}, r"world_size\*2=4\*2 \(schedule='zbv' holds two stages per rank\): stages=8 is more than "
+                          r"the 4 layers"),
+    ({"schedule": "looped_bfs", "virtual_stages": 1}, "virtual_stages=1: schedule='looped_bfs' needs virtual_stages >= 2"),
+    ({"schedule": "interleaved_zb", "micro_batches": 2, "layers": 8}, "needs micro_batches to be a multiple of world_size=4"),
+])
+def test_bad_options_say_what_to_change(options, match):
+    from mpkit.strategies import make_config
+    with pytest.raises(ValueError, match=match):
+        make_config("pp", 4, **options)

@@ -45,7 +45,8 @@ def validate(cfg):
     require_divisible(cfg.batch_size, m, "batch_size", "micro_batches",
                       "each micro-batch holds batch_size/micro_batches samples")
     v = virtual_stages(cfg)
-    what = "world_size" if v == 1 else f"world_size*virtual_stages={cfg.world_size}*{v}"
+    what = ("world_size" if v == 1 else f"world_size*virtual_stages={cfg.world_size}*{v}" if name in MULTI_CHUNK
+            else f"world_size*2={cfg.world_size}*2 (schedule={name!r} holds two stages per rank)")
     try:
         check_stages(cfg, cfg.world_size * v, "stages")
     except ValueError as exc:
