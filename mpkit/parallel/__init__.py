@@ -9,7 +9,8 @@ classes: one implementation per mechanism.
 - ``DataParallel``: replicas, bucketed all-reduce of gradients, overlap with backward, ``no_sync``.
 - ``ShardedOptimizer``: ZeRO-1 — any elementwise ``torch.optim`` optimizer with its state sharded.
 - ``ColumnParallelLinear``, ``RowParallelLinear``, ``tensor_parallel``: Megatron tensor parallel.
-- ``pipeline``: GPipe, 1F1B and interleaved schedules over an ``nn.Sequential`` or stage list.
+- ``pipeline``: GPipe, 1F1B, interleaved, looped BFS and zero-bubble schedules over an ``nn.Sequential``,
+  a stage list, or only this rank's stages.
 - ``Layout``: the dp x pp x tp rank grid of 3D parallelism; ``ring_all_reduce``: a collective by hand.
 """
 from mpkit.parallel.collectives import ring_all_reduce

@@ -13,6 +13,7 @@ import math
 from mpkit.observe.memory import CATEGORIES
 from mpkit.sim import formulas
 from mpkit.layout import Layout
+from mpkit.parallel.pipeline.schedules import chunks_per_rank, placement, schedule, simulate
 from mpkit.parallel.pipeline.split import partition
 from mpkit.parallel.sharded_optimizer import shard_numel
 from mpkit.sim.pricing import Pricer
@@ -129,7 +130,7 @@ def predict_memory(strategy: str, plan: Pricer) -> list[PredictedMemory]:
         return _pipeline_memory(plan, cap, "gpipe", 1, 1, Layout(pp=n))
     if strategy == "pp":
         name = plan.options["schedule"]
-        v = plan.options["virtual_stages"] if name == "interleaved" else 1
+        v = chunks_per_rank(name, plan.options["virtual_stages"])
         return _pipeline_memory(plan, cap, name, plan.options["micro_batches"], v, Layout(pp=n))
     if strategy == "3d":
         o = plan.options
@@ -147,9 +148,10 @@ def _pipeline_memory(plan, cap, name, m, v, grid, zero=False):
     mb = plan.batch // grid.dp // m
     shard = tp_shard if grid.tp > 1 else None
     out = []
+    where = placement(name, p, v)
     for rank in range(grid.world_size):
         r = grid.coords(rank)["pp"]
-        stages = list(range(r, p * v, p))
+        stages = [s for s in range(p * v) if where[s] == r]
         profs = [plan.piece(groups[s].start, groups[s].stop, batch=mb, tp=grid.tp, shard=shard) for s in stages]
         numel = sum(prof.total_param_bytes for prof in profs) // 4
         ntensors = sum(len(sh) for prof in profs for sh in prof.layer_shapes.values())
@@ -165,7 +167,8 @@ def _pipeline_memory(plan, cap, name, m, v, grid, zero=False):
         own = [_target_bytes(plan, mb) + (_input_bytes(plan, mb) if groups[s].start == 0 else 0) for s in stages]
         retained = [prof.retained - o for prof, o in zip(profs, own)]
         peak_one = max(prof.memory["activations"] - o for prof, o in zip(profs, own))
-        in_flight = formulas.inflight_activations(name, p, m, r, v)
+        in_flight = (formulas.inflight_activations(name, p, m, r, v) if name in formulas.SCHEDULES
+                     else simulate(schedule(name, p, m, v)).peak_in_flight[r])  # the newer ones: from their lists
         held = (in_flight - 1) * sum(retained) / len(retained)
         values["activations"] = _scale(plan, _batch_bytes(plan, plan.batch) + held + peak_one)
         values["other"] = _scale(plan, max(prof.memory["other"] for prof in profs))

@@ -59,6 +59,9 @@ def validate(cfg):
                       "equal slice of the global batch")
     m = cfg.option("micro_batches")
     check_schedule_args(cfg.option("schedule"), grid.pp, m, cfg.option("virtual_stages"))
+    if cfg.option("schedule") not in ("gpipe", "1f1b", "interleaved"):
+        raise ValueError(f"schedule={cfg.option('schedule')!r}: 3d runs 'gpipe', '1f1b' or 'interleaved'; the "
+                         f"zero-bubble and looped schedules run under strategy 'pp' or mpkit.parallel.pipeline")
     require_divisible(cfg.batch_size // grid.dp, m, "batch_size/dp", "micro_batches",
                       "each replica's batch is cut into micro-batches")
     v = virtual_stages(cfg)
