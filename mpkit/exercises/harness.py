@@ -169,7 +169,7 @@ class _Watched:
         self._recorder._set_status(f"{self._call.describe()}, waiting in wait()")
         result = self._work.wait(*args, **kwargs)
         self._recorder.pending.discard(self)
-        self._recorder._set_status("running your code" if self._recorder.active else RETURNED)
+        self._recorder._set_status(RUNNING if self._recorder.active else RETURNED)
         return result
 
     def __getattr__(self, name):
@@ -196,7 +196,7 @@ def run(body, world_size: int, args=(), timeout: float = 6.0) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="mpkit-exercise-") as status_dir:
         try:
             return list(launch(_rank_main, world_size, args=(body, status_dir, tuple(args)), timeout=timeout,
-                               trace=False, memory=False))
+                               backend="gloo", trace=False, memory=False))  # simulated devices, also beside GPUs
         except LaunchTimeout:
             waits = _statuses(status_dir, world_size, "status")
             waits.update({r: "had not started (a busy machine?)" for r in range(world_size) if r not in waits})
