@@ -115,3 +115,36 @@ def test_bad_sizes_are_refused():
         mpkit.models.ModelConfig(kind="gpt", experts=2, top_k=3)
     with pytest.raises(ValueError, match="model='gpt'"):
         mpkit.models.ModelConfig(kind="mlp", experts=2)
+
+
+# ---- the "ep" strategy: mpkit.train("ep", ...) ----
+# Losses: the ranks' shard means averaged against one mean (measured <= 3e-7); parameters with SGD
+# (measured <= 1e-8); Adam on the gpt through the losses (see tests/test_strategy_tp.py).
+LOSS_ATOL, PARAM_ATOL = 1e-5, 1e-6
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_train_ep_equals_single(world_size):
+    run = mpkit.train("ep", world_size=world_size, model="gpt", optimizer="sgd", steps=3, experts=4, top_k=2,
+                      capacity_factor=1.0)
+    cmp = run.compare_to_reference()
+    assert cmp.loss <= LOSS_ATOL and cmp.params <= PARAM_ATOL, cmp
+    loads = [extra["expert_load"][0] for extra in run.extra]  # step 0, every rank, every block
+    assert sum(block["dropped"] for rank in loads for block in rank) > 0  # capacity 1.0 drops some
+    assert {e.kind for e in run.trace.events} >= {"all_to_all"}
+
+
+@pytest.mark.timeout(180)
+def test_train_ep_adam_losses_equal_single():
+    run = mpkit.train("ep", world_size=2, model="gpt", steps=3, experts=2)
+    assert run.compare_to_reference().loss <= LOSS_ATOL
+
+
+def test_train_ep_bad_inputs_fail_before_any_rank_starts():
+    with pytest.raises(ValueError, match="experts=6 cannot be spread evenly over ep=4"):
+        mpkit.train("ep", world_size=4, model="gpt", experts=6)
+    with pytest.raises(ValueError, match="top_k=3 is larger than experts=2"):
+        mpkit.train("ep", world_size=2, model="gpt", experts=2, top_k=3)
+    with pytest.raises(ValueError, match="pass experts="):
+        mpkit.train("ep", world_size=2, model="gpt")

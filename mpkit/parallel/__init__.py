@@ -28,7 +28,7 @@ from mpkit.parallel.context_parallel import (
     context_parallel_attention, ring_attention, sequence_positions, shard_sequence, ulysses_attention,
 )
 from mpkit.parallel.expert_parallel import expert_load, expert_parallel, expert_parameters, full_expert_parameters
-from mpkit.parallel.all_to_all import all_to_all
+from mpkit.parallel.functional import all_to_all
 from mpkit.parallel.tensor_parallel import (
     ColumnParallelLinear, RowParallelLinear, Split, full_parameters, head_split, tensor_parallel,
 )

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mpkit.observe import active
-from mpkit.parallel.all_to_all import all_to_all
+from mpkit.parallel.functional import all_to_all
 
 
 def sequence_positions(seq_len: int, cp: int, rank: int, balanced: bool = True) -> torch.Tensor:

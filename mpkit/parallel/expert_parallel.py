@@ -22,7 +22,7 @@ from torch import nn
 
 from mpkit.models import MixtureOfExperts
 from mpkit.observe import active
-from mpkit.parallel.all_to_all import all_to_all
+from mpkit.parallel.functional import all_reduce_flat, all_to_all
 
 
 class ExpertParallelMoE(MixtureOfExperts):
@@ -70,6 +70,18 @@ def expert_parameters(module: nn.Module) -> tuple[list, list]:
     return experts, rest
 
 
+def synchronize_gradients(module: nn.Module, group=None) -> None:
+    """After backward on this rank's share of the batch (loss = its mean): average every
+    non-expert gradient over ``group`` (data parallelism) and divide the experts' by the group
+    size (they already hold every rank's tokens, each rank's loss a mean over its own share)."""
+    experts, rest = expert_parameters(module)
+    n = dist.get_world_size(group)
+    for p in experts:
+        if p.grad is not None:
+            p.grad.div_(n)
+    all_reduce_flat([p.grad for p in rest if p.grad is not None], group, "non-expert grads", average=True)
+
+
 def full_expert_parameters(module: nn.Module, group=None) -> dict:
     """{parameter name: tensor} with every expert's weights under its index on one device
     (``...experts.<e>.up.weight``), all-gathered over ``group`` (every rank must call it)."""
@@ -96,5 +108,5 @@ def expert_load(module: nn.Module) -> list:
     return [dict(m.stats) for m in module.modules() if isinstance(m, MixtureOfExperts)]
 
 
-__all__ = ["expert_parallel", "ExpertParallelMoE", "expert_parameters", "full_expert_parameters", "expert_load",
+__all__ = ["expert_parallel", "ExpertParallelMoE", "expert_parameters", "synchronize_gradients", "full_expert_parameters", "expert_load",
            "check_expert_split"]

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpkit.observe import active
+from mpkit.parallel.functional import all_reduce_flat
 from mpkit.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, plan_targets, tensor_parallel
 
 
@@ -197,15 +198,8 @@ def sequence_parallel_parameters(module: nn.Module) -> list:
 def all_reduce_sequence_parallel_gradients(module: nn.Module, group=None) -> None:
     """Sum the gradients of ``module``'s marked parameters over ``group``: each rank's gradient
     covers its own tokens only. One flat all-reduce (call after backward, before the optimizer)."""
-    grads = [p.grad for p in sequence_parallel_parameters(module) if p.grad is not None]
-    if not grads or dist.get_world_size(group) == 1:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    active.comm().all_reduce(flat, group=group, name="sp layernorm/bias grads")
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    all_reduce_flat([p.grad for p in sequence_parallel_parameters(module) if p.grad is not None], group,
+                    "sp layernorm/bias grads")
 
 
 def scatter_to_sequence_parallel_region(x, group=None, seq_dim: int = 1, name: str = "input"):

@@ -21,6 +21,9 @@ REGISTRY = {
     "tp": ("mpkit.strategies.tp", "Megatron tensor parallel: column- then row-parallel linear layers"),
     "pp": ("mpkit.strategies.pp", "pipeline parallel: micro-batches through stages (gpipe, 1f1b, interleaved)"),
     "ps": ("mpkit.strategies.ps", "parameter server over torch.distributed.rpc (mode sync or async)"),
+    "sp": ("mpkit.strategies.sp", "tensor parallel with Megatron sequence parallelism: LayerNorms and residuals split along the sequence"),
+    "cp": ("mpkit.strategies.cp", "context parallel: the sequence split across ranks, ring or Ulysses (all-to-all) attention"),
+    "ep": ("mpkit.strategies.ep", "expert parallel: a mixture of experts spread across ranks, all-to-all dispatch and combine"),
     "3d": ("mpkit.strategies.three_d", "data x tensor x pipeline parallel on one DeviceMesh (Megatron-LM 3D)"),
 }
 STRATEGIES = {name: summary for name, (_, summary) in REGISTRY.items()}

@@ -1,4 +1,8 @@
-"""One differentiable all-to-all, shared by Ulysses attention and the experts' dispatch/combine.
+"""Communication helpers shared by sequence, context and expert parallelism.
+
+``all_to_all``: one differentiable all-to-all (Ulysses attention, the experts' dispatch/combine).
+``all_reduce_flat``: many gradients summed in one flat all-reduce (the sequence-parallel
+LayerNorm gradients, the experts' router).
 
 ``all_to_all(x, scatter_dim, gather_dim, group)`` cuts ``x`` into N equal blocks along
 ``scatter_dim`` (N = the group's size), sends block j to rank j, and concatenates the blocks it
@@ -31,6 +35,19 @@ def _exchange(x: torch.Tensor, scatter_dim: int, gather_dim: int, group, name: s
     return torch.cat(received.unbind(0), dim=gather_dim)
 
 
+def all_reduce_flat(tensors, group=None, name: str = "grads", average: bool = False) -> None:
+    """Sum (or ``average``) ``tensors`` over ``group`` in place with one all-reduce of their
+    concatenation: one message instead of one per tensor (latency is paid per message)."""
+    if not tensors or dist.get_world_size(group) == 1:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    active.comm().all_reduce(flat, op="avg" if average else "sum", group=group, name=name)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
 class AllToAll(torch.autograd.Function):
     """All-to-all forward, the inverse all-to-all backward."""
 
@@ -50,4 +67,4 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group=None, n
     return AllToAll.apply(x, scatter_dim % x.dim(), gather_dim % x.dim(), group, name)
 
 
-__all__ = ["AllToAll", "all_to_all"]
+__all__ = ["AllToAll", "all_to_all", "all_reduce_flat"]

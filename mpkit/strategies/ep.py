@@ -1,0 +1,51 @@
+"""Expert parallel (ep size = world_size), built-in gpt with ``experts=`` only.
+
+Every block's MLP is a mixture of experts (``mpkit.models.MixtureOfExperts``); each rank keeps
+experts/world_size of them and its own slice of the batch (as in data parallelism). In each
+block the router picks experts for this rank's tokens, an all-to-all dispatches them to the
+ranks that own those experts, and a second all-to-all brings the outputs back
+(``mpkit.parallel.expert_parallel``). After backward the router, attention, LayerNorms,
+embedding and head are averaged over the ranks like data-parallel gradients, and the experts'
+gradients, which already hold every rank's tokens, are divided by the world size
+(``synchronize_gradients``). Capacity is per sequence, so the dropped tokens are the ones a
+single device drops.
+"""
+from __future__ import annotations
+
+from mpkit.parallel.expert_parallel import (check_expert_split, expert_load, expert_parallel, full_expert_parameters,
+                                            synchronize_gradients)
+from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
+from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
+from mpkit.strategies.sp import require_gpt
+
+OPTIONS = {}
+
+
+def validate(cfg):
+    require_gpt(cfg, "its blocks' MLPs become mixtures of experts")
+    if not cfg.model.experts:
+        raise ValueError("strategy='ep' spreads the experts of a mixture-of-experts model: pass experts=<a multiple "
+                         f"of world_size={cfg.world_size}>, e.g. experts={2 * cfg.world_size}")
+    check_expert_split(cfg.model.experts, cfg.world_size)
+    require_divisible(cfg.batch_size, cfg.world_size, "batch_size", "world_size",
+                      "every rank routes an equal slice of the batch")
+
+
+def run_rank(ctx, cfg, group=None):
+    model = expert_parallel(cfg.model.build(cfg.seed), group).to(ctx.device)
+    opt = make_optimizer(model.parameters(), cfg)
+    loads = []
+
+    def step(x, y):
+        loss = forward_backward(ctx, cfg, model, x, y)
+        loads.append([{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in s.items()} for s in expert_load(model)])
+        synchronize_gradients(model, group)
+        optimizer_step(ctx, opt)
+        return loss.item()
+
+    losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt))
+    return RankOutput(losses=group_mean(ctx, losses, group), params=full_expert_parameters(model, group),
+                      extra={"expert_load": loads, "experts": [m.first for m in model.modules() if hasattr(m, "first")]})
+
+
+STRATEGY = Strategy("ep", OPTIONS, validate, run_rank, None, dim="dp")

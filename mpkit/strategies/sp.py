@@ -1,0 +1,74 @@
+"""Tensor parallel with Megatron sequence parallelism (tp size = world_size), built-in gpt only.
+
+The blocks are split exactly as ``tp`` splits them (qkv by heads, proj by rows, the MLP's up by
+columns and down by rows), but with ``mpkit.parallel.sequence_parallel``: between the TP regions
+every rank holds only its 1/t of the sequence, so the LayerNorms and residual adds run on s/t
+tokens and their activations are 1/t per rank. The embedding output is cut into the ranks'
+sequence shards (``scatter_to_sequence_parallel_region``), and the last block's output gathered
+back for the replicated head and loss (``gather_from_sequence_parallel_region``). Per block that
+is 2 all-gathers and 2 reduce-scatters forward (instead of 2 all-reduces), their conjugates
+backward plus the column layers' second all-gather of their saved input shard, and after
+backward one all-reduce of the LayerNorm and row-bias gradients, which cover each rank's tokens only.
+"""
+from __future__ import annotations
+
+from mpkit.models import Block
+from mpkit.parallel.sequence_parallel import (all_reduce_sequence_parallel_gradients, gather_from_sequence_parallel_region,
+                                              scatter_to_sequence_parallel_region, sequence_parallel)
+from mpkit.parallel.tensor_parallel import full_parameters
+from mpkit.strategies import tp as tensor_strategy
+from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
+from mpkit.strategies.loop import full_batch, optimizer_step, run_steps
+
+OPTIONS = {}
+
+
+def require_gpt(cfg, why: str) -> None:
+    if not cfg.model.builtin or cfg.model.kind != "gpt":
+        raise ValueError(f"strategy={cfg.strategy!r} runs on the built-in gpt ({why}); use model='gpt'")
+
+
+def validate(cfg):
+    require_gpt(cfg, "it splits a transformer's sequence between its tensor-parallel layers")
+    if cfg.model.experts:
+        raise ValueError("strategy='sp' splits dense MLPs; a mixture of experts (experts=) trains with 'ep'")
+    tensor_strategy.validate_tp_size(cfg.model, cfg.world_size, "world_size")
+    require_divisible(cfg.model.seq_len, cfg.world_size, "seq_len", "world_size",
+                      "sequence parallelism gives every rank an equal shard of the sequence")
+
+
+def shard(model, rank: int, tp: int, group=None):
+    """Each block sequence-parallel over ``group`` with the built-in Megatron plan, in place; hooks
+    cut the embedding's output into this rank's sequence shard and gather the whole sequence
+    back in front of the head, so ``model(x)`` (or a pipeline stage of it) runs as before."""
+    plan = {k.removeprefix("layers.*."): v for k, v in tensor_strategy.builtin_plan(model.cfg, tp).items()}
+    for layer in model.layers:
+        if isinstance(layer, Block):
+            sequence_parallel(layer, plan, group, rank=rank, world_size=tp)
+            layer.attn.heads //= tp
+    model.layers[0].register_forward_hook(
+        lambda _m, _x, out: scatter_to_sequence_parallel_region(out, group, name="embedding"))
+    model.layers[-1].register_forward_pre_hook(
+        lambda _m, args: (gather_from_sequence_parallel_region(args[0], group, name="head"),))
+    return model
+
+
+def run_rank(ctx, cfg, group=None):
+    model = shard(cfg.model.build(cfg.seed), ctx.rank, ctx.world_size, group).to(ctx.device)
+    opt = make_optimizer(model.parameters(), cfg)
+
+    def step(x, y):
+        with ctx.trace.span("forward"):
+            loss = cfg.model.loss(model(x), y)
+        with ctx.trace.span("backward"):
+            loss.backward()
+        all_reduce_sequence_parallel_gradients(model, group)
+        optimizer_step(ctx, opt)
+        return loss.item()
+
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
+    return RankOutput(losses=losses, params=full_parameters(model),
+                      extra={"parameters_per_rank": sum(p.numel() for p in model.parameters())})
+
+
+STRATEGY = Strategy("sp", OPTIONS, validate, run_rank, None, dim="tp")
