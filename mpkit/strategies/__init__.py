@@ -27,6 +27,9 @@ REGISTRY = {
     "3d": ("mpkit.strategies.three_d", "data x tensor x pipeline parallel on one DeviceMesh (Megatron-LM 3D)"),
 }
 STRATEGIES = {name: summary for name, (_, summary) in REGISTRY.items()}
+# They split a sequence or make experts of a transformer's MLPs: the built-in gpt only (not the
+# tour's mlp, which has neither)
+SEQUENCE_STRATEGIES = ("sp", "cp", "ep")
 
 
 def get_strategy(name) -> Strategy:
@@ -46,4 +49,4 @@ def make_config(strategy, world_size, *, model="mlp", steps=3, batch_size=32, lr
     return cfg
 
 
-__all__ = ["REGISTRY", "STRATEGIES", "Strategy", "get_strategy", "make_config"]
+__all__ = ["REGISTRY", "STRATEGIES", "SEQUENCE_STRATEGIES", "Strategy", "get_strategy", "make_config"]
