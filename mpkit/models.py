@@ -212,19 +212,22 @@ class MixtureOfExperts(nn.Module):
         e, k, cap = self.num_experts, self.top_k, self.capacity(t)
         probs = F.softmax(self.router(x), dim=-1)  # [g, t, e]
         weights, chosen = probs.topk(k, dim=-1)  # [g, t, k]
-        order = F.one_hot(chosen.transpose(1, 2).reshape(g, k * t), e)  # choice-major, then token order
-        slot = ((order.cumsum(1) - 1) * order).sum(-1).view(g, k, t).transpose(1, 2)  # place in its expert's queue
-        keep = slot < cap
-        gi, ti, ci = keep.nonzero(as_tuple=True)
-        ei, si = chosen[gi, ti, ci], slot[gi, ti, ci]
-        buffer = x.new_zeros(e, g, cap, h).index_put((ei, gi, si), x[gi, ti])
-        out = self.run_experts(buffer.view(e, g * cap, h)).view(e, g, cap, h)
-        y = x.new_zeros(g, t, h).index_put((gi, ti), weights[gi, ti, ci, None] * out[ei, gi, si], accumulate=True)
-        with torch.no_grad():
-            top1 = torch.bincount(chosen[..., 0].flatten(), minlength=e).float() / (g * t)
-            self.stats = {"load": torch.bincount(chosen.flatten(), minlength=e), "capacity": cap,
-                          "kept": torch.bincount(ei, minlength=e), "dropped": int((~keep).sum()),
-                          "balance_loss": float(e * (top1 * probs.mean((0, 1))).sum())}
+        expert_hot = (chosen[..., None] == torch.arange(e, device=x.device)).to(x.dtype)  # [g, t, k, e]
+        queue = expert_hot.transpose(1, 2).reshape(g, k * t, e)  # choice-major, then token order
+        slot = ((queue.cumsum(1) - 1) * queue).sum(-1).view(g, k, t).transpose(1, 2)  # place in its expert's queue
+        slot_hot = ((slot[..., None] == torch.arange(cap, device=x.device)) & (slot < cap)[..., None]).to(x.dtype)
+        # GShard's dispatch and combine tensors [g, t, e, cap]: shapes only, so it also runs on the meta device
+        dispatch = torch.einsum("gtke,gtkc->gtec", expert_hot, slot_hot)
+        combine = torch.einsum("gtk,gtke,gtkc->gtec", weights, expert_hot, slot_hot)
+        buffer = torch.einsum("gtec,gth->egch", dispatch, x).reshape(e, g * cap, h)
+        out = self.run_experts(buffer).view(e, g, cap, h)
+        y = torch.einsum("gtec,egch->gth", combine, out)
+        if x.device.type != "meta":
+            with torch.no_grad():
+                load, kept = expert_hot.sum((0, 1, 2)), dispatch.sum((0, 1, 3))
+                self.stats = {"load": load.long(), "capacity": cap, "kept": kept.long(),
+                              "dropped": int(load.sum() - kept.sum()),
+                              "balance_loss": float(e * (expert_hot[:, :, 0].mean((0, 1)) * probs.mean((0, 1))).sum())}
         return y
 
 
