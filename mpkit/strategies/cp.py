@@ -14,6 +14,9 @@ into the data-parallel gradient reduction the same way).
 from __future__ import annotations
 
 from mpkit.models import Block
+from mpkit.parallel.data_parallel import DEFAULT_BUCKET_MB, bucket_caps
+from mpkit.sim.engine import Compute, Msg, P2P
+from mpkit.strategies.dp import bucket_program
 from mpkit.parallel.context_parallel import ATTENTION, context_parallel_attention, sequence_positions, shard_sequence
 from mpkit.parallel.data_parallel import DataParallel
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
@@ -70,4 +73,46 @@ def run_rank(ctx, cfg, group=None):
         "positions": sequence_positions(cfg.model.seq_len, ctx.world_size, ctx.rank).tolist()})
 
 
-STRATEGY = Strategy("cp", OPTIONS, validate, run_rank, None, dim="dp")
+def program(pricer):
+    """``dp``'s bucketed step on 1/cp of the tokens (the model profiled on batch/cp whole
+    sequences: the same tokens per rank, attention priced on its own tokens' share), with each
+    block's attention communication put in front of its forward and its backward: ring hops as
+    send/receive pairs to the neighbours (forward cp-1 K/V hops; backward cp-1 K/V hops and cp hops
+    of their gradients), or Ulysses' four all-to-alls of one [b, s/cp, h] tensor each way."""
+    n, cfg, ring = pricer.world, pricer.cfg, pricer.options["attention"] == "ring"
+    local = pricer.batch * cfg.seq_len // n * cfg.hidden * 4  # one [b, s/cp, h] fp32 tensor
+    blocks = range(1, cfg.num_layers - 1)
+
+    def ring_hops(rank, what, i, hops):
+        right, left = (rank + 1) % n, (rank - 1) % n
+        seconds = pricer.p2p_time(rank, right, 2 * local)
+        return [P2P((Msg("send", right, (what, i, h, rank), pricer.wire(2 * local), seconds),
+                     Msg("recv", left, (what, i, h, left), pricer.wire(2 * local), seconds))) for h in range(hops)]
+
+    def attention(rank, phase, i):
+        if not ring:
+            return [pricer.collective("all_to_all", pricer.all_ranks, local, ("ulysses", phase, i, c), name=c)
+                    for c in "qkvo"]
+        if phase == "forward":
+            return ring_hops(rank, "kv", i, n - 1)
+        return ring_hops(rank, "kv back", i, n - 1) + ring_hops(rank, "dkv", i, n)
+
+    base = bucket_program(pricer, *bucket_caps(DEFAULT_BUCKET_MB), True)[0]
+    prof = pricer.piece(batch=pricer.batch // n)
+    programs = []
+    for rank in range(n):
+        out = []
+        for ins in base:
+            if isinstance(ins, Compute) and ins.kind == "forward":  # per layer, the attention's messages first
+                for i in prof.layers:
+                    out += attention(rank, "forward", i) if i in blocks else []
+                    out.append(Compute("forward", pricer.seconds(prof.cost("forward", [i]), "forward"), name=f"layer {i}"))
+                continue
+            if isinstance(ins, Compute) and ins.kind == "backward" and int(ins.name.split()[-1]) in blocks:
+                out += attention(rank, "backward", int(ins.name.split()[-1]))
+            out.append(ins)
+        programs.append(out)
+    return programs
+
+
+STRATEGY = Strategy("cp", OPTIONS, validate, run_rank, program, dim="dp")

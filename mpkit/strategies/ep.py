@@ -12,8 +12,12 @@ single device drops.
 """
 from __future__ import annotations
 
+import math
+
 from mpkit.parallel.expert_parallel import (check_expert_split, expert_load, expert_parallel, full_expert_parameters,
                                             synchronize_gradients)
+from mpkit.sim.engine import Compute
+from mpkit.sim.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
 from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
 from mpkit.strategies.sp import require_gpt
@@ -48,4 +52,38 @@ def run_rank(ctx, cfg, group=None):
                       extra={"expert_load": loads, "experts": [m.first for m in model.modules() if hasattr(m, "first")]})
 
 
-STRATEGY = Strategy("ep", OPTIONS, validate, run_rank, None, dim="dp")
+def program(pricer):
+    """Every rank: the model on its batch/ep sequences (the single-device MoE does the same expert
+    work per rank: E/ep experts on ep ranks' slots), each block's MoE between a dispatch and a
+    combine all-to-all of the [E, sequences·capacity, h] buffer (reversed in backward), then the
+    one all-reduce of the non-expert gradients and the optimizer on this rank's parameters."""
+    n, cfg, group = pricer.world, pricer.cfg, pricer.all_ranks
+    prof = pricer.piece(batch=pricer.batch // n)
+    blocks = range(1, cfg.num_layers - 1)
+    moe = next(layer.mlp for layer in pricer.meta_model().layers[1:-1])
+    buffer = cfg.experts * pricer.batch // n * moe.capacity(cfg.seq_len) * cfg.hidden * 4
+
+    def a2a(name, i):
+        return pricer.collective("all_to_all", group, buffer, (name, i), name=name)
+
+    def compute(phase, i, share=1.0):
+        return Compute(phase, pricer.seconds(prof.cost(phase, [i]), phase) * share, name=f"layer {i}")
+
+    forward, backward = [], []
+    for i in prof.layers:
+        forward += [compute("forward", i, 0.5), a2a("moe dispatch forward", i), a2a("moe combine forward", i),
+                    compute("forward", i, 0.5)] if i in blocks else [compute("forward", i)]
+    for i in reversed(prof.layers):
+        backward += [compute("backward", i, 0.5), a2a("moe combine backward", i), a2a("moe dispatch backward", i),
+                     compute("backward", i, 0.5)] if i in blocks else [compute("backward", i)]
+    named = list(pricer.meta_model().named_parameters())
+    rest = [tuple(p.shape) for name, p in named if ".experts." not in name]
+    mine = [tuple(p.shape) for name, p in named if ".experts." in name
+            and int(name.split(".experts.")[1].split(".")[0]) < cfg.experts // n]
+    sync = pricer.collective("all_reduce", group, 4 * sum(math.prod(s) for s in rest), ("non-expert",),
+                             name="non-expert grads")
+    step = Compute("optimizer", pricer.seconds(optimizer_cost(tuple(rest + mine)), "optimizer"))
+    return [[*forward, *backward, sync, step] for _ in group]
+
+
+STRATEGY = Strategy("ep", OPTIONS, validate, run_rank, program, dim="dp")

@@ -13,6 +13,8 @@ backward one all-reduce of the LayerNorm and row-bias gradients, which cover eac
 from __future__ import annotations
 
 from mpkit.models import Block
+from mpkit.sim.engine import Compute
+from mpkit.sim.pricing import optimizer
 from mpkit.parallel.sequence_parallel import (all_reduce_sequence_parallel_gradients, gather_from_sequence_parallel_region,
                                               scatter_to_sequence_parallel_region, sequence_parallel)
 from mpkit.parallel.tensor_parallel import full_parameters
@@ -71,4 +73,40 @@ def run_rank(ctx, cfg, group=None):
                       extra={"parameters_per_rank": sum(p.numel() for p in model.parameters())})
 
 
-STRATEGY = Strategy("sp", OPTIONS, validate, run_rank, None, dim="tp")
+def program(pricer):
+    """Every rank: the tp slices' compute (profiled as ``tp`` splits the model; the LayerNorms are
+    priced whole, a small overestimate), with the collectives in the order ``run_rank`` issues
+    them. Each all-gather and reduce-scatter is over one whole [b, s, h] activation, as the run
+    records it (the ring moves (t-1)/t of it per rank)."""
+    prof, cfg, group = pricer.piece(tp=pricer.world, shard=tensor_strategy.shard), pricer.cfg, pricer.all_ranks
+    act = pricer.batch * cfg.seq_len * cfg.hidden * 4
+
+    def comm(kind, name, *key):
+        return pricer.collective(kind, group, act, (name, *key), name=name)
+
+    def compute(phase, i, share=1.0):
+        return Compute(phase, pricer.seconds(prof.cost(phase, [i]), phase) * share, name=f"layer {i}")
+
+    first, blocks, last = prof.layers[0], prof.layers[1:-1], prof.layers[-1]
+    forward = [compute("forward", first)]
+    for i in blocks:
+        forward += [comm("all_gather", "sp all-gather forward attn.qkv", i), compute("forward", i, 0.5),
+                    comm("reduce_scatter", "sp reduce-scatter forward attn.proj", i),
+                    comm("all_gather", "sp all-gather forward mlp.up", i), compute("forward", i, 0.5),
+                    comm("reduce_scatter", "sp reduce-scatter forward mlp.down", i)]
+    forward += [comm("all_gather", "sp all-gather forward head"), compute("forward", last)]
+    backward = [compute("backward", last)]
+    for i in reversed(blocks):
+        backward += [comm("all_gather", "sp all-gather backward mlp.down", i), compute("backward", i, 0.5),
+                     comm("all_gather", "sp all-gather again backward mlp.up", i),
+                     comm("reduce_scatter", "sp reduce-scatter backward mlp.up", i),
+                     comm("all_gather", "sp all-gather backward attn.proj", i), compute("backward", i, 0.5),
+                     comm("all_gather", "sp all-gather again backward attn.qkv", i),
+                     comm("reduce_scatter", "sp reduce-scatter backward attn.qkv", i)]
+    backward += [comm("all_gather", "sp scatter backward embedding"), compute("backward", first)]
+    marked = 4 * 6 * cfg.hidden * len(blocks)  # two LayerNorms (2h each), proj's and down's biases (h each)
+    grads = pricer.collective("all_reduce", group, marked, ("sp grads",), name="sp layernorm/bias grads")
+    return [[*forward, *backward, grads, optimizer(pricer, prof)] for _ in group]
+
+
+STRATEGY = Strategy("sp", OPTIONS, validate, run_rank, program, dim="tp")
