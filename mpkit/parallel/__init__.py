@@ -25,7 +25,7 @@ from mpkit.parallel.sequence_parallel import (
     sequence_parallel,
 )
 from mpkit.parallel.context_parallel import (
-    context_parallel_attention, ring_attention, sequence_positions, shard_sequence, ulysses_attention,
+    context_parallel_attention, ring_attention, ring_work, sequence_positions, shard_sequence, ulysses_attention,
 )
 from mpkit.parallel.expert_parallel import expert_load, expert_parallel, expert_parameters, full_expert_parameters
 from mpkit.parallel.functional import all_to_all
@@ -38,5 +38,5 @@ __all__ = ["DataParallel", "ShardedOptimizer", "ColumnParallelLinear", "RowParal
            "Layout", "plan_buckets", "broadcast_module", "ring_all_reduce",
            "sequence_parallel", "all_reduce_sequence_parallel_gradients", "scatter_to_sequence_parallel_region",
            "gather_from_sequence_parallel_region", "ring_attention", "ulysses_attention", "sequence_positions",
-           "shard_sequence", "context_parallel_attention", "expert_parallel", "expert_parameters",
+           "shard_sequence", "ring_work", "context_parallel_attention", "expert_parallel", "expert_parameters",
            "full_expert_parameters", "expert_load", "all_to_all"]
