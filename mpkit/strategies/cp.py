@@ -20,7 +20,7 @@ from mpkit.strategies.dp import bucket_program
 from mpkit.parallel.context_parallel import ATTENTION, context_parallel_attention, sequence_positions, shard_sequence
 from mpkit.parallel.data_parallel import DataParallel
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
-from mpkit.strategies.loop import full_batch, group_mean, optimizer_step, run_steps
+from mpkit.strategies.loop import forward_backward, full_batch, group_mean, optimizer_step, run_steps
 from mpkit.strategies.sp import require_gpt
 
 OPTIONS = {"attention": "ring"}
@@ -60,10 +60,7 @@ def run_rank(ctx, cfg, group=None):
     opt = make_optimizer(model.parameters(), cfg)
 
     def step(x, y):
-        with ctx.trace.span("forward"):
-            loss = cfg.model.loss(model(x), shard_sequence(y, group, dim=1))
-        with ctx.trace.span("backward"):
-            loss.backward()
+        loss = forward_backward(ctx, cfg, model, x, shard_sequence(y, group, dim=1))  # x whole: global positions
         dp.finish_gradient_synchronization()
         optimizer_step(ctx, opt)
         return loss.item()

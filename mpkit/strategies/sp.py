@@ -20,7 +20,7 @@ from mpkit.parallel.sequence_parallel import (all_reduce_sequence_parallel_gradi
 from mpkit.parallel.tensor_parallel import full_parameters
 from mpkit.strategies import tp as tensor_strategy
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
-from mpkit.strategies.loop import full_batch, optimizer_step, run_steps
+from mpkit.strategies.loop import forward_backward, full_batch, optimizer_step, run_steps
 
 OPTIONS = {}
 
@@ -60,10 +60,7 @@ def run_rank(ctx, cfg, group=None):
     opt = make_optimizer(model.parameters(), cfg)
 
     def step(x, y):
-        with ctx.trace.span("forward"):
-            loss = cfg.model.loss(model(x), y)
-        with ctx.trace.span("backward"):
-            loss.backward()
+        loss = forward_backward(ctx, cfg, model, x, y)
         all_reduce_sequence_parallel_gradients(model, group)
         optimizer_step(ctx, opt)
         return loss.item()
