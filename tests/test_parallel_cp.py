@@ -9,6 +9,7 @@ missing or doubled block changes them at O(0.1).
 """
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 import mpkit
@@ -147,3 +148,26 @@ def test_train_cp_bad_inputs_fail_before_any_rank_starts():
         mpkit.train("cp", world_size=4, model="gpt", heads=2, hidden=32, attention="ulysses")
     with pytest.raises(ValueError, match="attention='flash' is unknown"):
         mpkit.train("cp", world_size=2, model="gpt", attention="flash")
+
+
+def in_subgroups(ctx, kind):
+    """Two rings of 2 in a world of 4, ranks {0, 2} and {1, 3}: neighbours are group ranks, messages
+    go to their global ranks."""
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group = groups[ctx.rank % 2]
+    q, k, v, dy = inputs()
+    q, k, v = (shard_sequence(t, group, dim=2).requires_grad_() for t in (q, k, v))
+    attention = ring_attention if kind == "ring" else ulysses_attention
+    y = attention(q, k, v, group)
+    y.backward(shard_sequence(dy, group, dim=2))
+    return [y.detach(), q.grad, k.grad, v.grad]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["ring", "ulysses"])
+def test_any_process_group(kind):
+    want = full_attention(True)
+    for rank, got in enumerate(mpkit.launch(in_subgroups, 4, args=(kind,))):
+        mine = sequence_positions(S, 2, rank // 2)
+        for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+            assert (g - w.index_select(2, mine)).abs().max() <= ATOL, (rank, name)

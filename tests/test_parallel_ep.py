@@ -148,3 +148,22 @@ def test_train_ep_bad_inputs_fail_before_any_rank_starts():
         mpkit.train("ep", world_size=2, model="gpt", experts=2, top_k=3)
     with pytest.raises(ValueError, match="pass experts="):
         mpkit.train("ep", world_size=2, model="gpt")
+
+
+def in_subgroups(ctx):
+    """Two expert-parallel groups of 2 in a world of 4, ranks {0, 2} and {1, 3}, each on half the batch."""
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group = groups[ctx.rank % 2]
+    moe, x, _ = layer_and_data(**CASES[0])
+    expert_parallel(moe, group)
+    half = x.tensor_split(2)[ctx.rank % 2]
+    return moe(half.tensor_split(2)[ctx.rank // 2]).detach()
+
+
+@pytest.mark.timeout(120)
+def test_any_process_group():
+    moe, x, y = one_device(**CASES[0])
+    outs = mpkit.launch(in_subgroups, 4)
+    for g in range(2):  # group g holds half g of the batch, its ranks the two quarters
+        got = torch.cat([outs[g], outs[g + 2]])
+        assert (got - y.detach().tensor_split(2)[g]).abs().max() <= ATOL

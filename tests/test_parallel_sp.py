@@ -12,6 +12,7 @@ import copy
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -250,3 +251,28 @@ def test_train_sp_bad_inputs_fail_before_any_rank_starts():
         mpkit.train("sp", world_size=2, model="mlp")
     with pytest.raises(ValueError, match="'ep'"):
         mpkit.train("sp", world_size=2, model="gpt", experts=2)
+
+
+def block_in_subgroups(ctx):
+    """Two sequence-parallel groups of 2 in a world of 4, ranks {0, 2} and {1, 3}."""
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group = groups[ctx.rank % 2]
+    block, x, dy = block_and_data()
+    sequence_parallel(block, plan(2), group)
+    block.attn.heads //= 2
+    y = gather_from_sequence_parallel_region(block(scatter_to_sequence_parallel_region(x.requires_grad_(), group)), group)
+    y.backward(dy)
+    all_reduce_sequence_parallel_gradients(block, group)
+    with torch.no_grad():
+        for p in block.parameters():
+            p -= p.grad
+    return y.detach(), x.grad, full_parameters(block)
+
+
+@pytest.mark.timeout(120)
+def test_any_process_group():
+    y, dx, params = reference()
+    for out in mpkit.launch(block_in_subgroups, 4):
+        assert (out[0] - y).abs().max() <= ATOL and (out[1] - dx).abs().max() <= ATOL
+        for name, p in params.items():
+            assert (out[2][name] - p).abs().max() <= ATOL, name
