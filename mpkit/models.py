@@ -319,8 +319,9 @@ def describe(cfg: ModelConfig) -> str:
     n = parameter_count(cfg)
     if cfg.kind == "mlp":
         return f"MLP {cfg.d_in}->{cfg.hidden}x{cfg.layers}->{cfg.classes} ({n:,} parameters)"
+    moe = f", MoE {cfg.experts} experts top-{cfg.top_k}" if cfg.experts else ""
     return (f"TinyGPT: {cfg.layers} blocks, hidden {cfg.hidden}, {cfg.heads} heads, seq {cfg.seq_len}, "
-            f"vocab {cfg.vocab} ({n:,} parameters, {math.ceil(n * 4 / 2**10)} KiB fp32)")
+            f"vocab {cfg.vocab}{moe} ({n:,} parameters, {math.ceil(n * 4 / 2**10)} KiB fp32)")
 
 
 class UserModel:

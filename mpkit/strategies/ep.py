@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-from mpkit.parallel.expert_parallel import (check_expert_split, expert_load, expert_parallel, full_expert_parameters,
-                                            synchronize_gradients)
+from mpkit.parallel.expert_parallel import (ExpertParallelMoE, check_expert_split, expert_load, expert_parallel,
+                                            full_expert_parameters, synchronize_gradients)
 from mpkit.sim.engine import Compute
 from mpkit.sim.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
@@ -49,7 +49,8 @@ def run_rank(ctx, cfg, group=None):
 
     losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt))
     return RankOutput(losses=group_mean(ctx, losses, group), params=full_expert_parameters(model, group),
-                      extra={"expert_load": loads, "experts": [m.first for m in model.modules() if hasattr(m, "first")]})
+                      extra={"expert_load": loads,
+                                                     "first_expert": [m.first for m in model.modules() if isinstance(m, ExpertParallelMoE)]})
 
 
 def program(pricer):
