@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from mpkit.observe.memory import CATEGORIES
 from mpkit.sim import formulas
 from mpkit.layout import Layout
+from mpkit.parallel.expert_parallel import expert_parallel
 from mpkit.parallel.pipeline.schedules import chunks_per_rank, placement, schedule, simulate
 from mpkit.parallel.pipeline.split import partition
 from mpkit.parallel.sharded_optimizer import shard_numel
@@ -119,6 +122,19 @@ def predict_memory(strategy: str, plan: Pricer) -> list[PredictedMemory]:
         values["activations"] = _scale(plan, prof.memory["activations"])
         values["other"] = _scale(plan, prof.memory["other"])
         return [PredictedMemory(r, values, cap) for r in range(n)]
+    if strategy == "sp":  # tp's slices; every stored activation split t ways (Korthikanti: 34/t per layer)
+        prof = plan.piece(tp=n, shard=tp_shard)
+        values = _states(plan, prof.total_param_bytes // 4, 0, sum(len(s) for s in prof.layer_shapes.values()), 1)
+        values["activations"] = _scale(plan, plan.piece(batch=plan.batch).memory["activations"] / n)
+        values["other"] = _scale(plan, prof.memory["other"])
+        return [PredictedMemory(r, values, cap) for r in range(n)]
+    if strategy == "cp":  # the whole model, 1/cp of every sequence's tokens: activations as 1/cp of the batch
+        return [PredictedMemory(r, replicated(max(1, plan.batch // n)), cap) for r in range(n)]
+    if strategy == "ep":  # this rank's experts and everything else whole, its slice of the batch
+        local = _expert_parallel_shapes(plan, n)
+        numel = sum(math.prod(s) for s in local)
+        return [PredictedMemory(r, replicated(plan.batch // n, numel=numel, ntensors=len(local)), cap)
+                for r in range(n)]
     if strategy == "ps":  # the server keeps parameters, gradient buffers and Adam; workers no optimizer
         server = _states(plan, psi, 0, tensors, 1)
         worker = replicated(plan.batch // (n - 1), shards=1)
@@ -138,6 +154,13 @@ def predict_memory(strategy: str, plan: Pricer) -> list[PredictedMemory]:
         return _pipeline_memory(plan, cap, o["schedule"], o["micro_batches"], v,
                                 Layout(dp=o["dp"], pp=o["pp"], tp=o["tp"]), o["zero"])
     raise ValueError(f"no memory model for strategy={strategy!r}")
+
+
+def _expert_parallel_shapes(plan: Pricer, n: int) -> list:
+    """Parameter shapes one expert-parallel rank holds: its experts/n experts and every other parameter."""
+    with torch.device("meta"):
+        model = expert_parallel(plan.cfg.build(), rank=0, world_size=n)
+    return [tuple(p.shape) for p in model.parameters()]
 
 
 def _pipeline_memory(plan, cap, name, m, v, grid, zero=False):
