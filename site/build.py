@@ -30,14 +30,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 BINDER = "https://mybinder.org/v2/gh"
 EXAM_LAB = "labs/09_exam_review.ipynb"  # where a learner answers the bank's items with widgets
-
-
-def labs(repo: Path = REPO) -> list[Path]:
-    """Every lab notebook, in teaching (file name) order: a new ``labs/NN_*.ipynb`` is a new page."""
-    return sorted((repo / "labs").glob("*.ipynb"))
-
-
 CELL_TIMEOUT_S = 240  # as the labs' nbval run allows a cell (pyproject.toml)
+
+
+def labs() -> list[Path]:
+    """Every lab notebook, in teaching (file name) order: a new ``labs/NN_*.ipynb`` is a new page."""
+    return sorted((REPO / "labs").glob("*.ipynb"))
 
 
 def execute(notebook: Path) -> float:
@@ -55,6 +53,9 @@ def github_repository(config: dict, given: str | None) -> str:
     """The repository the Binder links open: ``--repository``, else the checkout's GitHub
     ``origin``, else ``repository.url`` in ``_config.yml``."""
     if given:
+        if not re.match(r"https://github\.com/[^/]+/[^/]+/?$", given):
+            raise ValueError(f"--repository {given!r}: give the repository's GitHub URL, "
+                             "https://github.com/OWNER/NAME (Binder's links here open GitHub repositories)")
         return given
     try:
         origin = subprocess.run(["git", "-C", str(REPO), "remote", "get-url", "origin"], capture_output=True,
@@ -171,7 +172,10 @@ def main(argv=None) -> None:
                                              "origin, else repository.url in site/_config.yml)")
     parser.add_argument("--branch", default="main", help="branch the Binder links open (default: main)")
     args = parser.parse_args(argv)
-    build(args.out, args.repository, args.branch)
+    try:
+        build(args.out, args.repository, args.branch)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 if __name__ == "__main__":
