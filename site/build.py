@@ -151,9 +151,11 @@ def build(out: Path, repository: str | None = None, branch: str = "main") -> Pat
     out = out.resolve()
     started = time.monotonic()
     notebooks = lay_out(out / "src", github_repository(config, repository), branch)
-    # The labs' kernels use this checkout's mpkit (as nbval does) and save quiz answers in the build
-    # folder, never in the user's data folder; they inherit this environment.
+    # The labs' kernels use this checkout's mpkit and item bank (the one the bank's pages show; an
+    # installed mpkit may carry another) and save quiz answers in the build folder, never in the
+    # user's data folder; they inherit this environment.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    os.environ["MPKIT_QUIZ_DIR"] = str(REPO / "quizzes")
     os.environ["MPKIT_RESULTS_DIR"] = str(out / "quiz_results")
     for notebook in notebooks:
         print(f"{notebook.name}: {execute(out / 'src' / 'labs' / notebook.name):.1f} s", flush=True)
