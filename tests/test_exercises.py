@@ -156,3 +156,17 @@ def test_exercise_texts_use_the_glossary():
         for lang in ("ko", "en"):
             words = "\n".join(text(lang) for text in texts) + ("\n" + ex.stub if lang == "ko" else "")
             assert not glossary.variants(words, lang, terms), (ex.name, lang, glossary.variants(words, lang, terms))
+
+
+def test_cli_lists_exercises_and_refuses_bad_assignments(tmp_path, capsys):
+    from mpkit.cli import main
+    assert main(["exercise", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in EXERCISES)
+    assert main(["exercise", "assign", "--exercises", "ring_allreduce", "--out", str(tmp_path / "a.ipynb")]) == 2
+    assert "unknown; use one of" in capsys.readouterr().err
+    assert main(["exercise", "assign", "--exercises", "zero1_step,zero1_step", "--out", str(tmp_path / "a.ipynb")]) == 2
+    assert "twice" in capsys.readouterr().err
+    assert main(["exercise", "assign", "--exercises", "zero1_step", "--out", str(tmp_path / "a.txt")]) == 2
+    assert ".ipynb" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
