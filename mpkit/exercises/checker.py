@@ -30,6 +30,26 @@ LOOP_HINT = Text("어떤 랭크는 통신을 기다리지 않고 계속 실행 �
                  "some rank was still running, not waiting on a message: look for a loop that never ends.")
 
 
+MISMATCH_HINT = Text("gloo는 랭크들이 한 집합 통신에 서로 다른 크기의 텐서를 넘기거나 집합 통신을 다른 순서로 부르면 프로세스를 멈춥니다: "
+                     "모든 랭크가 같은 집합 통신을 같은 순서, 같은 모양으로 부르는지 보세요.",
+                     "gloo aborts a process when ranks pass tensors of different sizes to one collective or call "
+                     "collectives in a different order: check that every rank makes the same collectives, in the same "
+                     "order, with the same shapes.")
+# another rank died first (often gloo aborting a mismatched collective): this rank only saw its peer vanish
+PEER_GONE = tuple((text, MISMATCH_HINT) for text in ("Connection reset by peer", "Connection closed by peer"))
+
+
+def _rank_failure(case, err: LaunchError):
+    """A rank that died (gloo aborts a process whose collective does not match its peers'), or
+    mpkit's side of the case that could not use what the learner's code returned."""
+    if err.exc_type == "died":
+        return failed(case, Text(f"{err.summary}.", f"{err.summary}."), MISMATCH_HINT)
+    return failed(case, Text(f"검사기가 결과를 쓸 수 없었습니다: {err.summary}",
+                             f"the checker could not use what your code returned: {err.summary}"),
+                  Text("연습의 설명대로 값을 돌려주었는지(무엇을, 어느 랭크에서) 확인하세요.",
+                       "check that your code returns what the exercise says (what, and on which ranks)."))
+
+
 def _stuck_hint(stuck: harness.Stuck) -> Text:
     if stuck.ranks(harness.RUNNING):
         return LOOP_HINT
@@ -63,14 +83,11 @@ def check(name: str, fn, lang: str = "ko", timeout: float = 6.0, record: bool = 
         except harness.LearnerCrashed as crash:
             if _not_done(crash):
                 return CheckResult(name, lang, [], not_done=True)
-            hint = next((h for text, h in exercise.crash_hints if text in crash.text), None)
+            hint = next((h for text, h in (*exercise.crash_hints, *PEER_GONE) if text in crash.text), None)
             results.append(failed(case, Text(f"랭크 {crash.rank}에서 예외가 났습니다:\n{crash.text}",
                                              f"rank {crash.rank} raised:\n{crash.text}"), hint))
-        except LaunchError as err:  # mpkit's side of the case could not use what the learner's code gave it
-            results.append(failed(case, Text(f"검사기가 결과를 쓸 수 없었습니다: {err.summary}",
-                                             f"the checker could not use what your code returned: {err.summary}"),
-                                  Text("연습의 설명대로 값을 돌려주었는지(무엇을, 어느 랭크에서) 확인하세요.",
-                                       "check that your code returns what the exercise says (what, and on which ranks).")))
+        except LaunchError as err:
+            results.append(_rank_failure(case, err))
         except harness.Stuck as stuck:
             stuck_in = case
             waited = time.monotonic() - started
