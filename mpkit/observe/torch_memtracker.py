@@ -220,6 +220,12 @@ if PROBLEM is None:
 
         def _pre_fw_hook(self, module, inputs) -> None:
             if module not in self._seen_modules:
+                if any(p.is_meta for p in module.parameters()):
+                    # ``torch.func.functional_call`` on meta stand-ins (a pipeline's shape probe): its
+                    # parameters are swapped out for this forward only. Marking the module seen now
+                    # would leave its real parameters without gradient hooks (gradients read as
+                    # "other"), so wait for a forward on its own parameters.
+                    return
                 self._seen_modules.add(module)
                 # MemTracker hooks the gradient of every parameter, and torch refuses a hook on a
                 # frozen one: track them all, then hook only those that will get a gradient.
