@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mpkit
-from mpkit.parallel import DataParallel
+from mpkit.parallel import DataParallel, ShardedOptimizer
 
 ATOL = 1e-5
 STEPS = 5
@@ -134,3 +134,21 @@ def test_ranks_using_different_branches_equal_single(world, overlap, bucket_mb):
         assert buckets > 1
         for name, want in reference.items():
             torch.testing.assert_close(params[name], want, atol=ATOL, rtol=0, msg=f"rank {rank} {name}")
+
+
+def _sharded_unequal(ctx, same_shapes):
+    torch.manual_seed(ctx.rank)
+    model = nn.Linear(4, 4 if same_shapes or ctx.rank == 0 else 3)
+    opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, average_gradients=True, lr=1e-2)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("same_shapes, message", [
+    (False, r"ShardedOptimizer\(average_gradients=True\): the replicas differ: parameter 'group 0 param 0'"),
+    (True, r"the replicas start from different values .*broadcast_parameters")])
+def test_sharded_optimizer_on_differing_replicas_says_broadcast(same_shapes, message, capfd):
+    with pytest.raises(mpkit.LaunchError, match=message):
+        mpkit.launch(_sharded_unequal, 2, args=(same_shapes,), timeout=30)
+    assert "gloo" not in capfd.readouterr().err  # no C++ abort on the caller's stderr
