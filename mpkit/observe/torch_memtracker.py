@@ -26,12 +26,14 @@ PRIVATE_NAMES = (
     ("torch.distributed._tools.mem_tracker", "MemTracker._update_snap"),
     ("torch.distributed._tools.mem_tracker", "MemTracker._delete_callback"),
     ("torch.distributed._tools.mem_tracker", "MemTracker._track_module_params_and_buffers"),
+    ("torch.distributed._tools.mem_tracker", "MemTracker._update_and_maybe_create_winfos"),
     ("torch.distributed._tools.mem_tracker", "MemTracker._should_skip_dynamo"),
     ("torch.distributed._tools.mem_tracker", "MemTracker.track_external"),
     ("torch.distributed._tools.mem_tracker", "MemTracker._pre_fw_hook"),
     ("torch.distributed._tools.mem_tracker", "MemTracker._post_fw_hook"),
     ("torch.distributed._tools.mem_tracker", "_TOTAL_KEY"),
     ("torch.distributed._tools.mem_tracker", "_MemRefType.ACT"),
+    ("torch.distributed._tools.mem_tracker", "_MemRefType.GRAD"),
     ("torch.distributed._tools.mem_tracker", "_MemRefType.OPT"),
     ("torch.distributed._tools.mem_tracker", "_MemRefType.OTH"),
     ("torch.distributed._tools.mem_tracker", "_MemRefType.TEMP"),
@@ -191,6 +193,11 @@ if PROBLEM is None:
                 winfo, old = known[0], known[0].mem_consumed
                 winfo.update_mem_consumed(st)
                 self._update_snap(_UpdateType.SIZE, winfo, old_mem_consumed=old)
+
+        def file_gradients(self, tensors) -> None:
+            """File ``tensors``' storages as gradients (``MemoryTracker.file_gradients``)."""
+            for t in tensors:
+                self._update_and_maybe_create_winfos(t, _MemRefType.GRAD)
 
         def _delete_callback(self, winfo, w_st) -> None:
             self._by_address.pop(getattr(winfo, "address", None), None)

@@ -316,6 +316,7 @@ class DataParallel(nn.Module):
         self.buckets = [_Bucket(i, ps, [names[p] for p in ps])
                         for i, ps in enumerate(plan_buckets(params, *bucket_caps(self.bucket_mb, self.first_bucket_mb)))]
         self._slot = {p: (b, k) for b in self.buckets for k, p in enumerate(b.params)}
+        active.memory().file_gradients(*self.buffers_for_tracking)  # gradients from the start, not "other"
         self._sync = True
         self._finished = False  # finish_... ran and no forward or gradient came since
         self._reset()
