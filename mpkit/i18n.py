@@ -46,6 +46,8 @@ STRINGS = {
     'sheet_score': {"ko": '점수 {correct}/{total}', "en": 'score {correct}/{total}'},
     'sheet_retakes': {"ko": '정답 공개 뒤 다시 푼 문항 {n}개는 처음 답으로 채점했습니다', "en": '{n} item(s) answered again after the key was shown: graded on the first answer'},
     'sheet_unsubmitted': {"ko": '답을 고르고 아직 제출하지 않은 퀴즈가 {n}개 있습니다. 제출을 누른 뒤 이 셀을 다시 실행하세요.', "en": '{n} quiz(zes) have answers chosen but not submitted: press Submit, then run this cell again.'},
+    'sheet_whose': {"ko": '학습자 {name}의 답입니다.', "en": 'These are the answers of learner {name}.'},
+    'sheet_login_only': {"ko": '{name}은(는) 이 컴퓨터의 로그인 이름입니다. 이 계정을 여러 학습자가 함께 쓴다면 다른 사람의 답일 수 있습니다: 첫 퀴즈 셀 전에 %env MPKIT_STUDENT=<학번> 을 실행하세요.', "en": '{name} is this computer\'s login name. If several learners share this account, these may be someone else\'s answers: run %env MPKIT_STUDENT=<your id> before the first quiz cell.'},
     'sheet_saved': {"ko": '이 셀을 실행한 뒤 노트북을 저장하고 제출하세요.', "en": 'Now save the notebook and submit it.'},
     'cell_not_graded': {"ko": '셀 {cell}은(는) 채점하지 않았습니다: {why}. 이 셀은 학생이 만든 셀처럼 남겨 두었습니다 (읽을 수는 있지만 실행하지 않음)', "en": 'cell {cell} was not graded: {why}. It was kept as a cell the student added (readable, never run)'},
     'pasted_copies': {"ko": '붙여 넣은 복사본 {n}개가 같은 nbgrader id를 씁니다. 마지막 셀만 채점합니다', "en": '{n} pasted copy/copies share its nbgrader id; the last one counts'},
