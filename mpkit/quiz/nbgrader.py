@@ -33,7 +33,9 @@ config serves every assignment. In ``nbgrader_config.py``::
     configure(c)
 """
 import ast
+import json
 from collections import Counter
+from pathlib import Path
 
 import nbformat
 from nbgrader.api import Gradebook, MissingEntry
@@ -49,6 +51,7 @@ from mpkit.quiz.marking import mark
 from mpkit.quiz.store import ANSWERS
 
 STASH = "mpkit_quiz"
+LEDGER = "mpkit_graded.json"  # beside the gradebook: which submission of each student was graded
 
 
 class CollectQuizAnswers(NbGraderPreprocessor):
@@ -67,7 +70,40 @@ class CollectQuizAnswers(NbGraderPreprocessor):
         if problem:
             self.log.warning("mpkit quiz: %s", problem)
         nb.metadata[STASH] = {"sheet": sheet, "problem": problem, "notes": _duplicated(nb)}
+        self._note_replaced(resources)
         return nb, resources
+
+    def _note_replaced(self, resources):
+        """Warn when a student's graded submission is replaced by a newer one (``nbgrader collect
+        --update``): nbgrader knows a student only by the login that submitted, so on a shared OS
+        account ``nbgrader submit --student <id>`` from anyone does exactly this. A ledger beside
+        an sqlite gradebook (``mpkit_graded.json``) remembers which submission was graded."""
+        where = resources.get("nbgrader") if isinstance(resources, dict) else None
+        if not where or not str(where.get("db_url", "")).startswith("sqlite:///"):
+            return
+        with Gradebook(where["db_url"]) as gradebook:
+            try:
+                stamp = gradebook.find_submission(where["assignment"], where["student"]).timestamp
+            except MissingEntry:
+                return
+        if stamp is None:
+            return
+        ledger = Path(where["db_url"].removeprefix("sqlite:///")).parent / LEDGER
+        try:
+            graded = json.loads(ledger.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            graded = {}
+        key = f"{where['assignment']}/{where['student']}"
+        if graded.get(key) not in (None, stamp.isoformat()):
+            self.log.warning("mpkit: %s's graded submission of %s (submitted %s) was replaced by one submitted %s. "
+                             "If students share an OS account, anyone can do this with `nbgrader submit --student "
+                             "%s`: give each student their own login (README, trust model)",
+                             where["student"], where["assignment"], graded[key], stamp.isoformat(), where["student"])
+        graded[key] = stamp.isoformat()
+        try:
+            ledger.write_text(json.dumps(graded, indent=1, sort_keys=True), encoding="utf-8")
+        except OSError as exc:
+            self.log.warning("mpkit: could not write %s (%s): replaced submissions will not be noticed", ledger, exc)
 
 
 def _grade_id(cell):
