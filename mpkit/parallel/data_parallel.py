@@ -18,8 +18,9 @@ The mechanics, in order:
    post-accumulate-grad hook counts each bucket's gradients and starts its all-reduce the moment
    the last one lands, while autograd still computes earlier layers; with ``overlap=False`` the
    all-reduces run in ``finish_gradient_synchronization()``;
-4. ``finish_gradient_synchronization()`` waits for them (call it before ``optimizer.step()``), and
-   every rank then takes the same optimizer step.
+4. ``finish_gradient_synchronization()`` waits for them (call it once, before ``optimizer.step()``:
+   a step of an optimizer that holds this model's parameters raises before it, a second call
+   raises too), and every rank then takes the same optimizer step.
 
 A bucket is one flat buffer whose slices *are* the parameters' ``.grad`` tensors (DDP's
 ``gradient_as_bucket_view``), so autograd accumulates straight into it. ``zero_grad(set_to_none=True)``
@@ -142,9 +143,10 @@ def _decode_records(flat: list[int], count: int) -> list[tuple]:
 
 
 def check_same_model(module: nn.Module, group, what: str, buffers: bool = False) -> None:
-    """Every rank's replica must have the same parameters, in the same order: a rank that built
-    another model (a size read from its rank) would receive the first rank's values into
-    mismatched tensors, silently. DDP's check at construction (torch 2.13
+    """Every rank's replica must have the same parameters, in the same order and under the same
+    names: a rank that built another model (a size read from its rank, layers of one shape
+    assigned in another order) would receive the first rank's values into mismatched tensors, or
+    into other layers, silently. DDP's check at construction (torch 2.13
     ``_verify_param_shape_across_processes`` -> ``dist._verify_params_across_processes``) compares
     the parameter count, then each parameter's sizes and strides with rank 0's; buffers are not
     compared. Here buffers are, with ``buffers=True`` (``broadcast_buffers=True``: broadcast
