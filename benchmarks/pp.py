@@ -11,7 +11,10 @@
     backward, slept): four ranks on a 2-core laptop would otherwise share cores exactly when
     the pipeline is full, and the measurement would be the machine's, not the pipeline's.
 
-    python benchmarks/pp.py [--runs 5] [--steps 6]
+(c) with ``--schedules``: every schedule (LoopedBFS and the zero-bubble ones included), measured
+    bubble next to its lists and formula, step time next to torch's (``benchmarks/pp_schedules.py``).
+
+    python benchmarks/pp.py [--runs 5] [--steps 6] [--schedules]
 """
 from __future__ import annotations
 
@@ -80,7 +83,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--schedules", action="store_true", help="run (c) only: every schedule against torch's")
     args = parser.parse_args(argv)
+    if args.schedules:
+        import pp_schedules  # benchmarks/pp_schedules.py
+        return pp_schedules.main(["--runs", str(args.runs), "--steps", str(args.steps)])
     cores = len(os.sched_getaffinity(0))
     sizes = {k: v for k, v in VERSUS_TORCH.items() if k not in ("model", "batch_size", "micro_batches")}
     print(f"{WORLD} ranks on {cores} CPU cores; (b) sleeps its simulated device time, so it holds on fewer cores too")

@@ -38,6 +38,9 @@ class ModelConfig:
     seq_len: int = 16
     heads: int = 4
     layer_ms: float = 0.0
+    experts: int = 0  # gpt: >0 makes every block's MLP a mixture of this many experts
+    top_k: int = 1  # experts per token
+    capacity_factor: float = 1.25  # slots per expert = ceil(capacity_factor · seq_len · top_k / experts)
 
     def __post_init__(self):
         if self.kind not in MODEL_KINDS:
@@ -48,8 +51,22 @@ class ModelConfig:
                 raise ValueError(f"{name}={value!r} must be a positive whole number")
         if not is_number(self.layer_ms) or not 0 <= self.layer_ms < math.inf:
             raise ValueError(f"layer_ms={self.layer_ms!r} must be a number of milliseconds >= 0 (0 = no simulated device time)")
+        self._check_experts()
         if self.kind == "gpt" and self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}; pick hidden as a multiple of heads")
+
+    def _check_experts(self):
+        for name in ("experts", "top_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "experts" else 1):
+                raise ValueError(f"{name}={value!r} must be a whole number >= {0 if name == 'experts' else 1}")
+        if not is_number(self.capacity_factor) or not 0 < self.capacity_factor < math.inf:
+            raise ValueError(f"capacity_factor={self.capacity_factor!r} must be a positive number, e.g. 1.25")
+        if self.experts and self.kind != "gpt":
+            raise ValueError("experts= makes the gpt's MLPs mixtures of experts; use model='gpt'")
+        if self.experts and self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} is larger than experts={self.experts}: a token cannot pick more "
+                             f"experts than there are; use top_k <= {self.experts}")
 
     @property
     def num_layers(self) -> int:
@@ -137,10 +154,16 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
 
+    attention = None  # q, k, v -> y, all [batch, heads, seq, head_dim]; None: causal SDPA (context parallel swaps it)
+
     def forward(self, x):
-        b, s, _ = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        qkv = self.qkv(x)
+        b, s = qkv.shape[:2]  # the whole sequence even when x is a sequence-parallel shard
+        q, k, v = qkv.view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        if self.attention is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = self.attention(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -154,13 +177,68 @@ class FeedForward(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
+class MixtureOfExperts(nn.Module):
+    """A mixture-of-experts MLP (Switch/GShard): a router picks ``top_k`` of ``experts`` FeedForwards
+    per token; each expert takes at most ``capacity`` tokens of each group (one group = one sequence
+    of a [batch, seq, hidden] input, so the result does not depend on how the batch is split), and
+    the tokens beyond it are dropped (they pass only through the residual). First choices are served
+    before second choices, earlier tokens before later ones. A token's output is the sum of its kept
+    experts' outputs weighted by their router probabilities (not renormalised, so the router learns
+    even with ``top_k=1``, as in Switch).
+
+    The step is route -> dispatch into an [experts, groups·capacity, hidden] buffer ->
+    ``run_experts`` -> combine; ``mpkit.parallel.expert_parallel`` replaces ``run_experts`` with an
+    all-to-all to the ranks that hold the experts. ``stats`` holds the last forward's load per
+    expert (tokens routed, before the capacity), the tokens kept, the dropped count and Switch's
+    load-balancing loss E·Σ f_e·P_e (detached: reported, not trained)."""
+
+    def __init__(self, hidden, experts, top_k=1, capacity_factor=1.25):
+        super().__init__()
+        self.num_experts, self.top_k, self.capacity_factor = experts, top_k, capacity_factor
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.experts = nn.ModuleList(FeedForward(hidden) for _ in range(experts))
+        self.stats = {}
+
+    def capacity(self, tokens: int) -> int:
+        """Slots per expert and group: ceil(capacity_factor · tokens · top_k / experts)."""
+        return max(1, math.ceil(self.capacity_factor * tokens * self.top_k / self.num_experts))
+
+    def run_experts(self, buffer):
+        """[experts, slots, hidden] -> the same shape, expert e applied to row e."""
+        return torch.stack([expert(buffer[e]) for e, expert in enumerate(self.experts)])
+
+    def forward(self, x):
+        g, t, h = x.shape
+        e, k, cap = self.num_experts, self.top_k, self.capacity(t)
+        probs = F.softmax(self.router(x), dim=-1)  # [g, t, e]
+        weights, chosen = probs.topk(k, dim=-1)  # [g, t, k]
+        expert_hot = (chosen[..., None] == torch.arange(e, device=x.device)).to(x.dtype)  # [g, t, k, e]
+        queue = expert_hot.transpose(1, 2).reshape(g, k * t, e)  # choice-major, then token order
+        slot = ((queue.cumsum(1) - 1) * queue).sum(-1).view(g, k, t).transpose(1, 2)  # place in its expert's queue
+        slot_hot = ((slot[..., None] == torch.arange(cap, device=x.device)) & (slot < cap)[..., None]).to(x.dtype)
+        # GShard's dispatch and combine tensors [g, t, e, cap]: shapes only, so it also runs on the meta device
+        dispatch = torch.einsum("gtke,gtkc->gtec", expert_hot, slot_hot)
+        combine = torch.einsum("gtk,gtke,gtkc->gtec", weights, expert_hot, slot_hot)
+        buffer = torch.einsum("gtec,gth->egch", dispatch, x).reshape(e, g * cap, h)
+        out = self.run_experts(buffer).view(e, g, cap, h)
+        y = torch.einsum("gtec,egch->gth", combine, out)
+        if x.device.type != "meta":
+            with torch.no_grad():
+                load, kept = expert_hot.sum((0, 1, 2)), dispatch.sum((0, 1, 3))
+                self.stats = {"load": load.long(), "capacity": cap, "kept": kept.long(),
+                              "dropped": int(load.sum() - kept.sum()),
+                              "balance_loss": float(e * (expert_hot[:, :, 0].mean((0, 1)) * probs.mean((0, 1))).sum())}
+        return y
+
+
 class Block(Layer):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg.layer_ms)
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.attn = SelfAttention(cfg.hidden, cfg.heads)
         self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.mlp = FeedForward(cfg.hidden)
+        self.mlp = (MixtureOfExperts(cfg.hidden, cfg.experts, cfg.top_k, cfg.capacity_factor) if cfg.experts
+                    else FeedForward(cfg.hidden))
 
     def compute(self, x):
         x = x + self.attn(self.ln1(x))
@@ -241,8 +319,9 @@ def describe(cfg: ModelConfig) -> str:
     n = parameter_count(cfg)
     if cfg.kind == "mlp":
         return f"MLP {cfg.d_in}->{cfg.hidden}x{cfg.layers}->{cfg.classes} ({n:,} parameters)"
+    moe = f", MoE {cfg.experts} experts top-{cfg.top_k}" if cfg.experts else ""
     return (f"TinyGPT: {cfg.layers} blocks, hidden {cfg.hidden}, {cfg.heads} heads, seq {cfg.seq_len}, "
-            f"vocab {cfg.vocab} ({n:,} parameters, {math.ceil(n * 4 / 2**10)} KiB fp32)")
+            f"vocab {cfg.vocab}{moe} ({n:,} parameters, {math.ceil(n * 4 / 2**10)} KiB fp32)")
 
 
 class UserModel:

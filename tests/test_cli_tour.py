@@ -70,7 +70,7 @@ def test_korean_tour_shows_the_pipeline_bubble_far_below_mp_and_the_caveat():
     assert lines[0].startswith("mpkit tour: 시뮬레이션 장치 2개")
     assert lines[2].split()[:3] == ["전략", "랭크", "마지막"]
     rows = {line.split()[0]: line.split() for line in lines if line.split()[:1] and line.split()[0] in STRATEGIES}
-    assert list(rows) == list(STRATEGIES)
+    assert list(rows) == tour.TOURED
     bubble = {name: int(row[5].rstrip("%")) / 100 for name, row in rows.items()}
     p, m = 2, tour.MICRO_BATCHES
     # layer-wise: one device at a time, (p-1)/p = 50%; pp: (p-1)/(m+p-1) = 11% plus a few ms per

@@ -195,3 +195,32 @@ def test_3d_parallelism_has_one_spelling():
     assert [v.found for v in glossary.variants("a 3-D run of Megatron-LM 3-D, 3D parallelism", "en", en)] == \
         ["3-D", "3-D"]
     assert sorted(v.found for v in glossary.variants("3-D 병렬화와 3차원 병렬", "ko", en)) == ["3-D 병렬", "3차원 병렬"]
+
+
+# ---- the words of review round 2 (T4-T7) and of the topics it found untaught ----
+
+def test_review_two_words_are_in_the_glossary():
+    kos = {term.ko: term.en for term in TERMS}
+    assert {"링 all-reduce": "ring all-reduce", "임계 경로": "critical path", "그래디언트 축소": "gradient reduction",
+            "재계산": "recomputation", "선택적 재계산": "selective recomputation", "오프로드": "offload",
+            "임베딩 그룹": "embedding group", "장치 메시": "device mesh", "프리페치": "prefetch",
+            "모델 FLOPs 활용률": "model FLOPs utilization",
+            "하드웨어 FLOPs 활용률": "hardware FLOPs utilization"}.items() <= kos.items()
+
+
+@pytest.mark.parametrize("text,found", [
+    ("ring all-reduce로 평균한다", ["ring all-reduce"]),
+    ("랭크를 고리로 세운다", ["고리"]),
+    ("링 알고리즘과 링 all-reduce", []),                          # 알고리즘 holds 고리: not a variant
+    ("계산 경로 위에서 all-reduce한다", ["계산 경로"]),
+    ("그래디언트 reduction을 한 번 한다", ["그래디언트 reduction"]),
+    ("`ring all-reduce`는 코드", []),
+])
+def test_review_two_variants(text, found):
+    assert [v.found for v in glossary.variants(text, "ko", TERMS)] == found
+
+
+def test_selective_recomputation_is_its_own_first_use():
+    terms = [t for t in TERMS if t.ko in ("재계산", "선택적 재계산")]
+    assert glossary.missing_parentheses("선택적 재계산(selective recomputation)과 재계산(recomputation)", terms) == []
+    assert [t.ko for t in glossary.missing_parentheses("선택적 재계산(selective recomputation)과 재계산", terms)] == ["재계산"]

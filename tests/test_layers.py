@@ -22,7 +22,7 @@ LAYERS = [
     ("cost model", ["mpkit.sim"]),
     ("plots", ["mpkit.plot"]),
     ("widgets", ["mpkit.sim.whatif", "mpkit.sim.planwidget"]),
-    ("teaching", ["mpkit.quiz", "mpkit.tf"]),
+    ("teaching", ["mpkit.quiz", "mpkit.tf", "mpkit.exercises"]),
     ("command line", ["mpkit.cli", "mpkit.__main__"]),
     ("package", ["mpkit"]),
 ]

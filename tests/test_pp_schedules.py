@@ -101,7 +101,8 @@ def test_simulator_catches_deadlock_mismatch_and_missing_inputs():
 
 
 @pytest.mark.parametrize("args,match", [
-    (("zb", 2, 4), "schedule='zb' is unknown; use one of 'gpipe', '1f1b', 'interleaved'"),
+    (("zb", 2, 4), "schedule='zb' is unknown; use one of 'gpipe', '1f1b', 'interleaved', 'looped_bfs', "
+                   "'interleaved_zb', 'zbv'"),
     (("gpipe", 2, 0), "micro_batches=0"),
     (("interleaved", 2, 3, 2), "multiple of world_size=2"),
     (("interleaved", 2, 4, 1), "virtual_stages=1"),
@@ -110,7 +111,7 @@ def test_simulator_catches_deadlock_mismatch_and_missing_inputs():
 def test_bad_arguments(args, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
         schedule(*args)
-    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved"}
+    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb", "zbv"}
 
 
 def test_programs_are_plain_data():

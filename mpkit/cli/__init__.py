@@ -1,4 +1,4 @@
-"""The ``mpkit`` command line: ``tour``, ``run`` and ``quiz`` subcommands.
+"""The ``mpkit`` command line: ``tour``, ``run``, ``quiz`` and ``exercise`` subcommands.
 
 Each subcommand lives in its own module of this package (``run``, ``tour``, ``quiz``) and registers
 itself through ``register(subparsers)``;
@@ -10,7 +10,7 @@ from importlib import import_module
 
 from mpkit.errors import DeviceOutOfMemory, LaunchError
 
-SUBCOMMAND_MODULES = ("mpkit.cli.run", "mpkit.cli.tour", "mpkit.cli.quiz")
+SUBCOMMAND_MODULES = ("mpkit.cli.run", "mpkit.cli.tour", "mpkit.cli.quiz", "mpkit.cli.exercise")
 
 
 def build_parser():

@@ -104,9 +104,26 @@ def summary(run, comparison=None) -> str:
              "  losses: " + ", ".join(f"{x:.4f}" for x in run.losses),
              "  memory per rank, max by category (MiB):", *memory_rows(run),
              f"  bubble share {run.trace.bubble_share():.1%}, comm share {run.trace.comm_share():.1%}"]
+    lines += bubble_note(run)
     if comparison is not None:
         lines.append("  " + parity_line(comparison))
     return "\n".join(lines)
+
+
+def bubble_note(run) -> list[str]:
+    """Why a layer-wise or pipelined run without simulated device time shows a huge bubble: its
+    layers compute in microseconds, so the ranks mostly wait on messages and Python, and the share
+    says little about the schedule (a newcomer read ~87% as the pipeline's bubble)."""
+    if run.strategy not in ("mp", "pp") or getattr(run.config.model, "layer_ms", None) != 0:
+        return []
+    p, options = run.world_size, run.config.options
+    m = options.get("micro_batches", 1) if run.strategy == "pp" else 1
+    v = options.get("virtual_stages", 1) if options.get("schedule") == "interleaved" else 1
+    return [f"  note: no simulated device time (layer_ms=0): each layer computes in microseconds, so this bubble share",
+            f"        is mostly waiting on sends, receives and Python, not the schedule's (p-1)/(v·m+p-1) = "
+            f"{(p - 1) / (v * m + p - 1):.1%} (p={p}, m={m}, v={v});",
+            "        add --option layer_ms=20 to give every layer 20 ms of simulated device time: "
+            "the share then comes close to it"]
 
 
 def as_json(run, comparison=None) -> dict:

@@ -9,7 +9,11 @@ classes: one implementation per mechanism.
 - ``DataParallel``: replicas, bucketed all-reduce of gradients, overlap with backward, ``no_sync``.
 - ``ShardedOptimizer``: ZeRO-1 — any elementwise ``torch.optim`` optimizer with its state sharded.
 - ``ColumnParallelLinear``, ``RowParallelLinear``, ``tensor_parallel``: Megatron tensor parallel.
-- ``pipeline``: GPipe, 1F1B and interleaved schedules over an ``nn.Sequential`` or stage list.
+- ``pipeline``: GPipe, 1F1B, interleaved, looped BFS and zero-bubble schedules over an ``nn.Sequential``,
+  a stage list, or only this rank's stages.
+- ``sequence_parallel``: Megatron sequence parallelism (LayerNorm/residual split along the sequence).
+- ``ring_attention``, ``ulysses_attention``: context parallelism, attention over a split sequence.
+- ``expert_parallel``: a mixture of experts spread over ranks, all-to-all dispatch and combine.
 - ``Layout``: the dp x pp x tp rank grid of 3D parallelism; ``ring_all_reduce``: a collective by hand.
 """
 from mpkit.parallel.collectives import ring_all_reduce
@@ -17,10 +21,23 @@ from mpkit.parallel.data_parallel import DataParallel, broadcast_module, plan_bu
 from mpkit.layout import Layout
 from mpkit.parallel.pipeline import Pipeline, pipeline, schedule, simulate
 from mpkit.parallel.sharded_optimizer import ShardedOptimizer
+from mpkit.parallel.sequence_parallel import (
+    all_reduce_sequence_parallel_gradients, gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region,
+    sequence_parallel,
+)
+from mpkit.parallel.context_parallel import (
+    context_parallel_attention, ring_attention, ring_work, sequence_positions, shard_sequence, ulysses_attention,
+)
+from mpkit.parallel.expert_parallel import expert_load, expert_parallel, expert_parameters, full_expert_parameters
+from mpkit.parallel.functional import all_to_all
 from mpkit.parallel.tensor_parallel import (
     ColumnParallelLinear, RowParallelLinear, Split, full_parameters, head_split, tensor_parallel,
 )
 
 __all__ = ["DataParallel", "ShardedOptimizer", "ColumnParallelLinear", "RowParallelLinear", "Split",
            "tensor_parallel", "full_parameters", "head_split", "pipeline", "Pipeline", "schedule", "simulate",
-           "Layout", "plan_buckets", "broadcast_module", "ring_all_reduce"]
+           "Layout", "plan_buckets", "broadcast_module", "ring_all_reduce",
+           "sequence_parallel", "all_reduce_sequence_parallel_gradients", "scatter_to_sequence_parallel_region",
+           "gather_from_sequence_parallel_region", "ring_attention", "ulysses_attention", "sequence_positions",
+           "shard_sequence", "ring_work", "context_parallel_attention", "expert_parallel", "expert_parameters",
+           "full_expert_parameters", "expert_load", "all_to_all"]

@@ -393,7 +393,11 @@ class DataParallel(nn.Module):
 
     @contextmanager
     def no_sync(self):
-        """Accumulate gradients locally (no communication) inside; the next backward outside syncs."""
+        """Accumulate gradients locally (no communication) inside; the next backward outside syncs.
+
+        Here the backward hooks read the flag, so wrapping the backward is enough. torch's DDP
+        decides in the *forward* whether the next backward syncs: its ``no_sync()`` must wrap the
+        forward too, or that backward all-reduces anyway. Wrapping both works with either."""
         previous, self._sync = self._sync, False
         try:
             yield

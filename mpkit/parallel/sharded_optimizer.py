@@ -362,7 +362,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         """This rank's shard of the optimizer state plus the layout it belongs to: save one per rank,
-        load each into the same rank of a world laid out the same way."""
+        load each into the same rank of a world laid out the same way.
+
+        torch's ``ZeroRedundancyOptimizer`` saves one whole file instead: every rank calls
+        ``consolidate_state_dict(to=0)`` (a collective that gathers the shards), then rank 0 alone
+        calls ``state_dict()``; to resume, every rank loads that whole dict and keeps its share."""
         return {"inner": self.inner.state_dict(), "layout": self._layout(),
                 "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
 

@@ -7,6 +7,7 @@ optimizer-state and parameter blocks, model/pipeline parallelism splits paramete
 from __future__ import annotations
 
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from mpkit.observe.memory import CATEGORIES, mib
 from mpkit.plot.inputs import as_runs
@@ -51,8 +52,12 @@ def _draw_group(ax, reports, xs, attr, lang):
         ax.bar(xs, heights, BAR_WIDTH, bottom=bottoms, color=CATEGORY_COLOURS[category], gid=category,
                edgecolor="white", linewidth=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
+    above = False
     for x, top, report in zip(xs, bottoms, reports):
         peak = mib(report.peak_total)
+        if attr == "max_by_category" and top > peak * (1 + 1e-9):
+            _veil(ax, x, peak, top)
+            above = True
         ax.plot([x - BAR_WIDTH / 2, x + BAR_WIDTH / 2], [peak, peak], color="black", linewidth=1.4, gid="peak")
         ax.annotate(f"{peak:.3g}", (x, max(top, peak)), xytext=(0, 2), textcoords="offset points",
                     ha="center", va="bottom", fontsize=6.5, gid="peak_label")
@@ -60,14 +65,22 @@ def _draw_group(ax, reports, xs, attr, lang):
     for capacity in capacities:
         ax.hlines(mib(capacity), xs[0] - 0.5, xs[-1] + 0.5, colors="#C44E52", linestyles="--", linewidth=1.2,
                   gid="capacity")
-    return bool(capacities)
+    return bool(capacities), above
+
+
+def _veil(ax, x, peak, top):
+    """Pale, hatched cover over the part of a stack of maxima above the peak total: each category
+    peaked at its own moment, so that much was never held at once (readers took the bar for the peak)."""
+    ax.bar([x], [top - peak], BAR_WIDTH, bottom=[peak], color=(1, 1, 1, 0.6), hatch="////",
+           edgecolor="#666666", linewidth=0, gid="above_peak")
 
 
 def memory(run_or_runs, lang="en", kind="max", labels=None):
     """Stacked MiB per rank and category for one run, or for a list/dict of runs side by side.
 
     ``kind``: ``"max"`` — each category's largest value during the run (the black tick is the
-    peak total, which is lower when categories peak at different times), ``"peak"`` — the
+    peak total, which is lower when categories peak at different times; the part of the stack
+    above it is veiled and hatched, so the bar is not read as the peak), ``"peak"`` — the
     breakdown at the moment of the peak, ``"final"`` — what stays resident after the last step.
     ``labels`` renames the runs. The dashed red line is the simulated device capacity, if set.
     """
@@ -77,9 +90,10 @@ def memory(run_or_runs, lang="en", kind="max", labels=None):
         positions = _positions(runs)
         n_slots = positions[-1][-1] + 1
         fig, ax = new_figure(max(4.5, 2.8 + 0.42 * n_slots), 4.6)
-        with_capacity = False
+        with_capacity = with_veil = False
         for (_, reports), xs in zip(runs, positions):
-            with_capacity |= _draw_group(ax, reports, xs, attr, lang)
+            capacity, veil = _draw_group(ax, reports, xs, attr, lang)
+            with_capacity, with_veil = with_capacity or capacity, with_veil or veil
 
         ax.set_xticks([x for xs in positions for x in xs],
                       [str(r.rank) for _, reports in runs for r in reports], fontsize=8)
@@ -100,6 +114,9 @@ def memory(run_or_runs, lang="en", kind="max", labels=None):
         handles = [Line2D([], [], color=CATEGORY_COLOURS[c], linewidth=8, label=category_label(c, lang))
                    for c in reversed(CATEGORIES)]
         handles.append(Line2D([], [], color="black", linewidth=1.4, label=text("peak_total", lang)))
+        if with_veil:
+            handles.append(Patch(facecolor="white", hatch="////", edgecolor="#666666", linewidth=0,
+                                 label=text("above_peak", lang)))
         if with_capacity:
             handles.append(Line2D([], [], color="#C44E52", linestyle="--", label=text("capacity", lang)))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)

@@ -146,6 +146,13 @@ def check_results(data, where):
                            and isinstance(e.get("at", ""), str) for e in entry["history"])):
             raise ResultsFileError(f"{where}: item {item_id!r} needs answer O/X, box 1-{BOXES}, "
                                    "an \"at\" time and a history list of answers, each with its \"at\" time as text")
+    exercises = data.get("exercises", {})
+    if not isinstance(exercises, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("passed"), bool) and isinstance(e.get("history"), list)
+            and all(isinstance(h, dict) and isinstance(h.get("passed"), bool) and isinstance(h.get("at"), str)
+                    for h in e["history"]) for e in exercises.values()):
+        raise ResultsFileError(f"{where}: \"exercises\" must map each exercise to passed (true/false) and a "
+                               "history of checks, each with passed and its \"at\" time")
     return data
 
 
@@ -370,6 +377,19 @@ class ResultStore:
             entry.update(answer=answer, correct=bool(correct), at=stamp,
                          box=next_box(entry["box"], correct))
         data.update(version=VERSION, updated=stamp)
+
+    def record_exercise(self, name, *, passed, score, at):
+        """Append one exercise check (``passed``, ``score`` = [cases passed, cases]) under ``"exercises"``,
+        through the same locked, atomic rewrite as the answers."""
+        def append(data):
+            entry = data.setdefault("exercises", {}).setdefault(name, {"passed": False, "history": []})
+            entry["history"].append({"passed": bool(passed), "score": list(score), "at": at})
+            entry["passed"] = entry["passed"] or bool(passed)
+            data["updated"] = at
+            return True
+
+        self.data = self._rewrite(append)[0]
+        return self._announce()
 
     def _announce(self):
         global _announced

@@ -82,8 +82,9 @@ class Quiz:
     ``.score`` and ``.feedback`` (id -> feedback HTML) from code and tests.
     """
 
-    def __init__(self, items, bank, *, lang, mode, store, assignment=None):
+    def __init__(self, items, bank, *, lang, mode, store, assignment=None, exercises_passed=None):
         self.items, self.mode, self.lang, self.assignment = list(items), mode, lang, assignment
+        self.exercises_passed = exercises_passed  # the review shows them; None elsewhere
         self.submitted = False
         self._bank, self._store = bank, store
         self.views = {item.id: _ItemView(item, number, self._on_click)
@@ -96,6 +97,8 @@ class Quiz:
         self.score_html.add_class("mpkit-quiz-score")
         self.summary = W.HTML()
         self.summary.add_class("mpkit-quiz-summary")
+        self.exercises = W.HTML()
+        self.exercises.add_class("mpkit-quiz-exercises")
         self.notice = W.HTML()  # where answers go, after the kernel's first save: JupyterLab hides a click's print
         self.notice.add_class("mpkit-quiz-notice")
         self.submit_button = None
@@ -105,7 +108,7 @@ class Quiz:
             self.submit_button.add_class("mpkit-quiz-submit")
             self.submit_button.on_click(lambda _button: self.submitted or self._clicked(self._submit))
             children.append(self.submit_button)
-        self.widget = W.VBox([*children, self.score_html, self.summary, self.notice])
+        self.widget = W.VBox([*children, self.score_html, self.summary, self.exercises, self.notice])
         self.widget.add_class("mpkit-quiz")
         self.widget.add_class(f"mpkit-quiz-{mode}")
         if not self.items:
@@ -233,6 +236,9 @@ class Quiz:
         else:
             self.score_html.value = f"<b>{t('score', lang)}: {self.score}</b>" if self.submitted else ""
         self.summary.value = self._pitfall_table(lang) if self.submitted else ""
+        if self.exercises_passed is not None:
+            names = ", ".join(self.exercises_passed) or t("exercises_none", lang)
+            self.exercises.value = f"{t('exercises_passed', lang)}: {html.escape(names)}"
 
     def _pitfall_table(self, lang):
         rows = "".join(f"<tr><td>{html.escape(self._bank.pitfalls[tag][lang])}</td>"
@@ -268,11 +274,13 @@ def show(topic_or_ids, lang="ko", mode="drill", n=None, shuffle=False, seed=None
 
 def review(lang="ko", n=10, student=None, results_dir=None, bank_dir=None):
     """Drill the items this student missed, lowest Leitner box first (never-answered items are not
-    missed); with nothing to review the quiz shows a short bilingual message instead."""
+    missed); with nothing to review the quiz shows a short bilingual message instead. Below, the
+    exercises (``mpkit.exercises``) this student has passed."""
     check_lang(lang)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a whole number of items, 1 or more, got {n!r}")
     bank = load_bank(bank_dir)
     store = _open_store(student, results_dir)
     ids = [item_id for item_id in store.missed() if item_id in bank.items][:n]
-    return Quiz(bank.select(ids) if ids else [], bank, lang=lang, mode="drill", store=store)
+    passed = [name for name, entry in store.data.get("exercises", {}).items() if entry["passed"]]
+    return Quiz(bank.select(ids) if ids else [], bank, lang=lang, mode="drill", store=store, exercises_passed=passed)

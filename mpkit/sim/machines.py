@@ -70,10 +70,11 @@ class NotCalibrated(ValueError):
 
 
 def keep(hw: Hardware, cache_file) -> None:
-    """Remember a measurement for this process and in ``cache_file`` (None: no file)."""
+    """Remember a measurement in ``cache_file`` (None: no file) and for this process: the newest
+    measurement is this process's ``cpu-sim``, whichever file it went to."""
     if cache_file is not None:
         _save(Path(cache_file), hw)
-    _memory[str(cache_file)] = hw
+    _memory[str(cache_file)] = _memory[str(DEFAULT_CACHE)] = hw
 
 
 def known(cache_file) -> Hardware | None:

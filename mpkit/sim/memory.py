@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from mpkit.observe.memory import CATEGORIES
 from mpkit.sim import formulas
 from mpkit.layout import Layout
+from mpkit.parallel.expert_parallel import expert_parallel
+from mpkit.parallel.pipeline.schedules import chunks_per_rank, placement, schedule, simulate
 from mpkit.parallel.pipeline.split import partition
 from mpkit.parallel.sharded_optimizer import shard_numel
 from mpkit.sim.pricing import Pricer
@@ -118,6 +122,19 @@ def predict_memory(strategy: str, plan: Pricer) -> list[PredictedMemory]:
         values["activations"] = _scale(plan, prof.memory["activations"])
         values["other"] = _scale(plan, prof.memory["other"])
         return [PredictedMemory(r, values, cap) for r in range(n)]
+    if strategy == "sp":  # tp's slices; every stored activation split t ways (Korthikanti: 34/t per layer)
+        prof = plan.piece(tp=n, shard=tp_shard)
+        values = _states(plan, prof.total_param_bytes // 4, 0, sum(len(s) for s in prof.layer_shapes.values()), 1)
+        values["activations"] = _scale(plan, plan.piece(batch=plan.batch).memory["activations"] / n)
+        values["other"] = _scale(plan, prof.memory["other"])
+        return [PredictedMemory(r, values, cap) for r in range(n)]
+    if strategy == "cp":  # the whole model, 1/cp of every sequence's tokens: activations as 1/cp of the batch
+        return [PredictedMemory(r, replicated(max(1, plan.batch // n)), cap) for r in range(n)]
+    if strategy == "ep":  # this rank's experts and everything else whole, its slice of the batch
+        local = _expert_parallel_shapes(plan, n)
+        numel = sum(math.prod(s) for s in local)
+        return [PredictedMemory(r, replicated(plan.batch // n, numel=numel, ntensors=len(local)), cap)
+                for r in range(n)]
     if strategy == "ps":  # the server keeps parameters, gradient buffers and Adam; workers no optimizer
         server = _states(plan, psi, 0, tensors, 1)
         worker = replicated(plan.batch // (n - 1), shards=1)
@@ -129,7 +146,7 @@ def predict_memory(strategy: str, plan: Pricer) -> list[PredictedMemory]:
         return _pipeline_memory(plan, cap, "gpipe", 1, 1, Layout(pp=n))
     if strategy == "pp":
         name = plan.options["schedule"]
-        v = plan.options["virtual_stages"] if name == "interleaved" else 1
+        v = chunks_per_rank(name, plan.options["virtual_stages"])
         return _pipeline_memory(plan, cap, name, plan.options["micro_batches"], v, Layout(pp=n))
     if strategy == "3d":
         o = plan.options
@@ -137,6 +154,13 @@ def predict_memory(strategy: str, plan: Pricer) -> list[PredictedMemory]:
         return _pipeline_memory(plan, cap, o["schedule"], o["micro_batches"], v,
                                 Layout(dp=o["dp"], pp=o["pp"], tp=o["tp"]), o["zero"])
     raise ValueError(f"no memory model for strategy={strategy!r}")
+
+
+def _expert_parallel_shapes(plan: Pricer, n: int) -> list:
+    """Parameter shapes one expert-parallel rank holds: its experts/n experts and every other parameter."""
+    with torch.device("meta"):
+        model = expert_parallel(plan.cfg.build(), rank=0, world_size=n)
+    return [tuple(p.shape) for p in model.parameters()]
 
 
 def _pipeline_memory(plan, cap, name, m, v, grid, zero=False):
@@ -147,9 +171,10 @@ def _pipeline_memory(plan, cap, name, m, v, grid, zero=False):
     mb = plan.batch // grid.dp // m
     shard = tp_shard if grid.tp > 1 else None
     out = []
+    where = placement(name, p, v)
     for rank in range(grid.world_size):
         r = grid.coords(rank)["pp"]
-        stages = list(range(r, p * v, p))
+        stages = [s for s in range(p * v) if where[s] == r]
         profs = [plan.piece(groups[s].start, groups[s].stop, batch=mb, tp=grid.tp, shard=shard) for s in stages]
         numel = sum(prof.total_param_bytes for prof in profs) // 4
         ntensors = sum(len(sh) for prof in profs for sh in prof.layer_shapes.values())
@@ -165,7 +190,8 @@ def _pipeline_memory(plan, cap, name, m, v, grid, zero=False):
         own = [_target_bytes(plan, mb) + (_input_bytes(plan, mb) if groups[s].start == 0 else 0) for s in stages]
         retained = [prof.retained - o for prof, o in zip(profs, own)]
         peak_one = max(prof.memory["activations"] - o for prof, o in zip(profs, own))
-        in_flight = formulas.inflight_activations(name, p, m, r, v)
+        in_flight = (formulas.inflight_activations(name, p, m, r, v) if name in formulas.SCHEDULES
+                     else simulate(schedule(name, p, m, v)).peak_in_flight[r])  # the newer ones: from their lists
         held = (in_flight - 1) * sum(retained) / len(retained)
         values["activations"] = _scale(plan, _batch_bytes(plan, plan.batch) + held + peak_one)
         values["other"] = _scale(plan, max(prof.memory["other"] for prof in profs))

@@ -98,8 +98,23 @@ class LayoutTable:
         if not self.rows and not self.dropped:  # nothing to price: not memory, the sizes themselves
             lines.append(t("plan_no_layout", lang, gpus=self.gpus, batch=self.global_batch, layers=self.model.layers))
         elif not self.rows:
-            lines.append(t("plan_nothing_fits", lang))
+            lines.append(t("plan_nothing_fits", lang, advice=self._fit_advice(lang)))
         return "\n".join(lines)
+
+    def _fit_advice(self, lang) -> str:
+        """What could still make a layout fit: only the pins the caller set can be relaxed (what was
+        searched already failed), and more GPUs or offload always remain."""
+        pins = self.pins
+        advice = ["plan_fit_gpus"]
+        if (pins.get("micro_batch") or 1) > 1:
+            advice.append("plan_fit_micro")
+        if pins.get("zero") not in (None, 3):
+            advice.append("plan_fit_zero3")
+        if pins.get("recompute") not in (None, "full"):
+            advice.append("plan_fit_full")
+        searched = pins.get("zero") is None and pins.get("recompute") is None
+        said = t("plan_fit_or", lang).join(t(key, lang) for key in advice)
+        return said + (t("plan_fit_searched", lang) if searched else "")
 
     def to_text(self, lang=None, top=None) -> str:
         lang = check_lang(lang or self.lang)

@@ -195,7 +195,7 @@ def with_wake_ups(programs, played: Trace, hw: Hardware) -> list:
     """``programs`` with each receive that found its rank asleep in ``played`` (idle since the
     rank's previous event) made ``hw.wake_wait(slept)`` longer: beside busy loops a thread woken
     by its message waits to be scheduled, the longer the more it slept (BENCHMARKS.md,
-    ``benchmarks/message_wait.py``). A hop priced from a measured relay (``Hardware.measured``)
+    ``benchmarks/probes/message_wait.py``). A hop priced from a measured relay (``Hardware.measured``)
     already holds its receiver's wake-up in what it takes beyond the link's transfer, so only the
     wake-up beyond that is added (adding it whole played the 4-rank mlp-256 pipelines beside busy
     loops 26-46% too slow). Receives are matched to the events in the order the rank waited them."""

@@ -65,7 +65,7 @@ class Pricer:
             if self.hw.allreduce == "ring":
                 return ring
             return min(ring, formulas.tree_allreduce_time(size, n, link.alpha, link.beta))
-        if kind in ("all_gather", "reduce_scatter"):
+        if kind in ("all_gather", "reduce_scatter", "all_to_all"):  # all-to-all: N-1 messages of S/N, as the ring
             return formulas.ring_reduce_scatter_time(size, n, link.alpha, link.beta)
         if kind == "broadcast":
             return math.ceil(math.log2(n)) * link.time(size)

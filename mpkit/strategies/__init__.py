@@ -21,9 +21,15 @@ REGISTRY = {
     "tp": ("mpkit.strategies.tp", "Megatron tensor parallel: column- then row-parallel linear layers"),
     "pp": ("mpkit.strategies.pp", "pipeline parallel: micro-batches through stages (gpipe, 1f1b, interleaved)"),
     "ps": ("mpkit.strategies.ps", "parameter server over torch.distributed.rpc (mode sync or async)"),
+    "sp": ("mpkit.strategies.sp", "tensor parallel with Megatron sequence parallelism: LayerNorms and residuals split along the sequence"),
+    "cp": ("mpkit.strategies.cp", "context parallel: the sequence split across ranks, ring or Ulysses (all-to-all) attention"),
+    "ep": ("mpkit.strategies.ep", "expert parallel: a mixture of experts spread across ranks, all-to-all dispatch and combine"),
     "3d": ("mpkit.strategies.three_d", "data x tensor x pipeline parallel on one DeviceMesh (Megatron-LM 3D)"),
 }
 STRATEGIES = {name: summary for name, (_, summary) in REGISTRY.items()}
+# They split a sequence or make experts of a transformer's MLPs: the built-in gpt only (not the
+# tour's mlp, which has neither)
+SEQUENCE_STRATEGIES = ("sp", "cp", "ep")
 
 
 def get_strategy(name) -> Strategy:
@@ -43,4 +49,4 @@ def make_config(strategy, world_size, *, model="mlp", steps=3, batch_size=32, lr
     return cfg
 
 
-__all__ = ["REGISTRY", "STRATEGIES", "Strategy", "get_strategy", "make_config"]
+__all__ = ["REGISTRY", "STRATEGIES", "SEQUENCE_STRATEGIES", "Strategy", "get_strategy", "make_config"]

@@ -1,15 +1,16 @@
 """Pipeline parallel (``mpkit.parallel.pipeline``): the model cut into stages, the batch into
 micro-batches that flow through the stages so that several devices compute at once.
 
-Options: ``schedule`` ("gpipe", "1f1b" or "interleaved"), ``micro_batches`` (m; each holds
-batch_size/m samples, loss scaled by 1/m, gradients accumulated, one optimizer step per rank per
-step), ``virtual_stages`` (v model chunks per rank, read by "interleaved" only). Stages of the
+Options: ``schedule`` ("gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb" or "zbv"),
+``micro_batches`` (m; each holds batch_size/m samples, loss scaled by 1/m, gradients accumulated,
+one optimizer step per rank per step), ``virtual_stages`` (v model chunks per rank, read by
+"interleaved", "looped_bfs" and "interleaved_zb"; "zbv" always holds two). Stages of the
 built-in models are balanced by parameter count (``stages.py``); a user's ``nn.Sequential`` is
 cut the same way. ``mp`` is this strategy with one micro-batch.
 """
 from mpkit.parallel.pipeline import (check_every_rank_trains, check_no_tie_across_ranks, check_schedule_args, pipeline,
                                      schedule)
-from mpkit.parallel.pipeline.schedules import engine_programs
+from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, chunks_per_rank, engine_programs, placement
 from mpkit.parallel.pipeline.split import partition, split_layers
 from mpkit.sim.profile import Cost
 from mpkit.strategies import stages as builtin
@@ -20,7 +21,8 @@ OPTIONS = {"schedule": "gpipe", "micro_batches": 4, "virtual_stages": 2}
 
 
 def virtual_stages(cfg) -> int:
-    return cfg.option("virtual_stages") if cfg.option("schedule") == "interleaved" else 1
+    """Model chunks per rank (1 for gpipe and 1f1b, 2 for zbv)."""
+    return chunks_per_rank(cfg.option("schedule"), cfg.option("virtual_stages"))
 
 
 def check_stages(cfg, count: int, what: str) -> None:
@@ -33,12 +35,13 @@ def check_stages(cfg, count: int, what: str) -> None:
     trained = [f"{i}: {type(layer).__name__}" for i, layer in enumerate(layers) if any(True for _ in layer.parameters())]
     # per rank, not per stage: under interleaving a rank holds stages r, r+p, ... (pipeline keeps
     # s % p), and a parameter-free stage there is fine if another of them trains
+    where = placement(cfg.option("schedule"), cfg.world_size, count // cfg.world_size) if cfg.strategy == "pp" else None
     check_every_rank_trains(stages, cfg.world_size, f"the rule: the model's top-level layers are cut into {count} "
                             f"stages balanced by parameter count, and every rank needs a layer with parameters. "
                             f"This model has {len(trained)} ({', '.join(trained)}): use at most {len(trained)} "
                             f"stages, or put each activation inside a block with its layer, e.g. "
-                            f"nn.Sequential(nn.Sequential(nn.Linear(...), nn.ReLU()), ...)")
-    check_no_tie_across_ranks(stages, cfg.world_size)
+                            f"nn.Sequential(nn.Sequential(nn.Linear(...), nn.ReLU()), ...)", where)
+    check_no_tie_across_ranks(stages, cfg.world_size, where)
 
 
 def validate(cfg):
@@ -47,7 +50,8 @@ def validate(cfg):
     require_divisible(cfg.batch_size, m, "batch_size", "micro_batches",
                       "each micro-batch holds batch_size/micro_batches samples")
     v = virtual_stages(cfg)
-    what = "world_size" if v == 1 else f"world_size*virtual_stages={cfg.world_size}*{v}"
+    what = ("world_size" if v == 1 else f"world_size*virtual_stages={cfg.world_size}*{v}" if name in MULTI_CHUNK
+            else f"world_size*2={cfg.world_size}*2 (schedule={name!r} holds two stages per rank)")
     try:
         check_stages(cfg, cfg.world_size * v, "stages")
     except ValueError as exc:
@@ -66,7 +70,7 @@ def train_pipeline(ctx, cfg, name, m, v):
     """mp and pp: the stages, the schedule's program on this rank, the one loop; ``RankOutput``."""
     p = ctx.world_size
     pipe = pipeline(all_stages(cfg, p * v), schedule=name, micro_batches=m, loss_fn=cfg.model.loss,
-                    virtual_stages=v)
+                    virtual_stages=v if name in MULTI_CHUNK else 1)
     pipe.to(ctx.device)
     opt = make_optimizer(pipe.parameters(), cfg)
 
@@ -101,20 +105,25 @@ def pipeline_program(pricer, name, m, v):
         nbytes = prof.input_bytes if kind == "act" else prof.output_bytes[groups[stage].stop - 1]
         return pricer.wire(nbytes), pricer.p2p_time(src, dst, nbytes)
 
+    where = placement(name, p, v)
+
     def optimizer(rank):
-        return pricer.seconds(sum((profs[s].optimizer for s in range(rank, p * v, p)), Cost()), "optimizer")
+        return pricer.seconds(sum((profs[s].optimizer for s in range(p * v) if where[s] == rank), Cost()), "optimizer")
 
     def compute(phase):
         extra = pricer.hw.stage_overhead[phase] * pricer.slowdown  # the executor's own work per micro-batch
         return lambda s, mb: pricer.seconds(profs[s].cost(phase), phase) + extra
 
-    return engine_programs(schedule(name, p, m, v), compute("forward"), compute("backward"), message, optimizer)
+    def weight(s, mb):  # W of a split backward: the weight-gradient half of the backward's matmuls
+        return compute("backward")(s, mb) / 2
+
+    return engine_programs(schedule(name, p, m, v), compute("forward"), compute("backward"), message, optimizer,
+                           weight)
 
 
 def program(pricer):
     o = pricer.options
-    v = o["virtual_stages"] if o["schedule"] == "interleaved" else 1
-    return pipeline_program(pricer, o["schedule"], o["micro_batches"], v)
+    return pipeline_program(pricer, o["schedule"], o["micro_batches"], chunks_per_rank(o["schedule"], o["virtual_stages"]))
 
 
 STRATEGY = Strategy("pp", OPTIONS, validate, run_rank, program, dim='pp')

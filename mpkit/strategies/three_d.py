@@ -12,6 +12,13 @@ optimizer state sharded over it (``ShardedOptimizer``: ZeRO-1 over the DP dimens
 
 Options: ``dp``, ``tp``, ``pp`` (their product is the world size), ``schedule``, ``micro_batches``,
 ``virtual_stages`` (interleaved only), ``zero``.
+
+Long sequences (built-in gpt): ``sp=True`` makes the TP groups sequence-parallel (``strategies.sp``);
+``cp`` > 1 adds a context-parallel dimension between dp and pp (``strategies.cp``: ring or Ulysses
+``attention``), so the world is dp·cp·pp·tp. Its ranks are the dp index's replicas cut along the
+sequence: the gradients are averaged over the dp x cp ranks together (Megatron's data-parallel
+group with CP), and on the dp x pp x tp grid (``Run.mesh``) the dp coordinate counts the dp x cp
+pairs, dp index outer (rank = ((d·cp + c)·pp + p)·tp + t).
 """
 from __future__ import annotations
 
@@ -26,10 +33,14 @@ from mpkit.layout import DIMS, Layout
 from mpkit.parallel.pipeline import check_schedule_args, pipeline, schedule
 from mpkit.parallel.pipeline.schedules import engine_program
 from mpkit.parallel.pipeline.split import Stage, partition
+from mpkit.parallel.sequence_parallel import all_reduce_sequence_parallel_gradients
 from mpkit.parallel.sharded_optimizer import ShardedOptimizer, shard_numel
 from mpkit.parallel.tensor_parallel import full_parameters
 from mpkit.sim.engine import Compute, Wait
 from mpkit.sim.profile import Cost, optimizer_cost
+from mpkit.parallel.context_parallel import shard_sequence
+from mpkit.strategies import cp as context_strategy
+from mpkit.strategies import sp as sequence_strategy
 from mpkit.strategies import stages as builtin
 from mpkit.strategies import tp as tensor_strategy
 from mpkit.strategies.base import (
@@ -37,29 +48,62 @@ from mpkit.strategies.base import (
 )
 from mpkit.strategies.loop import full_batch, group_mean, optimizer_step, run_steps
 
-OPTIONS = {"dp": 1, "tp": 1, "pp": 1, "schedule": "1f1b", "micro_batches": 2, "virtual_stages": 2, "zero": False}
+OPTIONS = {"dp": 1, "tp": 1, "pp": 1, "schedule": "1f1b", "micro_batches": 2, "virtual_stages": 2, "zero": False,
+           "cp": 1, "sp": False, "attention": "ring"}
 
 
 def layout(cfg) -> Layout:
-    return Layout(dp=cfg.option("dp"), pp=cfg.option("pp"), tp=cfg.option("tp"))
+    """The dp x pp x tp grid; with context parallelism its dp coordinate counts dp x cp pairs."""
+    return Layout(dp=cfg.option("dp") * cfg.option("cp"), pp=cfg.option("pp"), tp=cfg.option("tp"))
+
+
+def validate_long_sequences(cfg):
+    """The sp, cp and attention options: the gpt only, sizes that split its sequence and heads."""
+    cp, sp = cfg.option("cp"), cfg.option("sp")
+    if not isinstance(sp, bool):
+        raise ValueError(f"sp={sp!r} must be True (sequence parallelism inside the tp groups) or False")
+    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
+        raise ValueError(f"cp={cp!r} must be a whole number >= 1 (context-parallel ranks per sequence)")
+    if cp == 1 and not sp:
+        return
+    sequence_strategy.require_gpt(cfg, "sp and cp split a transformer's sequence")
+    if sp and cfg.option("tp") == 1:
+        raise ValueError("sp=True splits the sequence over the tensor-parallel group, and tp=1 has none; use tp >= 2")
+    if sp:
+        require_divisible(cfg.model.seq_len // cp, cfg.option("tp"), "seq_len/cp", "tp",
+                          "sequence parallelism cuts each rank's tokens into tp equal shards")
+    if cp > 1:
+        context_strategy.check_cp(cfg.model, cp, cfg.option("attention"), "cp")
+        if cfg.option("attention") == "ulysses":
+            require_divisible(cfg.model.heads // cfg.option("tp"), cp, "heads/tp", "cp",
+                              "Ulysses splits each tp rank's heads over the cp ranks")
 
 
 def validate(cfg):
     require_builtin(cfg, "its tensor-parallel plan is the built-in models' Megatron plan; on your own model "
                          "compose mpkit.parallel's classes on a DeviceMesh")
+    validate_long_sequences(cfg)
     grid = layout(cfg)
-    grid.check_world(cfg.world_size)
+    if cfg.option("cp") == 1:
+        grid.check_world(cfg.world_size)
+    elif grid.world_size != cfg.world_size:
+        raise ValueError(f"dp*cp*pp*tp = {cfg.option('dp')}*{cfg.option('cp')}*{grid.pp}*{grid.tp} = {grid.world_size} "
+                         f"ranks, but world_size={cfg.world_size}; choose sizes whose product is the world size")
     if not isinstance(cfg.option("zero"), bool):
         raise ValueError(f"zero={cfg.option('zero')!r} must be True (ZeRO-1 over the dp dimension) or False")
     if cfg.option("zero") and grid.dp == 1:
         raise ValueError("zero=True shards the optimizer state over the dp dimension, and dp=1 has one replica; "
                          "use dp >= 2 or zero=False")
     tensor_strategy.validate_tp_size(cfg.model, grid.tp, "tp")
-    require_divisible(cfg.batch_size, grid.dp, "batch_size", "dp", "every data-parallel replica trains on an "
+    dp = cfg.option("dp")
+    require_divisible(cfg.batch_size, dp, "batch_size", "dp", "every data-parallel replica trains on an "
                       "equal slice of the global batch")
     m = cfg.option("micro_batches")
     check_schedule_args(cfg.option("schedule"), grid.pp, m, cfg.option("virtual_stages"))
-    require_divisible(cfg.batch_size // grid.dp, m, "batch_size/dp", "micro_batches",
+    if cfg.option("schedule") not in ("gpipe", "1f1b", "interleaved"):
+        raise ValueError(f"schedule={cfg.option('schedule')!r}: 3d runs 'gpipe', '1f1b' or 'interleaved'; the "
+                         f"zero-bubble and looped schedules run under strategy 'pp' or mpkit.parallel.pipeline")
+    require_divisible(cfg.batch_size // dp, m, "batch_size/dp", "micro_batches",
                       "each replica's batch is cut into micro-batches")
     v = virtual_stages(cfg)
     builtin.check_stage_count(cfg.model, grid.pp * v, "pp" if v == 1 else f"pp*virtual_stages={grid.pp}*{v}")
@@ -84,13 +128,33 @@ def mesh_groups(ctx, grid: Layout) -> dict:
     return groups
 
 
+def cp_group(ctx, cfg):
+    """This rank's context-parallel group: the cp ranks with the same dp index, stage and tp index
+    (every rank creates every group, in the same order, as ``new_group`` requires)."""
+    dp, cp, pp, tp = (cfg.option(d) for d in ("dp", "cp", "pp", "tp"))
+    mine = None
+    for d in range(dp):
+        for p in range(pp):
+            for t in range(tp):
+                ranks = [((d * cp + c) * pp + p) * tp + t for c in range(cp)]
+                group = dist.new_group(ranks, group_desc="mesh_cp")
+                mine = group if ctx.rank in ranks else mine
+    return mine
+
+
 def run_rank(ctx, cfg):
     grid, v, m = layout(cfg), virtual_stages(cfg), cfg.option("micro_batches")
     me = grid.coords(ctx.rank)
-    groups = mesh_groups(ctx, grid)
+    groups = mesh_groups(ctx, grid)  # "dp": the dp x cp ranks that average their gradients
+    cp, sp = cfg.option("cp"), cfg.option("sp")
+    context = cp_group(ctx, cfg) if cp > 1 else None
     model = cfg.model.build(cfg.seed)
     split = partition(builtin.layer_sizes(model), grid.pp * v)  # on the full model, as pp splits it
-    if grid.tp > 1:
+    if context is not None:  # first: its hook cuts the embedding to this rank's tokens before sp's does
+        context_strategy.attach(model, cfg.option("attention"), context)
+    if sp:
+        sequence_strategy.shard(model, me["tp"], grid.tp, groups["tp"])
+    elif grid.tp > 1:
         tensor_strategy.shard(model, me["tp"], grid.tp, groups["tp"])
     stages = [Stage([model.layers[i] for i in g], g) for g in split]
     pipe = pipeline(stages, schedule=cfg.option("schedule"), micro_batches=m, group=groups["pp"],
@@ -107,8 +171,12 @@ def run_rank(ctx, cfg):
             sync, track = dp.finish_gradient_synchronization, (pipe, opt, *dp.buffers_for_tracking)
 
     def step(x, y):
-        shard = [t.tensor_split(grid.dp)[me["dp"]] for t in (x, y)]
-        loss = pipe.step(*shard)
+        x, y = (t.tensor_split(cfg.option("dp"))[me["dp"] // cp] for t in (x, y))
+        if context is not None:
+            y = shard_sequence(y, context, dim=1)  # x stays whole: the embedding needs global positions
+        loss = pipe.step(x, y)
+        if sp:
+            all_reduce_sequence_parallel_gradients(pipe, groups["tp"])
         if sync is not None:
             sync()
         if cfg.option("zero"):
@@ -141,6 +209,8 @@ def program(pricer):
     average over its DP group — buckets (``DataParallel``) or ZeRO-1's reduce-scatter and
     all-gather (``ShardedOptimizer``) — then the optimizer on its parameters."""
     o, grid = pricer.options, Layout(dp=pricer.options["dp"], pp=pricer.options["pp"], tp=pricer.options["tp"])
+    if o["cp"] > 1 or o["sp"]:
+        raise ValueError("the cost model prices 3d without cp and sp; sim.predict prices 'sp' and 'cp' on their own")
     v = o["virtual_stages"] if o["schedule"] == "interleaved" else 1
     m, count = o["micro_batches"], grid.pp * v
     split = partition([b // 4 for b in pricer.piece(batch=1).param_bytes.values()], count)

@@ -8,7 +8,11 @@ the cost model: on a machine's prices), drawn by the labs, and run for real by
 
 Stages are numbered globally: with ``p`` ranks and ``v`` virtual stages (model chunks) per rank
 there are ``p·v`` stages and stage ``s`` lives on rank ``s % p`` (Megatron's interleaving:
-rank 0 holds stages 0, p, 2p, ...). Without interleaving (v = 1) stage = rank.
+rank 0 holds stages 0, p, 2p, ...). Without interleaving (v = 1) stage = rank. ``zbv`` places its
+two chunks per rank in a V (``placement``). Zero-bubble lists split a stage's ``Backward`` into
+``BackwardInput`` (B) and ``BackwardWeight`` (W); their order comes from playing the F/B order on
+unit costs with W filling the waits (``_play``, ``_zbv``), deadlock-free by construction and
+checked again by ``simulate``.
 
 Communication semantics (what the executor does and the simulator models): the communication
 instructions between two computations form one *batch*, posted together (isend/irecv), like
@@ -26,7 +30,10 @@ from fractions import Fraction
 from mpkit.sim.engine import Compute, Msg, P2P, ProgramError, WaitSends
 from mpkit.sim.engine import simulate as run_programs
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb", "zbv")
+MULTI_CHUNK = ("interleaved", "looped_bfs", "interleaved_zb")  # virtual_stages chunks per rank, stage s on rank s % p
+V_SHAPED = ("zbv",)  # two chunks per rank in a V: rank r holds stages r and 2p-1-r
+SPLIT_BACKWARD = ("interleaved_zb", "zbv")  # backward split into B (input gradient) and W (weight gradient)
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,23 @@ class Forward:
 
 @dataclass(frozen=True)
 class Backward:
+    """The whole backward of a stage for one micro-batch: input gradient and weight gradients."""
+    mb: int
+    stage: int
+
+
+@dataclass(frozen=True)
+class BackwardInput:
+    """B of a zero-bubble schedule: only the gradient w.r.t. the stage's input (what the previous
+    stage waits for); the weight gradients are left for a later ``BackwardWeight``."""
+    mb: int
+    stage: int
+
+
+@dataclass(frozen=True)
+class BackwardWeight:
+    """W: the weight gradients of a stage for one micro-batch, after its ``BackwardInput``. Nobody
+    waits for it, so a zero-bubble schedule runs it where the rank would otherwise idle."""
     mb: int
     stage: int
 
@@ -78,8 +102,23 @@ class OptimizerStep:
     pass
 
 
-COMPUTE = (Forward, Backward)
+COMPUTE = (Forward, Backward, BackwardInput, BackwardWeight)
 COMM = (SendAct, RecvAct, SendGrad, RecvGrad)
+
+
+def chunks_per_rank(name, virtual=1) -> int:
+    """Model chunks (stages) each rank holds under schedule ``name``."""
+    return virtual if name in MULTI_CHUNK else 2 if name in V_SHAPED else 1
+
+
+def placement(name, ranks, virtual=1) -> list[int]:
+    """The rank of each stage: round robin (stage s on rank s % p), or a V for ``zbv`` (rank r
+    holds stages r and 2p-1-r, so the first and the last stage share rank 0 and the middle two
+    share rank p-1, where an activation passes without a message)."""
+    count = ranks * chunks_per_rank(name, virtual)
+    if name in V_SHAPED:
+        return [s if s < ranks else count - 1 - s for s in range(count)]
+    return [s % ranks for s in range(count)]
 
 
 def check_schedule_args(name, stages, micro_batches, virtual=1) -> None:
@@ -87,24 +126,31 @@ def check_schedule_args(name, stages, micro_batches, virtual=1) -> None:
         raise ValueError(f"schedule={name!r} is unknown; use one of {', '.join(map(repr, SCHEDULES))}")
     if not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"micro_batches={micro_batches!r}: pass a whole number >= 1")
-    if name != "interleaved":
+    if name in V_SHAPED and stages < 2:
+        raise ValueError(f"schedule={name!r} needs world_size >= 2 (its V folds the stages back over the ranks)")
+    if name not in MULTI_CHUNK:
         return
-    if not isinstance(virtual, int) or virtual < 2:
-        raise ValueError(f"virtual_stages={virtual!r}: schedule='interleaved' needs virtual_stages >= 2 "
-                         f"model chunks per rank (with 1 it is plain '1f1b')")
-    if stages < 2:
-        raise ValueError("schedule='interleaved' needs world_size >= 2 (on one rank the chunks would pass "
-                         "activations to themselves); use schedule='gpipe' or '1f1b'")
-    if micro_batches % stages:
-        raise ValueError(f"schedule='interleaved' needs micro_batches to be a multiple of world_size={stages} "
+    least = 1 if name == "interleaved_zb" else 2
+    if not isinstance(virtual, int) or virtual < least:
+        raise ValueError(f"virtual_stages={virtual!r}: schedule={name!r} needs virtual_stages >= {least} "
+                         f"model chunks per rank" + (" (with 1 it is plain '1f1b')" if name == "interleaved" else ""))
+    if stages < 2 and virtual > 1:
+        raise ValueError(f"schedule={name!r} needs world_size >= 2 (on one rank the chunks would pass "
+                         f"activations to themselves); use schedule='gpipe' or '1f1b'")
+    if name != "looped_bfs" and virtual > 1 and micro_batches % stages:
+        raise ValueError(f"schedule={name!r} needs micro_batches to be a multiple of world_size={stages} "
                          f"(micro-batches go round the ranks in groups of {stages}); got micro_batches={micro_batches}")
 
 
 def _compute_order(name, p, m, v, rank):
-    """The Forward/Backward sequence of one rank."""
+    """The Forward/Backward sequence of one rank (for the zero-bubble ones: before the split)."""
     if name == "gpipe":  # fill, then drain: all m activations alive at once
         return [Forward(i, rank) for i in range(m)] + [Backward(i, rank) for i in range(m)]
-    if name == "1f1b":
+    if name == "looped_bfs":  # GPipe chunk by chunk: every micro-batch through the rank's first chunk first
+        mine = range(rank, p * v, p)
+        return ([Forward(i, s) for s in mine for i in range(m)]
+                + [Backward(i, s) for s in reversed(mine) for i in reversed(range(m))])
+    if name == "1f1b" or (name == "interleaved_zb" and v == 1):
         def fwd(k):
             return Forward(k, rank)
 
@@ -128,26 +174,160 @@ def _compute_order(name, p, m, v, rank):
     return order + [bwd(k) for k in range(total - warmup, total)]  # cool-down
 
 
+def _ready(op, done, t, last):
+    """Whether ``op``'s inputs were computed before time ``t`` (``done``: op -> finish time)."""
+    def by(dep):
+        return done.get(dep, t + 1) <= t
+    if isinstance(op, Forward):
+        return op.stage == 0 or by(Forward(op.mb, op.stage - 1))
+    if isinstance(op, BackwardWeight):
+        return by(BackwardInput(op.mb, op.stage))
+    up = Forward(op.mb, op.stage) if op.stage == last else next(
+        (k(op.mb, op.stage + 1) for k in (Backward, BackwardInput) if (k(op.mb, op.stage + 1)) in done),
+        Backward(op.mb, op.stage + 1))
+    return by(up) and by(Forward(op.mb, op.stage))
+
+
+def _play(orders, last, split):
+    """Play the F/B orders on unit costs (one slot per computation), slot by slot; returns the
+    orders run and each computation's start slot. ``split``: zero bubble — every Backward becomes
+    B, and a rank runs a pending W (oldest first) in each slot where its next F or B is not ready
+    yet (the time 1F1B spends waiting), and the W left at the end; at most as many W wait as the
+    rank's warm-up forwards (a pending W keeps its activations alive: ZB-H1 keeps 1F1B's memory).
+    Deadlock-free by construction."""
+    todo = [[BackwardInput(op.mb, op.stage) if split and isinstance(op, Backward) else op for op in order]
+            for order in orders]
+    cap = [max(1, next((i for i, op in enumerate(order) if not isinstance(op, Forward)), len(order)))
+           for order in orders]
+    out, pending, done, start, t = [[] for _ in orders], [[] for _ in orders], {}, {}, 0
+    while any(todo) or any(pending):
+        finished = {}
+        for r in range(len(orders)):
+            if len(pending[r]) >= cap[r]:
+                op = pending[r].pop(0)
+            elif todo[r] and _ready(todo[r][0], done, t, last):
+                op = todo[r].pop(0)
+                if split and isinstance(op, BackwardInput):
+                    pending[r].append(BackwardWeight(op.mb, op.stage))
+            elif pending[r]:
+                op = pending[r].pop(0)
+            else:
+                continue
+            out[r].append(op)
+            start[op], finished[op] = t, t + 1
+        if not finished:
+            raise ScheduleError(f"the compute orders wait on each other at slot {t}: no rank can go on")
+        done.update(finished)
+        t += 1
+    return out, start
+
+
+def _zbv(p, m):
+    """ZB-V (Qi et al. 2024) on the V placement, played greedily on unit costs: in each slot a
+    rank runs the first ready of B (the later stage first: it unblocks the rank below), F (the
+    later stage first, at most 2p micro-batch chunks alive, ZB-V's memory: as 1F1B's), else its
+    oldest pending W. Deadlock-free by construction, like ``_play``."""
+    where, last = placement("zbv", p), 2 * p - 1
+    mine = [sorted((s for s in range(last + 1) if where[s] == r), reverse=True) for r in range(p)]
+    nxt_f = [{s: 0 for s in mine[r]} for r in range(p)]
+    nxt_b = [{s: 0 for s in mine[r]} for r in range(p)]
+    out, pending, done, alive, t = [[] for _ in range(p)], [[] for _ in range(p)], {}, [0] * p, 0
+    while any(len(o) < 6 * m for o in out):
+        finished = {}
+        for r in range(p):
+            bs = [BackwardInput(nxt_b[r][s], s) for s in mine[r] if nxt_b[r][s] < m]
+            fs = [Forward(nxt_f[r][s], s) for s in mine[r] if nxt_f[r][s] < m]
+            op = next((b for b in bs if _ready(b, done, t, last)), None)
+            if op is None and alive[r] < 2 * p:
+                op = next((f for f in fs if _ready(f, done, t, last)), None)
+            if op is None and pending[r]:
+                op = pending[r].pop(0)
+            if op is None:
+                continue
+            if isinstance(op, BackwardInput):
+                nxt_b[r][op.stage] += 1
+                pending[r].append(BackwardWeight(op.mb, op.stage))
+            elif isinstance(op, Forward):
+                nxt_f[r][op.stage] += 1
+                alive[r] += 1
+            else:
+                alive[r] -= 1
+            out[r].append(op)
+            finished[op] = t + 1
+        if not finished:
+            raise ScheduleError(f"zbv: no rank can go on at slot {t}")
+        done.update(finished)
+        t += 1
+    return out
+
+
+def _orders(name, p, m, v):
+    return [_compute_order(name, p, m, v, r) for r in range(p)]
+
+
+def compute_orders(name, ranks, micro_batches, virtual=1) -> list[list]:
+    """Every rank's computations in order, without the messages (see ``schedule``)."""
+    check_schedule_args(name, ranks, micro_batches, virtual)
+    v = chunks_per_rank(name, virtual)
+    if name in V_SHAPED:
+        return _zbv(ranks, micro_batches)
+    orders = _orders(name, ranks, micro_batches, v)
+    return _play(orders, ranks * v - 1, True)[0] if name in SPLIT_BACKWARD else orders
+
+
+def _messages(op, rank, where, last):
+    """(receive, send) around computation ``op`` on ``rank``: None where the neighbour stage is
+    on the same rank (or there is none)."""
+    s = op.stage
+    if isinstance(op, Forward):
+        recv = RecvAct(op.mb, s, where[s - 1]) if s > 0 and where[s - 1] != rank else None
+        return recv, (SendAct(op.mb, s, where[s + 1]) if s < last and where[s + 1] != rank else None)
+    if isinstance(op, BackwardWeight):
+        return None, None
+    recv = RecvGrad(op.mb, s, where[s + 1]) if s < last and where[s + 1] != rank else None
+    return recv, (SendGrad(op.mb, s, where[s - 1]) if s > 0 and where[s - 1] != rank else None)
+
+
+def _producer(recv):
+    """The computation (on the sending rank) whose result ``recv`` receives."""
+    if isinstance(recv, RecvAct):
+        return Forward(recv.mb, recv.stage - 1)
+    return recv.mb, recv.stage + 1
+
+
 def schedule(name: str, stages: int, micro_batches: int, virtual: int = 1) -> list[list]:
     """Instruction lists, one per rank, for ``stages`` ranks and ``micro_batches`` micro-batches.
 
-    A receive goes right before the computation that needs it, a send right after the one
-    that produced it, so the sends of one computation and the receives of the next form a batch.
+    A send goes right after the computation that produced it. A receive goes right before the
+    computation that needs it — for ``gpipe``, ``1f1b`` and ``interleaved``; the newer schedules
+    post it as soon as the sender has sent (on unit costs), since a rank can run a long way ahead
+    of its neighbour (looped BFS's whole first chunk) and gloo's sends complete only once received.
+    The sends of one computation and the receives of the next form a batch. Two consecutive
+    stages on one rank (the turn of ``zbv``'s V) pass their tensors without a message.
     """
-    check_schedule_args(name, stages, micro_batches, virtual)
-    p, v = stages, (virtual if name == "interleaved" else 1)
-    last = p * v - 1
+    orders = compute_orders(name, stages, micro_batches, virtual)
+    where = placement(name, stages, virtual)
+    last = len(where) - 1
+    early = name not in ("gpipe", "1f1b", "interleaved")
+    start = _play(orders, last, False)[1] if early else {}
+    finish = {(op.mb, op.stage) if not isinstance(op, Forward) else op: t + 1 for op, t in start.items()
+              if not isinstance(op, BackwardWeight)}
     programs = []
-    for rank in range(p):
-        program = []
-        for op in _compute_order(name, p, micro_batches, v, rank):
-            s = op.stage
-            if isinstance(op, Forward):
-                program += [RecvAct(op.mb, s, (s - 1) % p)] if s > 0 else []
-                program += [op] + ([SendAct(op.mb, s, (s + 1) % p)] if s < last else [])
-            else:
-                program += [RecvGrad(op.mb, s, (s + 1) % p)] if s < last else []
-                program += [op] + ([SendGrad(op.mb, s, (s - 1) % p)] if s > 0 else [])
+    for rank, order in enumerate(orders):
+        posted = []  # receives this rank posts ahead of their computation, by the sender's time
+        if early:
+            posted = sorted((finish[_producer(recv)], i, recv) for i, op in enumerate(order)
+                            for recv in [_messages(op, rank, where, last)[0]] if recv is not None)
+        program, k = [], 0
+        for op in order:
+            recv, send = _messages(op, rank, where, last)
+            if early:
+                while k < len(posted) and (posted[k][0] <= start[op] or posted[k][2] == recv):
+                    program.append(posted[k][2])
+                    k += 1
+            elif recv is not None:
+                program.append(recv)
+            program += [op] + ([send] if send is not None else [])
         programs.append(program + [OptimizerStep()])
     return programs
 
@@ -192,12 +372,15 @@ def _data(ins) -> tuple:
     return ("in" if isinstance(ins, RecvAct) else "grad", ins.mb, ins.stage)
 
 
+_NAMES = {BackwardInput: "B", BackwardWeight: "W"}  # the trace's name of a split backward's two parts
+
+
 def _phase(kind, value, stage, mb, needs, produces, source) -> list:
     """A computation as instructions: ``value`` seconds, or a list of instructions (compute pieces
     and the collectives between them, as tensor parallelism issues them) whose first compute
     needs the inputs and whose last produces the outputs."""
     if not isinstance(value, list):
-        return [Compute(kind, value, stage, mb, needs=needs, produces=produces, source=source)]
+        return [Compute(kind, value, stage, mb, needs=needs, produces=produces, source=source, name=_NAMES.get(type(source), ""))]
     pieces = [replace(ins, kind=kind, stage=stage, micro_batch=mb) if isinstance(ins, Compute) else ins for ins in value]
     computes = [i for i, ins in enumerate(pieces) if isinstance(ins, Compute)]
     pieces[computes[0]] = replace(pieces[computes[0]], needs=needs, source=source)
@@ -205,19 +388,26 @@ def _phase(kind, value, stage, mb, needs, produces, source) -> list:
     return pieces
 
 
-def engine_program(program, rank, forward, backward, message_cost, optimizer=None, peers=None, last=None):
+def engine_program(program, rank, forward, backward, message_cost, optimizer=None, peers=None, last=None,
+                   weight=None):
     """One rank's schedule list as the simulator's instructions.
 
     ``forward(stage, mb)``/``backward(stage, mb)`` -> seconds, or a list of instructions (see
-    ``_phase``); ``message_cost(kind 'act'|'grad', stage it feeds, src, dst)`` -> (bytes, seconds);
-    ``optimizer(rank)`` -> seconds or a list of instructions (None: no optimizer step);
-    ``peers[r]``: the global rank of pipeline rank r (default: r); ``last``: the last stage.
+    ``_phase``); ``weight(stage, mb)``: the W part of a split backward (its B costs backward - W;
+    default: half the backward); ``message_cost(kind 'act'|'grad', stage it feeds, src, dst)`` ->
+    (bytes, seconds); ``optimizer(rank)`` -> seconds or a list of instructions (None: no optimizer
+    step); ``peers[r]``: the global rank of pipeline rank r (default: r); ``last``: the last stage.
     Each communication batch stays one batch, as the executor runs it: receives waited at once,
-    sends at the next batch or before the optimizer step."""
+    sends at the next batch or before the optimizer step. Two consecutive stages on this rank hand
+    their tensors over in place (the computation produces the next one's input)."""
     peers = peers or list(range(max(rank + 1, 1 + max((getattr(i, "to", getattr(i, "frm", 0)) for i in program
                                                         if isinstance(i, COMM)), default=0))))
     if last is None:
         last = max(ins.stage for ins in program if isinstance(ins, Forward))
+    if weight is None:
+        def weight(s, mb):
+            return backward(s, mb) / 2
+    mine = {ins.stage for ins in program if isinstance(ins, Forward)}
     me, out = peers[rank], []
     for item in batches(program):
         if isinstance(item, list):
@@ -231,11 +421,20 @@ def engine_program(program, rank, forward, backward, message_cost, optimizer=Non
             out.append(P2P(tuple(ops), defer_sends=True, source=item))
         elif isinstance(item, Forward):
             s, mb = item.stage, item.mb
-            out += _phase("forward", forward(s, mb), s, mb, (("in", mb, s),) if s > 0 else (), (("out", mb, s),), item)
-        elif isinstance(item, Backward):
+            made = (("out", mb, s),) + ((("in", mb, s + 1),) if s + 1 in mine else ())
+            out += _phase("forward", forward(s, mb), s, mb, (("in", mb, s),) if s > 0 else (), made, item)
+        elif isinstance(item, (Backward, BackwardInput)):
             s, mb = item.stage, item.mb
             needs = (("out", mb, s),) + ((("grad", mb, s),) if s < last else ())
-            out += _phase("backward", backward(s, mb), s, mb, needs, (("dx", mb, s),), item)
+            made = (("dx", mb, s),) + ((("grad", mb, s - 1),) if s - 1 in mine else ())
+            if isinstance(item, Backward):
+                out += _phase("backward", backward(s, mb), s, mb, needs, made, item)
+            else:
+                cost = backward(s, mb) - weight(s, mb)
+                out += _phase("backward", cost, s, mb, needs, made + (("w", mb, s),), item)
+        elif isinstance(item, BackwardWeight):
+            s, mb = item.stage, item.mb
+            out += _phase("backward", weight(s, mb), s, mb, (("w", mb, s),), (("w done", mb, s),), item)
         elif isinstance(item, OptimizerStep):
             out.append(WaitSends())
             if optimizer is not None:
@@ -244,11 +443,11 @@ def engine_program(program, rank, forward, backward, message_cost, optimizer=Non
     return out
 
 
-def engine_programs(lists, forward, backward, message_cost, optimizer=None):
+def engine_programs(lists, forward, backward, message_cost, optimizer=None, weight=None):
     """Every rank's list (ranks 0..p-1 of one pipeline) as the simulator's programs."""
     last = max((ins.stage for prog in lists for ins in prog if isinstance(ins, Forward)), default=0)
     peers = list(range(len(lists)))
-    return [engine_program(program, rank, forward, backward, message_cost, optimizer, peers, last)
+    return [engine_program(program, rank, forward, backward, message_cost, optimizer, peers, last, weight)
             for rank, program in enumerate(lists)]
 
 
@@ -265,22 +464,23 @@ class Simulation:
         return 1 - sum(self.compute_time) / (self.makespan * len(self.compute_time))
 
 
-def simulate(programs, forward=1, backward=2, comm=0) -> Simulation:
+def simulate(programs, forward=1, backward=2, comm=0, weight=None) -> Simulation:
     """Run per-rank instruction lists on unit costs: ``forward``/``backward`` per Forward/Backward,
-    ``comm`` per message. Raises ``ScheduleError`` on a deadlock, on a receive matched by a
+    ``weight`` of the backward in W where it is split (default half), ``comm`` per message. Raises ``ScheduleError`` on a deadlock, on a receive matched by a
     different message than it expects (posting order differs), or on an instruction whose input
     is missing (e.g. a Backward before its Forward, or one that runs twice)."""
     trace = run_programs(engine_programs(programs, lambda s, mb: Fraction(forward), lambda s, mb: Fraction(backward),
-                                         lambda *key: (0, Fraction(comm))))
+                                         lambda *key: (0, Fraction(comm)), None,
+                                         None if weight is None else lambda s, mb: Fraction(weight)))
     p = len(programs)
     spans, peak, busy, in_flight = [], [0] * p, [Fraction(0)] * p, [0] * p
     for e in trace.events:  # sorted by rank, then time
         if e.kind not in ("forward", "backward"):
             continue
-        instruction = (Forward if e.kind == "forward" else Backward)(e.micro_batch, e.stage)
-        spans.append((e.rank, instruction, e.start, e.end))
+        kind = Forward if e.kind == "forward" else {"B": BackwardInput, "W": BackwardWeight}.get(e.name, Backward)
+        spans.append((e.rank, kind(e.micro_batch, e.stage), e.start, e.end))
         busy[e.rank] += e.end - e.start
-        in_flight[e.rank] += 1 if e.kind == "forward" else -1
+        in_flight[e.rank] += 1 if kind is Forward else 0 if kind is BackwardInput else -1
         peak[e.rank] = max(peak[e.rank], in_flight[e.rank])
     makespan = max((end for *_, end in spans), default=Fraction(0))
     return Simulation(Fraction(makespan), spans, peak, busy)

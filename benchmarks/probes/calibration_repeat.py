@@ -9,14 +9,17 @@ the mean difference between two consecutive calibrations' predictions (per row, 
 mean) and the mean range (max - min over the median). Both conditions, as ``costmodel.py``: the
 machine as it is, then with ``--load`` pinned busy loops.
 
-    python benchmarks/calibration_repeat.py [--repeats 3] [--load 2]   # about 3 minutes on 2 cores
+    python benchmarks/probes/calibration_repeat.py [--repeats 3] [--load 2]   # about 3 minutes on 2 cores
 """
 from __future__ import annotations
 
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from costmodel import both_conditions, calibrate_now, condition_parser, grid  # benchmarks/costmodel.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+from costmodel import both_conditions, calibrate_now, condition_parser, grid  # noqa: E402 (benchmarks/costmodel.py)
 from mpkit.sim import predict
 
 _SECONDS_PER_CALIBRATION = 60  # about 35 s under two busy loops, with the predictions

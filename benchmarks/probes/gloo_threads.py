@@ -7,15 +7,18 @@ sparse. Each rank reads its threads' CPU time from ``/proc/self/task`` (Linux) a
 strategy's own rank function. The model's layers sleep ``layer_ms`` per micro-batch in place of
 device work (as ``mpkit tour`` does): the messages stay the same, only the time between them grows.
 
-    python benchmarks/gloo_threads.py [--runs 3]   # about 20 s on 2 cores
+    python benchmarks/probes/gloo_threads.py [--runs 3]   # about 20 s on 2 cores
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import sys
+from pathlib import Path
 
-from machine import load  # benchmarks/machine.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+from machine import load  # noqa: E402 (benchmarks/machine.py)
 from mpkit.runtime.launch import launch
 from mpkit.strategies import get_strategy, make_config
 from mpkit.training import Run

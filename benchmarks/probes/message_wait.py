@@ -13,13 +13,17 @@ the receive's notice must wake rank 0's event loop to send the data (gloo's send
 Rank 1's time from posting the receive to its completion, less the link's transfer, is what the
 calibration keeps as ``Hardware.late_waits``.
 
-    python benchmarks/message_wait.py [--load 2] [--messages 40]   # about 1.5 minutes on 2 cores
+    python benchmarks/probes/message_wait.py [--load 2] [--messages 40]   # about 1.5 minutes on 2 cores
 """
 from __future__ import annotations
 
-from costmodel import both_conditions, condition_parser  # benchmarks/costmodel.py
-from machine import load  # benchmarks/machine.py
-from mpkit.sim.calibration import fit_wake_wait, late_waits, measure_p2p_link, wake_waits
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+from costmodel import both_conditions, condition_parser  # noqa: E402 (benchmarks/costmodel.py)
+from machine import load  # noqa: E402 (benchmarks/machine.py)
+from mpkit.sim.calibration import fit_wake_wait, late_waits, measure_p2p_link, wake_waits  # noqa: E402
 
 
 def condition(args):

@@ -6,7 +6,7 @@ busy loops started by this script: once right after they start, once after they 
 the time per step, so one sees whether load stretches compute (what processor sharing assumes)
 or the waits in send/recv (what a rank pays when it wakes behind a busy loop).
 
-    python benchmarks/wakeups.py [--load 2] [--age 60] [--runs 3]
+    python benchmarks/probes/wakeups.py [--load 2] [--age 60] [--runs 3]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
 from costmodel import background_load  # noqa: E402
 from machine import load  # noqa: E402
 

@@ -1,7 +1,7 @@
 """How long a pipeline's messages take once both ends have posted them, in real 2-rank runs.
 
 The cost model plays a pipeline's hand-offs at the prices the calibration measures (a relay's
-hop, the wake-ups of ``benchmarks/message_wait.py``). This looks at the hand-offs of the real
+hop, the wake-ups of ``benchmarks/probes/message_wait.py``). This looks at the hand-offs of the real
 runs instead: for every receive of steps 5 on, the time from the later of its own post and its
 send's post to its completion (messages between the two ranks match in posting order, as gloo
 matches them), as a histogram in 0.5 ms bins, beside the step's median and quartiles and the
@@ -10,16 +10,19 @@ milliseconds, piling up just under 4 ms (8 ms beside busy loops), the kernel's t
 (HZ=250), while the cores are free; the steps come out bimodal, and the calibration's two-rank
 measurements see next to none of these stalls (BENCHMARKS.md, "Cost model accuracy").
 
-    python benchmarks/handoffs.py [--load 2] [--runs 4] [--steps 30]   # about 3 minutes on 2 cores
+    python benchmarks/probes/handoffs.py [--load 2] [--runs 4] [--steps 30]   # about 3 minutes on 2 cores
 """
 from __future__ import annotations
 
 import collections
 import gzip
 import statistics
+import sys
+from pathlib import Path
 
-from costmodel import MODELS, both_conditions, calibrate_now, condition_parser  # benchmarks/costmodel.py
-from machine import load  # benchmarks/machine.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+from costmodel import MODELS, both_conditions, calibrate_now, condition_parser  # noqa: E402 (benchmarks/costmodel.py)
+from machine import load  # noqa: E402 (benchmarks/machine.py)
 import mpkit
 from mpkit.sim import predict
 

@@ -20,15 +20,18 @@ used before the replay, k from all ranks), the step replayed with each rank's me
 predict without the calibration's wake-up waits (``Hardware.wake_wait``), and of the model's C
 against C; MAPE per condition, for all rows and the pp rows, at the end.
 
-    python benchmarks/fairshare.py [--runs 2] [--load 2] [--quick]   # about 3 minutes on 2 cores
+    python benchmarks/probes/fairshare.py [--runs 2] [--load 2] [--quick]   # about 3 minutes on 2 cores
 """
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
-from costmodel import both_conditions, calibrate_now, condition_args, grid  # benchmarks/costmodel.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+from costmodel import both_conditions, calibrate_now, condition_args, grid  # noqa: E402 (benchmarks/costmodel.py)
 from mpkit.sim import predict
 from mpkit.sim.calibration import cpu_per_step
 from mpkit.sim.prediction import fair_share_play

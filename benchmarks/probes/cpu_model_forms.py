@@ -20,17 +20,20 @@ would return with it (``fair_share_play``: each rank's instructions lengthened s
 fair share fills its busy part, the step played again) against the measured step; beside them the same step from the
 measured C of every rank, the best any CPU model could do with the fair share. Both conditions (as is, ``--load`` pinned busy loops).
 
-    python benchmarks/cpu_model_forms.py [--runs 2] [--load 2]   # about 4 minutes on 2 cores
+    python benchmarks/probes/cpu_model_forms.py [--runs 2] [--load 2]   # about 4 minutes on 2 cores
 """
 from __future__ import annotations
 
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from costmodel import both_conditions, calibrate_now, condition_args, grid, pct  # benchmarks/costmodel.py
-from fairshare import measure, shared_step  # benchmarks/fairshare.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+from costmodel import both_conditions, calibrate_now, condition_args, grid, pct  # noqa: E402 (benchmarks/costmodel.py)
+from fairshare import measure, shared_step  # noqa: E402 (benchmarks/probes/fairshare.py)
 from mpkit.sim import calibration
 from mpkit.sim.cpu import TERMS, fit, program_terms, ring_steps
 from mpkit.sim.engine import Collective

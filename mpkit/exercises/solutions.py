@@ -1,0 +1,242 @@
+"""Reference solutions, written as a learner would: what the tests fill into the labs' stubs and
+into nbgrader's solution regions. They ship with the package (as the quiz keys do) but never
+appear in a student's notebook."""
+import ast
+import inspect
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from mpkit.parallel.pipeline.schedules import (Backward, Forward, OptimizerStep, RecvAct, RecvGrad, SendAct,
+                                               SendGrad)
+
+
+def ring_reduce_scatter(ctx, tensor):
+    n, r = ctx.world_size, ctx.rank
+    chunks = tensor.detach().clone().reshape(-1).tensor_split(n)
+    for k in range(n - 1):
+        send, into = chunks[(r - k - 1) % n], chunks[(r - k - 2) % n]
+        incoming = torch.empty_like(into)
+        works = [dist.isend(send.contiguous(), (r + 1) % n), dist.irecv(incoming, (r - 1) % n)]
+        for work in works:
+            work.wait()
+        into += incoming
+    return chunks[r].clone()
+
+
+def ring_all_gather(ctx, piece):
+    n, r = ctx.world_size, ctx.rank
+    out = torch.empty(n * piece.numel(), dtype=piece.dtype)
+    slots = out.split(piece.numel())
+    slots[r].copy_(piece.reshape(-1))
+    for k in range(n - 1):
+        works = [dist.isend(slots[(r - k) % n].clone(), (r + 1) % n), dist.irecv(slots[(r - k - 1) % n], (r - 1) % n)]
+        for work in works:
+            work.wait()
+    return out
+
+
+def ring_all_reduce(ctx, tensor):
+    n, r = ctx.world_size, ctx.rank
+    chunks = tensor.view(-1).tensor_split(n)
+
+    def exchange(send, into, add):
+        incoming = torch.empty_like(into)
+        works = [dist.isend(send.clone(), (r + 1) % n), dist.irecv(incoming, (r - 1) % n)]
+        for work in works:
+            work.wait()
+        if add:
+            into += incoming
+        else:
+            into.copy_(incoming)
+
+    for k in range(n - 1):  # reduce-scatter: chunk (r+1) ends complete
+        exchange(chunks[(r - k) % n], chunks[(r - k - 1) % n], add=True)
+    for k in range(n - 1):  # all-gather: pass the complete chunks on
+        exchange(chunks[(r + 1 - k) % n], chunks[(r - k) % n], add=False)
+    return tensor
+
+
+def average_gradients(ctx, model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= ctx.world_size
+
+
+class BucketedGradientSync:
+    def __init__(self, ctx, model, bucket_mb):
+        self.world_size = ctx.world_size
+        limit = bucket_mb * 2**20
+        self.buckets, size = [[]], 0
+        for p in reversed([p for p in model.parameters() if p.requires_grad]):  # backward order
+            if self.buckets[-1] and size + p.numel() * 4 > limit:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * 4
+        self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.ready, self.pending = [0] * len(self.buckets), []
+        for p in self.bucket_of:
+            p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p):
+        i = self.bucket_of[p]
+        self.ready[i] += 1
+        if self.ready[i] == len(self.buckets[i]):
+            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
+            self.pending.append((i, flat, dist.all_reduce(flat, async_op=True)))
+
+    def finish(self):
+        for i, flat, work in self.pending:
+            work.wait()
+            flat /= self.world_size
+            offset = 0
+            for q in self.buckets[i]:
+                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q))
+                offset += q.numel()
+        self.ready, self.pending = [0] * len(self.buckets), []
+
+
+def layerwise_step(ctx, stage, x, y, loss_fn, act_shape):
+    r, last = ctx.rank, ctx.world_size - 1
+    if r == 0:
+        a = x
+    else:
+        a = torch.empty(act_shape)
+        dist.recv(a, r - 1)
+        a.requires_grad_()
+    out = stage(a)
+    loss = None
+    if r == last:
+        loss = loss_fn(out, y)
+        loss.backward()
+    else:
+        dist.send(out.detach(), r + 1)
+        grad = torch.empty(act_shape)
+        dist.recv(grad, r + 1)
+        out.backward(grad)
+    if r > 0:
+        dist.send(a.grad, r - 1)
+    return loss
+
+
+class CopyToParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class ReduceFromParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def megatron_mlp(x, up_weight, up_bias, down_weight, down_bias, f, g):
+    h = F.linear(f(x), up_weight, up_bias)
+    return g(F.linear(F.gelu(h), down_weight)) + down_bias
+
+
+def gpipe_schedule(rank, p, m):
+    program = []
+    for mb in range(m):
+        program += [RecvAct(mb, rank, rank - 1)] if rank > 0 else []
+        program += [Forward(mb, rank)] + ([SendAct(mb, rank, rank + 1)] if rank < p - 1 else [])
+    for mb in range(m):
+        program += [RecvGrad(mb, rank, rank + 1)] if rank < p - 1 else []
+        program += [Backward(mb, rank)] + ([SendGrad(mb, rank, rank - 1)] if rank > 0 else [])
+    return program + [OptimizerStep()]
+
+
+def one_f_one_b_schedule(rank, p, m):
+    warmup = min(p - rank - 1, m)
+    order = [("F", k) for k in range(warmup)]
+    for k in range(m - warmup):
+        order += [("F", warmup + k), ("B", k)]
+    order += [("B", k) for k in range(m - warmup, m)]
+    program = []
+    for kind, mb in order:
+        if kind == "F":
+            program += [RecvAct(mb, rank, rank - 1)] if rank > 0 else []
+            program += [Forward(mb, rank)] + ([SendAct(mb, rank, rank + 1)] if rank < p - 1 else [])
+        else:
+            program += [RecvGrad(mb, rank, rank + 1)] if rank < p - 1 else []
+            program += [Backward(mb, rank)] + ([SendGrad(mb, rank, rank - 1)] if rank > 0 else [])
+    return program + [OptimizerStep()]
+
+
+def zero1_step(ctx, params, grad, optimizer):
+    n, r = ctx.world_size, ctx.rank
+    sizes = [len(piece) for piece in params.tensor_split(n)]
+    width = max(sizes)
+
+    def padded(flat):  # equal pieces of ``width`` elements, as reduce_scatter_tensor wants
+        out = torch.zeros(n * width)
+        for i, piece in enumerate(flat.tensor_split(n)):
+            out[i * width:i * width + len(piece)] = piece
+        return out
+
+    shard_grad = torch.empty(width)
+    dist.reduce_scatter_tensor(shard_grad, padded(grad))
+    shard_grad /= n
+    start = sum(sizes[:r])
+    optimizer.step(start, params[start:start + sizes[r]], shard_grad[:sizes[r]])
+    gathered = torch.empty(n * width)
+    dist.all_gather_into_tensor(gathered, padded(params)[r * width:(r + 1) * width].contiguous())
+    params.copy_(torch.cat([gathered[i * width:i * width + sizes[i]] for i in range(n)]))
+
+
+def rank_coordinates(rank, dp, pp, tp):
+    rest, tp_index = divmod(rank, tp)
+    dp_index, pp_index = divmod(rest, pp)
+    return dp_index, pp_index, tp_index
+
+
+def process_groups(dp, pp, tp):
+    groups = {"dp": {}, "pp": {}, "tp": {}}
+    for rank in range(dp * pp * tp):
+        coords = dict(zip(("dp", "pp", "tp"), rank_coordinates(rank, dp, pp, tp)))
+        for dim in groups:
+            key = tuple(v for d, v in coords.items() if d != dim)
+            groups[dim].setdefault(key, []).append(rank)
+    return {dim: list(found.values()) for dim, found in groups.items()}
+
+
+def memory_per_gpu(params, dp, pp, tp, zero_stage):
+    psi = params / (pp * tp)
+    return (2 * psi / (dp if zero_stage >= 3 else 1) + 2 * psi / (dp if zero_stage >= 2 else 1)
+            + 12 * psi / (dp if zero_stage >= 1 else 1))
+
+
+def definitions(exercise) -> list:
+    """The top-level classes and functions that make up ``exercise``'s solution (its ``target``'s names)."""
+    names = [n.strip(" ()") for n in exercise.target.split(",")]
+    return [getattr(sys.modules[__name__], n) for n in names]
+
+
+def source(exercise) -> str:
+    """The solution of ``exercise`` as code text (what goes into a notebook cell)."""
+    return "\n\n".join(inspect.getsource(obj) for obj in definitions(exercise))
+
+
+def body(obj) -> str:
+    """The statements of a function's or class's body after its docstring, as written (indented)."""
+    text = inspect.getsource(obj)
+    tree = ast.parse(text).body[0]
+    statements = tree.body[1:] if ast.get_docstring(tree) is not None else tree.body
+    lines = text.splitlines()
+    return "\n".join(lines[statements[0].lineno - 1 - (len(getattr(statements[0], "decorator_list", [])) or 0):])
