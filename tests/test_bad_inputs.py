@@ -93,7 +93,8 @@ TRAIN = [  # (train keyword arguments, what the error must say)
     (dict(strategy="tp", world_size=3, model="gpt"), "tp size world_size=3 does not divide heads=4"),
     (dict(strategy="pp", world_size=3, **mine(shallow_net)), "rank 1 would hold only stage 1 (layers [1]: Tanh), "
                                                              "which has no parameters"),
-    (dict(strategy="mp", world_size=3, **mine(shallow_net)), "use fewer stages than 3"),
+    (dict(strategy="mp", world_size=3, **mine(shallow_net)), "This model has 2 (0: Linear, 2: Linear): use at most "
+                                                             "2 stages"),
     (dict(strategy="pp", **mine(tied_net)), "parameter '0.weight' of stage 0 is shared with '3.weight' of stage 1"),
     (dict(strategy="pp", **mine(lambda: nn.Linear(4, 2))), "Return an nn.Sequential from the model factory"),
     (dict(strategy="pp", schedule="interleaved", **mine(shallow_net)), "cannot cut 3 layers into 4 non-empty stages"),

@@ -150,7 +150,7 @@ def test_sync_trains_a_model_with_frozen_and_unused_parameters():
 @pytest.mark.parametrize("kwargs,message", [
     (dict(world_size=1), "ps needs a server and at least one worker: use world_size>=2"),
     (dict(world_size=2, mode="hogwild"), "mode='hogwild' is unknown; use one of sync, async"),
-    (dict(world_size=4, batch_size=32), "workers (world_size-1)=3 does not divide batch_size=32"),
+    (dict(world_size=4, batch_size=2), "batch_size=2 is smaller than the 3 workers (world_size-1)"),
 ])
 def test_bad_inputs_say_what_to_change(kwargs, message):
     with pytest.raises(ValueError) as err:

@@ -15,7 +15,8 @@ from mpkit.observe.memory import MemoryTracker
 from mpkit.observe.trace import Trace
 
 _NULL_TRACE = Trace(enabled=False)
-_NULL_COMM = Comm(_NULL_TRACE, MemoryTracker(enabled=False))
+_NULL_MEMORY = MemoryTracker(enabled=False)
+_NULL_COMM = Comm(_NULL_TRACE, _NULL_MEMORY)
 _current = None  # the RankContext (anything with .comm, .trace and .memory) of this process's rank
 
 
@@ -59,3 +60,7 @@ def comm() -> Comm:
 
 def trace() -> Trace:
     return _NULL_TRACE if _current is None else _current.trace
+
+
+def memory() -> MemoryTracker:
+    return _NULL_MEMORY if _current is None else _current.memory

@@ -87,6 +87,7 @@ class MemoryTracker:
         self.peak_breakdown = (0,) * len(CATEGORIES)
         self._max = (0,) * len(CATEGORIES)
         self._tracker = None
+        self._gradients = []  # tensors that hold gradients before any backward (file_gradients)
         self.step = None
 
     # ---- recording ----
@@ -100,6 +101,8 @@ class MemoryTracker:
             return
         if self._tracker is not None:
             self._tracker.track_external(*objects)
+            self._tracker.file_gradients(self._gradients)
+            self._on_sample(self._tracker.values())
             yield self
             return
         tracker = torch_memtracker.SamplingTracker(self)
@@ -107,10 +110,22 @@ class MemoryTracker:
         try:
             with tracker:
                 tracker.track_external(*objects)
+                tracker.file_gradients(self._gradients)
                 self._on_sample(tracker.values())
                 yield self
         finally:
             self._tracker = None
+
+    def file_gradients(self, *tensors) -> None:
+        """Count ``tensors`` as gradients from now on, in this and every later ``track``: storage
+        made for gradients before any backward wrote one (``DataParallel``'s buckets), which
+        would otherwise read as "other" until then, in an out-of-memory report above all."""
+        if not self.enabled:
+            return
+        self._gradients.extend(tensors)
+        if self._tracker is not None:
+            self._tracker.file_gradients(tensors)
+            self._on_sample(self._tracker.values())
 
     @contextmanager
     def communicating(self):

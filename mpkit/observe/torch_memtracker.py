@@ -26,12 +26,14 @@ PRIVATE_NAMES = (
     ("torch.distributed._tools.mem_tracker", "MemTracker._update_snap"),
     ("torch.distributed._tools.mem_tracker", "MemTracker._delete_callback"),
     ("torch.distributed._tools.mem_tracker", "MemTracker._track_module_params_and_buffers"),
+    ("torch.distributed._tools.mem_tracker", "MemTracker._update_and_maybe_create_winfos"),
     ("torch.distributed._tools.mem_tracker", "MemTracker._should_skip_dynamo"),
     ("torch.distributed._tools.mem_tracker", "MemTracker.track_external"),
     ("torch.distributed._tools.mem_tracker", "MemTracker._pre_fw_hook"),
     ("torch.distributed._tools.mem_tracker", "MemTracker._post_fw_hook"),
     ("torch.distributed._tools.mem_tracker", "_TOTAL_KEY"),
     ("torch.distributed._tools.mem_tracker", "_MemRefType.ACT"),
+    ("torch.distributed._tools.mem_tracker", "_MemRefType.GRAD"),
     ("torch.distributed._tools.mem_tracker", "_MemRefType.OPT"),
     ("torch.distributed._tools.mem_tracker", "_MemRefType.OTH"),
     ("torch.distributed._tools.mem_tracker", "_MemRefType.TEMP"),
@@ -192,6 +194,11 @@ if PROBLEM is None:
                 winfo.update_mem_consumed(st)
                 self._update_snap(_UpdateType.SIZE, winfo, old_mem_consumed=old)
 
+        def file_gradients(self, tensors) -> None:
+            """File ``tensors``' storages as gradients (``MemoryTracker.file_gradients``)."""
+            for t in tensors:
+                self._update_and_maybe_create_winfos(t, _MemRefType.GRAD)
+
         def _delete_callback(self, winfo, w_st) -> None:
             self._by_address.pop(getattr(winfo, "address", None), None)
             super()._delete_callback(winfo, w_st)
@@ -220,6 +227,12 @@ if PROBLEM is None:
 
         def _pre_fw_hook(self, module, inputs) -> None:
             if module not in self._seen_modules:
+                if any(p.is_meta for p in module.parameters()):
+                    # ``torch.func.functional_call`` on meta stand-ins (a pipeline's shape probe): its
+                    # parameters are swapped out for this forward only. Marking the module seen now
+                    # would leave its real parameters without gradient hooks (gradients read as
+                    # "other"), so wait for a forward on its own parameters.
+                    return
                 self._seen_modules.add(module)
                 # MemTracker hooks the gradient of every parameter, and torch refuses a hook on a
                 # frozen one: track them all, then hook only those that will get a gradient.

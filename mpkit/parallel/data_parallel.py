@@ -18,8 +18,9 @@ The mechanics, in order:
    post-accumulate-grad hook counts each bucket's gradients and starts its all-reduce the moment
    the last one lands, while autograd still computes earlier layers; with ``overlap=False`` the
    all-reduces run in ``finish_gradient_synchronization()``;
-4. ``finish_gradient_synchronization()`` waits for them (call it before ``optimizer.step()``), and
-   every rank then takes the same optimizer step.
+4. ``finish_gradient_synchronization()`` waits for them (call it once, before ``optimizer.step()``:
+   a step of an optimizer that holds this model's parameters raises before it, a second call
+   raises too), and every rank then takes the same optimizer step.
 
 A bucket is one flat buffer whose slices *are* the parameters' ``.grad`` tensors (DDP's
 ``gradient_as_bucket_view``), so autograd accumulates straight into it. ``zero_grad(set_to_none=True)``
@@ -37,11 +38,13 @@ exactly as it would on one device.
 from __future__ import annotations
 
 import math
+import weakref
 from contextlib import contextmanager
 from functools import partial
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch import nn
 
 from mpkit.observe import active
@@ -140,9 +143,10 @@ def _decode_records(flat: list[int], count: int) -> list[tuple]:
 
 
 def check_same_model(module: nn.Module, group, what: str, buffers: bool = False) -> None:
-    """Every rank's replica must have the same parameters, in the same order: a rank that built
-    another model (a size read from its rank) would receive the first rank's values into
-    mismatched tensors, silently. DDP's check at construction (torch 2.13
+    """Every rank's replica must have the same parameters, in the same order and under the same
+    names: a rank that built another model (a size read from its rank, layers of one shape
+    assigned in another order) would receive the first rank's values into mismatched tensors, or
+    into other layers, silently. DDP's check at construction (torch 2.13
     ``_verify_param_shape_across_processes`` -> ``dist._verify_params_across_processes``) compares
     the parameter count, then each parameter's sizes and strides with rank 0's; buffers are not
     compared. Here buffers are, with ``buffers=True`` (``broadcast_buffers=True``: broadcast
@@ -187,6 +191,15 @@ def check_same_tensors(named: list, group, what: str) -> None:
                 there = "" if ours[0] == their[0] else f" (there named {ours[0]!r})"
                 raise ValueError(f"{what}: the replicas differ: parameter {their[0]!r} has {described(their, ours)} "
                                  f"on group rank {rank}, but {described(ours, their)} on group rank 0{there}{hint}")
+        for k, (ours, their) in enumerate(zip(first, theirs)):
+            # same shapes, another name in this place: layers registered in another order (or another
+            # model of the same shapes); rank 0's values would land in other layers of this rank
+            if ours[0] != their[0]:
+                raise ValueError(f"{what}: the replicas differ: parameter tensor {k} is {their[0]!r} on group rank "
+                                 f"{rank} but {ours[0]!r} on group rank 0 (same shape): the ranks registered their "
+                                 f"layers in another order or under other names, so each would train another "
+                                 f"function; build the model with the same code on every rank, assigning its "
+                                 f"submodules in the same order")
         if len(theirs) != len(first):
             more, less, extra = (rank, 0, theirs) if len(theirs) > len(first) else (0, rank, first)
             name = extra[min(len(first), len(theirs))][0]
@@ -207,6 +220,32 @@ def broadcast_module(module: nn.Module, group=None, parameters: bool = True, buf
     with torch.no_grad():
         active.comm().broadcast_coalesced([t.detach() for t in tensors], src=group_ranks(group)[2], group=group,
                                           name=what)
+
+
+_AWAITING = weakref.WeakSet()  # DataParallels whose last backward is not yet synchronised
+_hooked = False
+
+
+def _step_too_early(optimizer, args, kwargs) -> None:
+    """A global optimizer step pre-hook: refuse a step on gradients still being all-reduced (or
+    never reduced) by a ``DataParallel`` whose ``finish_gradient_synchronization()`` was skipped.
+    Costs one empty-set test per step when nothing is pending."""
+    if not _AWAITING:
+        return
+    params = {p for group in optimizer.param_groups for p in group["params"]}
+    for dp in list(_AWAITING):
+        if not params.isdisjoint(dp._slot):
+            raise RuntimeError("optimizer.step() before DataParallel.finish_gradient_synchronization(): this "
+                               "step's gradients are still this rank's own (their all-reduce in flight or not "
+                               "started), so each rank would step differently. Call "
+                               "dp.finish_gradient_synchronization() after backward, before optimizer.step()")
+
+
+def _hook_optimizers() -> None:
+    global _hooked
+    if not _hooked:
+        register_optimizer_step_pre_hook(_step_too_early)
+        _hooked = True
 
 
 class _Bucket:
@@ -279,10 +318,13 @@ class DataParallel(nn.Module):
         self.buckets = [_Bucket(i, ps, [names[p] for p in ps])
                         for i, ps in enumerate(plan_buckets(params, *bucket_caps(self.bucket_mb, self.first_bucket_mb)))]
         self._slot = {p: (b, k) for b in self.buckets for k, p in enumerate(b.params)}
+        active.memory().file_gradients(*self.buffers_for_tracking)  # gradients from the start, not "other"
         self._sync = True
+        self._finished = False  # finish_... ran and no forward or gradient came since
         self._reset()
         for p in params:
             p.register_post_accumulate_grad_hook(partial(DataParallel._grad_ready, self))
+        _hook_optimizers()
 
     def forward(self, *args, **kwargs):
         if self._awaiting_finish:
@@ -297,6 +339,7 @@ class DataParallel(nn.Module):
         if self.broadcast_buffers and self._buffers_due:
             broadcast_module(self.module, self.group, parameters=False)
         self._buffers_due = torch.is_grad_enabled() and self._sync
+        self._finished = False
         return self.module(*args, **kwargs)
 
     def _name(self, p) -> str:
@@ -308,6 +351,7 @@ class DataParallel(nn.Module):
         self._used = set()      # parameters whose gradient arrived since the last synchronisation
         self._counted = set()   # ... in the synchronising backward (outside no_sync): they complete buckets
         self._awaiting_finish = False  # a backward outside no_sync() ran; finish_... comes next
+        _AWAITING.discard(self)
         self._pending = [len(b.params) for b in self.buckets]
         self._next = 0          # buckets are launched in index order on every rank
         for bucket in self.buckets:
@@ -331,9 +375,11 @@ class DataParallel(nn.Module):
                                f"call backward once per step, and use no_sync() to accumulate")
         self._adopt(p)
         self._used.add(p)
+        self._finished = False
         if not self._sync or p in self._counted:
             return
         self._awaiting_finish = True
+        _AWAITING.add(self)
         self._counted.add(p)
         self._pending[bucket.index] -= 1
         if self.overlap:
@@ -373,6 +419,10 @@ class DataParallel(nn.Module):
         if not self._sync:
             raise RuntimeError("finish_gradient_synchronization() inside no_sync(): leave the no_sync() block "
                                "and run the last backward first")
+        if self._finished:
+            raise RuntimeError("finish_gradient_synchronization() called twice after one backward: the gradients "
+                               "are already averaged; call it once per step, after backward and before "
+                               "optimizer.step()")
         unused = self._unused()
         if unused and not self.find_unused_parameters:
             names = ", ".join(repr(self._name(p)) for _, p in unused[:5])
@@ -380,7 +430,6 @@ class DataParallel(nn.Module):
                                f"(not used to compute the loss). Pass DataParallel(..., find_unused_parameters=True) "
                                f"(mpkit.train('dp', ..., find_unused_parameters=True)), as torch DDP asks, or "
                                f"freeze them with requires_grad_(False)")
-        nowhere = self._global_use(unused) if self.find_unused_parameters else set()
         kept = {}
         for _, p in unused:  # a slice nobody wrote this step: its stale values must not be summed
             kept[p] = p.grad
@@ -393,9 +442,14 @@ class DataParallel(nn.Module):
         for bucket in self.buckets:
             bucket.work.wait()
             bucket.buffer.div_(self.world_size)
+        # After every bucket, as DDP's bitmap: ranks that used different branches launched some
+        # buckets in backward and the rest here, but all in index order; a mask between them would
+        # meet another rank's bucket (gloo: "collective mismatch"; NCCL: a hang or wrong sums).
+        nowhere = self._global_use(unused) if self.find_unused_parameters else set()
         for p in nowhere:  # used by no rank: the optimizer must see what one device would have
             p.grad = kept[p]
         self._reset()
+        self._finished = True
 
     @property
     def buffers_for_tracking(self):

@@ -153,6 +153,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._had_grad = {}  # parameter -> whether it had a gradient at the last step
         self._warned_bias_correction = False
         self._reduced = False  # clip_grad_norm_ reduce-scattered this step's gradients already
+        self._replicas_checked = False  # broadcast_parameters() or the first reduce-scatter compared them
 
     @property
     def shard_parameters(self) -> list[nn.Parameter]:
@@ -180,16 +181,41 @@ class ShardedOptimizer(torch.optim.Optimizer):
         buffers, a parameter of another shape or order on one rank would take values across
         parameter boundaries silently."""
         what = "ShardedOptimizer.broadcast_parameters"
+        self._replicas_checked = True
         if module is not None:
             check_same_model(module, self.group, what, buffers=True)
             broadcast_module(module, self.group)
             return
-        check_same_tensors([(name, p) for shard in self.shards if shard is not None
-                            for name, p in zip(shard.names, shard.params)], self.group, what)
+        check_same_tensors(self._named(), self.group, what)
         comm, src = active.comm(), dist.get_global_rank(self.group or dist.group.WORLD, 0)
         for shard in self.shards:
             if shard is not None:
                 comm.broadcast(shard.flat, src=src, group=self.group, name="initial weights")
+
+    def _named(self) -> list:
+        return [(name, p) for shard in self.shards if shard is not None for name, p in zip(shard.names, shard.params)]
+
+    def _check_replicas(self) -> None:
+        """Once, before the first reduce-scatter when ``broadcast_parameters()`` never ran: the
+        replicas must have the same parameters (another shape would give the reduce-scatter
+        another size on one rank: gloo aborts the process) and the same values (else each rank's
+        gradient was taken at another point and the step averages them as if not). Two small
+        all-gathers of the layout and one of two checksums per group, untraced."""
+        self._replicas_checked = True
+        what = "ShardedOptimizer(average_gradients=True)"
+        check_same_tensors(self._named(), self.group, what)
+        flats = [s.flat[:s.numel].detach().double() for s in self.shards if s is not None]
+        mine = torch.stack([x for f in flats for x in (f.sum(), (f * torch.arange(1, f.numel() + 1, dtype=f.dtype,
+                                                                                  device=f.device)).sum())])
+        every = [torch.empty_like(mine) for _ in range(self.world_size)]
+        with active.quiet():
+            active.comm().all_gather(every, mine, group=self.group)
+        differ = [r for r, theirs in enumerate(every) if not torch.equal(theirs, every[0])]
+        if differ:
+            raise ValueError(f"{what}: the replicas start from different values (group rank {differ[0]} differs from "
+                             f"group rank 0), so each rank's gradient belongs to another model; call "
+                             f"opt.broadcast_parameters(model) once before training (or build the model from one "
+                             f"seed on every rank)")
 
     # ---- the three phases of a step ----
     def reduce_scatter_gradients(self) -> None:
@@ -197,6 +223,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if not self.average_gradients:
             raise RuntimeError("reduce_scatter_gradients() is for ShardedOptimizer(average_gradients=True); here "
                                "the gradients are averaged before the optimizer (DataParallel)")
+        if not self._replicas_checked:
+            self._check_replicas()
         for shard in self.shards:
             if shard is None:
                 continue

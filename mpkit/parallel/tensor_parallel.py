@@ -179,6 +179,30 @@ class _ShardedLinear(nn.Module):
         else:
             self.bias = None
 
+    def _check_input(self, x) -> None:
+        """A clear error for an input of the wrong width: above all a plan with column and row
+        reversed (a row layer handed the full input, a column layer handed a slice), which torch
+        reports only as "mat1 and mat2 shapes cannot be multiplied". One shape test per forward."""
+        want, full = self.weight.shape[1], self.full_shapes["weight"][1]
+        if x.shape[-1] == want:
+            return
+        style = "row" if self.dim == 1 else "column"
+        if self.dim == 1 and x.shape[-1] == full:
+            got = f"the full input ({full} features), not this rank's slice of {want} of them"
+            fix = (f"a row layer must come after a column layer, whose output slice it takes: is the plan reversed? "
+                   f"Split the layer that runs first by 'column' and the one after it by 'row', e.g. "
+                   f"{{'mlp.up': 'column', 'mlp.down': 'row'}}")
+        elif self.dim == 0 and x.shape[-1] * len(self.indices) == full:
+            got = f"a slice of {x.shape[-1]} of its {full} input features"
+            fix = (f"a column layer takes the full input, so it cannot follow a column layer's slice or a row "
+                   f"layer's input: is the plan reversed? Split the layer that runs first by 'column' and the one "
+                   f"after it by 'row', e.g. {{'mlp.up': 'column', 'mlp.down': 'row'}}")
+        else:
+            got = f"{x.shape[-1]} input features"
+            fix = f"the layer expects {want} ({'its slice of ' if self.dim == 1 else ''}{full}); check the plan"
+        raise ValueError(f"tensor-parallel layer {self.name or '?'} ({style}-parallel, rank {self.rank}) received "
+                         f"{got}: {fix}")
+
     def sharded(self, param_name: str) -> bool:
         return param_name == "weight" or self.dim == 0
 
@@ -222,6 +246,7 @@ class ColumnParallelLinear(_ShardedLinear):
         self.gather_output = gather_output
 
     def forward(self, x):
+        self._check_input(x)
         y = F.linear(copy_to_parallel_region(x, self.group, self.name), self.weight, self.bias)
         if self.gather_output:
             y = GatherFromParallelRegion.apply(y, self.indices, self.rank, self.group, self.name)
@@ -238,6 +263,7 @@ class RowParallelLinear(_ShardedLinear):
     dim = 1
 
     def forward(self, x):
+        self._check_input(x)
         y = reduce_from_parallel_region(F.linear(x, self.weight), self.group, self.name)
         return y + self.bias if self.bias is not None else y
 

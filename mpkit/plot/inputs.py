@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 _TRACE_HINT = "pass a Run (mpkit.train), a Trace, or anything with a .trace (e.g. an mpkit.sim prediction)"
-_RUNS_HINT = ("pass a Run (mpkit.train), a list of MemoryReports, a list of Runs, "
+_RUNS_HINT = ("pass a Run (mpkit.train), what mpkit.launch returned, a list of MemoryReports, a list of Runs, "
               "or a dict {label: Run} to compare runs side by side")
 
 
@@ -64,6 +64,10 @@ def as_runs(obj, name="run_or_runs") -> list[tuple[str, list]]:
         if not obj:
             raise ValueError(f"{name}: the dict is empty; {_RUNS_HINT}")
         return [(str(k), reports_of(v, f"{name}[{k!r}]")) for k, v in obj.items()]
-    if isinstance(obj, (list, tuple)) and obj and not all(map(_is_report, obj)):
+    # mpkit.launch's result: a list (fn's return values) that carries .memory, one report per rank
+    launched = isinstance(obj, list) and isinstance(getattr(obj, "memory", None), list)
+    if isinstance(obj, (list, tuple)) and obj and not launched and not all(map(_is_report, obj)):
         return list(zip(_labels(obj), (reports_of(r, f"{name}[{i}]") for i, r in enumerate(obj))))
+    if launched:
+        return [("", reports_of(obj, name))]
     return [(_labels([obj])[0] if not isinstance(obj, (list, tuple)) else "", reports_of(obj, name))]

@@ -99,8 +99,11 @@ def hand_in_cell(notebook, where):
 class AnswerSheet:
     """Displays a sheet: an HTML table (answers only, no key) and the JSON graders read."""
 
-    def __init__(self, sheet, lang="ko", unsubmitted=0):
+    def __init__(self, sheet, lang="ko", unsubmitted=0, learner=None, login_only=False):
         self.sheet, self.lang, self.unsubmitted = sheet, check_lang(lang), unsubmitted
+        # whose saved answers these are (shown, never part of the sheet: the submission says who
+        # is graded); ``login_only``: the name is only the OS login, which learners may share
+        self.learner, self.login_only = learner, login_only
 
     def _repr_mimebundle_(self, **kwargs):
         return {MIME: self.sheet, "text/html": self.html(), "text/plain": self.text()}
@@ -122,8 +125,15 @@ class AnswerSheet:
         head = "".join(f"<th>{t(key, lang)}</th>" for key in ("sheet_item", "sheet_graded", "sheet_later"))
         warning = t("sheet_unsubmitted", lang, n=self.unsubmitted) if self.unsubmitted else ""
         warning = f"<p class=\"mpkit-answer-sheet-warning\"><b>{warning}</b></p>" if warning else ""
+        whose = ""
+        if self.learner is not None:
+            name = html.escape(repr(self.learner))
+            whose = t("sheet_whose", lang, name=name)
+            if self.login_only:
+                whose += " " + html.escape(t("sheet_login_only", lang, name=repr(self.learner)))
+            whose = f"<p class=\"mpkit-answer-sheet-learner\">{whose}</p>"
         return (f"<div class=\"mpkit-answer-sheet\"><b>{t('sheet_title', lang)} · "
-                f"{html.escape(self.sheet['assignment'])}</b> — {html.escape(self.text())}<br>"
+                f"{html.escape(self.sheet['assignment'])}</b> — {html.escape(self.text())}<br>{whose}"
                 f"<table><tr><th>#</th>{head}</tr>{''.join(rows)}</table>"
                 f"<p>{t('sheet_saved', lang)}</p>{warning}</div>")
 
@@ -150,8 +160,10 @@ def marked_html(marks, note=None):
 def answer_sheet(assignment, item_ids, lang="ko", student=None, results_dir=None):
     """The :class:`AnswerSheet` of ``assignment`` from this student's saved answers."""
     check_assignment(assignment)
-    return AnswerSheet(build_sheet(assignment, item_ids, ResultStore(student, results_dir).data), lang,
-                       unsubmitted(assignment))
+    store = ResultStore(student, results_dir)
+    login_only = student is None and not os.environ.get("MPKIT_STUDENT")
+    return AnswerSheet(build_sheet(assignment, item_ids, store.data), lang, unsubmitted(assignment),
+                       store.student, login_only)
 
 
 def hand_in(assignment, item_ids, lang="ko", student=None, results_dir=None):

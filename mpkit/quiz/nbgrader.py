@@ -7,11 +7,15 @@ key included, from its database) writes the notebook to ``autograded/``, then *a
 ``execute_result`` that reads as a number scores that number (partial credit).
 
 The answers live in the hand-in cell's output, which ``ClearOutput`` would erase, so
-:func:`configure` adds two preprocessors around nbgrader's own:
+:func:`configure` adds preprocessors around nbgrader's own:
 
 * :class:`CollectQuizAnswers`, first in the sanitize pass: copies the answer sheet of the
   submitted hand-in cell into the notebook's metadata (under ``mpkit_quiz``; anything a student
   put there is replaced), where it survives to the second pass;
+* :class:`ContainBrokenCells`, right before ``CheckCellMetadata`` in the sanitize pass: a cell
+  whose nbgrader metadata does not validate (a pasted copy of a quiz cell, which nbgrader's own
+  ``DeduplicateIds`` leaves so) becomes a cell the student added, so one bad notebook costs only
+  its own cells, with the reason in its report, instead of stopping the whole class's autograde;
 * :class:`SkipAddedCells`, right before ``Execute``: turns every code cell that is not one of the
   assignment's own (after ``OverwriteCells`` those are exactly the cells with a ``grade_id``, their
   source restored from nbgrader's database) into a raw cell, so a cell the student added is kept
@@ -22,18 +26,23 @@ The answers live in the hand-in cell's output, which ``ClearOutput`` would erase
   table plus the score, replacing whatever the student's kernel printed there.
 
 Who the student is comes from nbgrader (the ``submitted/<student id>/`` folder), never from
-the notebook. Both classes do nothing to notebooks without an mpkit hand-in cell, so one course
+the notebook. The quiz classes do nothing to notebooks without an mpkit hand-in cell, so one course
 config serves every assignment. In ``nbgrader_config.py``::
 
     from mpkit.quiz.nbgrader import configure
     configure(c)
 """
 import ast
+import json
+from collections import Counter
+from pathlib import Path
 
 import nbformat
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.converters import Autograde
-from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from nbgrader.nbgraderformat import MetadataValidator, ValidationError
+from nbgrader.nbgraderformat.common import SchemaMismatchError
+from nbgrader.preprocessors import CheckCellMetadata, Execute, NbGraderPreprocessor
 
 from mpkit.i18n import LANGS, t
 from mpkit.quiz.assignment import KEY_NAME
@@ -42,6 +51,7 @@ from mpkit.quiz.marking import mark
 from mpkit.quiz.store import ANSWERS
 
 STASH = "mpkit_quiz"
+LEDGER = "mpkit_graded.json"  # beside the gradebook: which submission of each student was graded
 
 
 class CollectQuizAnswers(NbGraderPreprocessor):
@@ -59,7 +69,84 @@ class CollectQuizAnswers(NbGraderPreprocessor):
             sheet, problem = None, str(exc)
         if problem:
             self.log.warning("mpkit quiz: %s", problem)
-        nb.metadata[STASH] = {"sheet": sheet, "problem": problem}
+        nb.metadata[STASH] = {"sheet": sheet, "problem": problem, "notes": _duplicated(nb)}
+        self._note_replaced(resources)
+        return nb, resources
+
+    def _note_replaced(self, resources):
+        """Warn when a student's graded submission is replaced by a newer one (``nbgrader collect
+        --update``): nbgrader knows a student only by the login that submitted, so on a shared OS
+        account ``nbgrader submit --student <id>`` from anyone does exactly this. A ledger beside
+        an sqlite gradebook (``mpkit_graded.json``) remembers which submission was graded."""
+        where = resources.get("nbgrader") if isinstance(resources, dict) else None
+        if not where or not str(where.get("db_url", "")).startswith("sqlite:///"):
+            return
+        with Gradebook(where["db_url"]) as gradebook:
+            try:
+                stamp = gradebook.find_submission(where["assignment"], where["student"]).timestamp
+            except MissingEntry:
+                return
+        if stamp is None:
+            return
+        ledger = Path(where["db_url"].removeprefix("sqlite:///")).parent / LEDGER
+        try:
+            graded = json.loads(ledger.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            graded = {}
+        key = f"{where['assignment']}/{where['student']}"
+        if graded.get(key) not in (None, stamp.isoformat()):
+            self.log.warning("mpkit: %s's graded submission of %s (submitted %s) was replaced by one submitted %s. "
+                             "If students share an OS account, anyone can do this with `nbgrader submit --student "
+                             "%s`: give each student their own login (README, trust model)",
+                             where["student"], where["assignment"], graded[key], stamp.isoformat(), where["student"])
+        graded[key] = stamp.isoformat()
+        try:
+            ledger.write_text(json.dumps(graded, indent=1, sort_keys=True), encoding="utf-8")
+        except OSError as exc:
+            self.log.warning("mpkit: could not write %s (%s): replaced submissions will not be noticed", ledger, exc)
+
+
+def _grade_id(cell):
+    meta = cell.get("metadata")
+    nbgrader = meta.get("nbgrader") if isinstance(meta, dict) else None
+    return nbgrader.get("grade_id") if isinstance(nbgrader, dict) else None
+
+
+def _not_graded(cell, reason, **values):
+    return " / ".join(t("cell_not_graded", lang, cell=cell, why=t(reason, lang, **values)) for lang in LANGS)
+
+
+def _duplicated(nb):
+    """Notes for the report on cells whose nbgrader id appears more than once (a pasted quiz cell):
+    nbgrader's ``DeduplicateIds`` keeps the last and empties the others' metadata."""
+    counts = Counter(i for i in map(_grade_id, nb.cells) if i)
+    return [_not_graded(f"'{i}'", "pasted_copies", n=n - 1) for i, n in counts.items() if n > 1]
+
+
+class ContainBrokenCells(NbGraderPreprocessor):
+    """Sanitize pass, right before nbgrader's ``CheckCellMetadata``: a cell whose nbgrader metadata
+    does not validate loses it, and becomes a cell the student added, instead of stopping
+    ``nbgrader autograde`` for the whole class. nbgrader 0.9.6's own ``DeduplicateIds`` leaves such
+    a cell for every pasted copy of a graded cell (metadata ``{}``, read as a schema too old), and
+    ``CheckCellMetadata`` then raises the error that ends the run ("old version of the nbgrader
+    metadata format"): every later student stayed ungraded. Now it costs only the cells
+    concerned, in that student's notebook, and the report says so."""
+
+    def preprocess(self, nb, resources):
+        validator = MetadataValidator()
+        for index, cell in enumerate(nb.cells):
+            meta = cell.get("metadata")
+            if not isinstance(meta, dict) or "nbgrader" not in meta:
+                continue
+            try:
+                validator.validate_cell(cell)
+            except (SchemaMismatchError, ValidationError) as exc:
+                name = f"{index + 1} ({_grade_id(cell) or 'no id'})"
+                why = str(exc).splitlines()[0]
+                self.log.warning("mpkit: cell %s has invalid nbgrader metadata (%s); it is left ungraded", name, why)
+                pasted = meta.pop("nbgrader") == {}  # DeduplicateIds' doing: CollectQuizAnswers noted the id
+                if STASH in nb.metadata and not pasted:
+                    nb.metadata[STASH]["notes"].append(_not_graded(name, "bad_metadata", detail=why))
         return nb, resources
 
 
@@ -70,9 +157,7 @@ class SkipAddedCells(NbGraderPreprocessor):
         if not _is_quiz_assignment(nb, resources):
             return nb, resources
         for cell in nb.cells:
-            meta = cell.get("metadata")
-            nbgrader = meta.get("nbgrader") if isinstance(meta, dict) else None
-            if cell.cell_type == "code" and not (isinstance(nbgrader, dict) and nbgrader.get("grade_id")):
+            if cell.cell_type == "code" and not _grade_id(cell):
                 cell.cell_type = "raw"
                 cell.pop("outputs", None)
                 cell.pop("execution_count", None)
@@ -110,8 +195,9 @@ class ScoreQuizAnswers(NbGraderPreprocessor):
         earned = points * sum(m.correct for m in marks) / len(marks)
         self.log.info("mpkit quiz: %d of %d items right (first answers), %g of %g points",
                       sum(m.correct for m in marks), len(marks), earned, points)
+        note = " ".join(filter(None, [stash["problem"], *stash.get("notes", [])])) or None
         cell.outputs = [
-            nbformat.v4.new_output("display_data", data={"text/html": marked_html(marks, stash["problem"])}),
+            nbformat.v4.new_output("display_data", data={"text/html": marked_html(marks, note)}),
             nbformat.v4.new_output("execute_result", data={"text/plain": repr(earned)},
                                    execution_count=cell.get("execution_count")),
         ]
@@ -133,9 +219,9 @@ def read_key(source):
 
 
 def configure(c):
-    """Add :class:`CollectQuizAnswers`, :class:`SkipAddedCells` and :class:`ScoreQuizAnswers` to
-    nbgrader's autograde preprocessors in config ``c`` (idempotent; keeps lists the course already
-    customised)."""
+    """Add :class:`CollectQuizAnswers`, :class:`ContainBrokenCells`, :class:`SkipAddedCells` and
+    :class:`ScoreQuizAnswers` to nbgrader's autograde preprocessors in config ``c`` (idempotent;
+    keeps lists the course already customised)."""
     def current(name):
         default = list(Autograde.class_traits()[name].default())
         value = c.Autograde.get(name)
@@ -143,7 +229,10 @@ def configure(c):
             return list(value.get_value(default))
         return list(value) if isinstance(value, list) else default
 
-    sanitize = [p for p in current("sanitize_preprocessors") if p is not CollectQuizAnswers]
+    sanitize = [p for p in current("sanitize_preprocessors") if p not in (CollectQuizAnswers, ContainBrokenCells)]
+    check = next((i for i, p in enumerate(sanitize) if isinstance(p, type) and issubclass(p, CheckCellMetadata)),
+                 len(sanitize))
+    sanitize.insert(check, ContainBrokenCells)
     autograde = [p for p in current("autograde_preprocessors") if p not in (SkipAddedCells, ScoreQuizAnswers)]
     run = next((i for i, p in enumerate(autograde) if isinstance(p, type) and issubclass(p, Execute)), None)
     if run is None:

@@ -228,17 +228,34 @@ def _in_torchrun(fn, world_size, args, timeout, backend, capacity, trace, memory
     return torchrun.run_in_torchrun(fn, tuple(args), capacity, trace, memory, backend=backend, timeout=timeout)
 
 
+# What a rank's error says when a peer went away under it (gloo's tcp transport, NCCL): the
+# consequence of another rank's failure, not a cause of its own.
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket closed",
+             "remote process exited or there was a network error")
+PEER_GRACE = 2.0  # seconds to wait, after such an error, for the rank whose failure caused it
+
+
+def _peer_lost(kind, payload) -> bool:
+    return kind not in ("ok", "died", "unpicklable") and any(s in payload.get("summary", "") for s in PEER_LOST)
+
+
 def _collect(procs, conns, timeout):
     """Wait for each rank's result; raise on the first failure, death or the deadline.
-
     A rank first reports that it joined the process group, then its result: a timeout can then
-    tell a world that never came up from ranks stuck inside ``fn``.
+    tell a world that never came up from ranks stuck inside ``fn``. A rank whose error only says a
+    peer went away ("Connection reset by peer") is not taken as the cause at once: for up to
+    ``PEER_GRACE`` s a rank that died or failed of its own error is looked for, and named first.
     """
     deadline = time.monotonic() + timeout
     messages = [None] * len(procs)
     pending, joined = set(range(len(procs))), set()
+    consequence = None  # (rank, kind, payload) of the first peer-lost error, while waiting for its cause
     while pending:
         remaining = deadline - time.monotonic()
+        if consequence is not None:
+            if remaining <= 0 or time.monotonic() >= consequence[3]:
+                _raise_for(*consequence[:3])
+            remaining = min(remaining, consequence[3] - time.monotonic())
         if remaining <= 0:
             raise _timeout(sorted(pending), joined, len(procs), timeout)
         ready = wait([conns[r] for r in pending] + [procs[r].sentinel for r in pending], timeout=remaining)
@@ -259,11 +276,20 @@ def _collect(procs, conns, timeout):
             if kind == "died":
                 with _REAPING:
                     proc.join(timeout=1)
-                raise LaunchError(f"rank {rank} {_death_reason(proc.exitcode)}", rank=rank,
+                after = "" if consequence is None else (f" (then rank {consequence[0]} failed: "
+                                                        f"{consequence[2]['summary']})")
+                raise LaunchError(f"rank {rank} {_death_reason(proc.exitcode)}{after}", rank=rank,
                                   traceback=f"rank {rank} {_death_reason(proc.exitcode)}", exc_type="died")
+            if _peer_lost(kind, payload):
+                pending.discard(rank)
+                if consequence is None:
+                    consequence = (rank, kind, payload, time.monotonic() + PEER_GRACE)
+                continue
             _raise_for(kind, rank, payload)
             messages[rank] = payload
             pending.discard(rank)
+    if consequence is not None:  # every other rank finished: the peer-lost error is all there is
+        _raise_for(*consequence[:3])
     return messages
 
 

@@ -70,7 +70,7 @@ def bucket_program(pricer, cap_bytes, first_cap, overlap, find_unused=False):
     from backward hooks), the buckets of ``plan_buckets`` on the model's real parameters, each
     all-reduced once the backward of the earliest layer it holds is done, then the optimizer;
     ``find_unused``: the used-parameter mask's all-reduce (a float per parameter tensor) after
-    backward, before the buckets not yet started."""
+    every bucket's (so ranks that used different branches issue them in one order)."""
     prof = pricer.piece(batch=pricer.batch // pricer.world)
     model = pricer.meta_model()
     layer_of = {p: i for i, layer in enumerate(model.layers) for p in layer.parameters()}
@@ -88,13 +88,13 @@ def bucket_program(pricer, cap_bytes, first_cap, overlap, find_unused=False):
             program += [all_reduce(k) for k in range(len(buckets)) if done_at[k] == i]
     else:
         program.append(Compute("backward", pricer.seconds(prof.cost("backward"), "backward")))
+    if not overlap:
+        program += [all_reduce(k) for k in range(len(buckets))]
+    program += [Wait(("bucket", k)) for k in range(len(buckets))]
     if find_unused:
         tensors = sum(len(bucket) for bucket in buckets)
         program.append(pricer.collective("all_reduce", pricer.all_ranks, 4 * tensors, ("mask",),
                                          name="used-parameter mask"))
-    if not overlap:
-        program += [all_reduce(k) for k in range(len(buckets))]
-    program += [Wait(("bucket", k)) for k in range(len(buckets))]
     program.append(optimizer(pricer, prof))
     return [list(program) for _ in range(pricer.world)]
 

@@ -31,11 +31,16 @@ def check_stages(cfg, count: int, what: str) -> None:
         return
     # a learner's model is built here, in the caller: a model that cannot be cut fails before any rank starts
     stages = all_stages(cfg, count)
+    layers = cfg.model.layers_of(cfg.model.build(cfg.seed))
+    trained = [f"{i}: {type(layer).__name__}" for i, layer in enumerate(layers) if any(True for _ in layer.parameters())]
     # per rank, not per stage: under interleaving a rank holds stages r, r+p, ... (pipeline keeps
     # s % p), and a parameter-free stage there is fine if another of them trains
     where = placement(cfg.option("schedule"), cfg.world_size, count // cfg.world_size) if cfg.strategy == "pp" else None
-    check_every_rank_trains(stages, cfg.world_size, f"use fewer stages than {count} or a model whose layers each "
-                            f"carry parameters (e.g. an activation inside a block)", where)
+    check_every_rank_trains(stages, cfg.world_size, f"the rule: the model's top-level layers are cut into {count} "
+                            f"stages balanced by parameter count, and every rank needs a layer with parameters. "
+                            f"This model has {len(trained)} ({', '.join(trained)}): use at most {len(trained)} "
+                            f"stages, or put each activation inside a block with its layer, e.g. "
+                            f"nn.Sequential(nn.Sequential(nn.Linear(...), nn.ReLU()), ...)", where)
     check_no_tie_across_ranks(stages, cfg.world_size, where)
 
 

@@ -1,15 +1,17 @@
 """Parameter server over ``torch.distributed.rpc`` (TensorPipe): rank 0 holds the parameters and
-the optimizer; ranks 1..N-1 are workers, each with its own shard of the global batch.
+the optimizer; ranks 1..N-1 are workers, each with its own shard of the global batch (as equal
+as ``tensor_split`` cuts it: batch 32 on 3 workers is 11, 11 and 10 samples).
 
 A worker's step: pull the current parameters, forward/backward on its shard, push the
-gradients. ``mode="sync"``: the server waits for every worker's push, averages and steps once —
-the shards together are the global batch, so this equals ``single``. ``mode="async"``: the
+gradients. ``mode="sync"``: the server waits for every worker's push, averages (each shard's
+mean gradient weighted by its size) and steps once — the shards together are the global batch,
+so this equals ``single``. ``mode="async"``: the
 server applies each push as it arrives (one optimizer step per push, under a lock so a pull
 never reads half-updated parameters): no worker waits for another, but a gradient may have been
 computed on parameters that other pushes have since changed. Its *staleness* is the number of
 updates in between (server version at apply − version pulled).
 
-``losses``: sync, the global loss per step (the mean of the shard losses); async, the loss of
+``losses``: sync, the global loss per step (the shard losses weighted by size); async, the loss of
 each push in the order the server applied them ((world_size-1)·steps values). Every worker
 builds the model from the seed, which is the server's version 0, so its first step needs no
 pull; with two or more async workers, at most one first push can be applied at version 0, so
@@ -31,7 +33,7 @@ from mpkit.observe.comm import nbytes
 from mpkit.sim.engine import Compute
 from mpkit.sim.pricing import fwd_bwd, message, optimizer
 from mpkit.sim.profile import Cost
-from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible, state_of
+from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
 from mpkit.strategies.loop import forward_backward, local_batch, run_steps
 from mpkit.strategies.rpcworld import join_rpc
 
@@ -45,8 +47,15 @@ def validate(cfg):
         raise ValueError(f"ps needs a server and at least one worker: use world_size>=2 (got {cfg.world_size})")
     if cfg.option("mode") not in MODES:
         raise ValueError(f"mode={cfg.option('mode')!r} is unknown; use one of {', '.join(MODES)}")
-    require_divisible(cfg.batch_size, cfg.world_size - 1, "batch_size", "workers (world_size-1)",
-                      "each worker takes an equal shard of the global batch")
+    workers = cfg.world_size - 1
+    if cfg.batch_size < workers:
+        raise ValueError(f"batch_size={cfg.batch_size} is smaller than the {workers} workers (world_size-1): each "
+                         f"worker needs a sample at least; use batch_size>={workers} or fewer ranks")
+
+
+def shard_sizes(batch_size: int, workers: int) -> list[int]:
+    """Samples per worker: the batch cut as ``tensor_split`` cuts it (32 over 3 workers: 11, 11, 10)."""
+    return [batch_size // workers + (i < batch_size % workers) for i in range(workers)]
 
 
 @dataclass
@@ -97,19 +106,22 @@ def _push(worker, step, version, loss, grads):
     return done
 
 
-def _apply(ctx, optimizer, grads_per_worker):
-    """Average the workers' gradients into the server's ``.grad`` buffers, take one step. A worker
-    whose step did not reach a parameter sends None for it, a zero in the average; a parameter no
-    worker reached has no gradient, so the optimizer skips it, as on one device."""
+def _apply(ctx, optimizer, grads_per_worker, sizes=None):
+    """Average the workers' gradients into the server's ``.grad`` buffers, take one step. Each
+    worker's is the mean over its shard, so shards of ``sizes`` samples weigh by their size (the
+    gradient of the batch mean; equal shards: the plain mean). A worker whose step did not reach
+    a parameter sends None for it, a zero in the average; a parameter no worker reached has no
+    gradient, so the optimizer skips it, as on one device."""
+    sizes = sizes or [1] * len(grads_per_worker)
     with ctx.trace.span("compute", name="average gradients"), torch.no_grad():
         for p, buffer, grads in zip(_server.trainable, _server.grads, zip(*grads_per_worker)):
-            got = [g for g in grads if g is not None]
+            got = [(g, n) for g, n in zip(grads, sizes) if g is not None]
             p.grad = buffer if got else None
             if got:
-                buffer.copy_(got[0])
-                for g in got[1:]:
-                    buffer.add_(g.to(p.device))
-                buffer.div_(len(grads))
+                buffer.zero_()
+                for g, n in got:
+                    buffer.add_(g.to(p.device), alpha=n)
+                buffer.div_(sum(sizes))
     with ctx.trace.span("optimizer"), _server.lock:
         optimizer.step()
         _server.version += 1
@@ -118,6 +130,7 @@ def _apply(ctx, optimizer, grads_per_worker):
 
 def _serve(ctx, cfg, model, optimizer):
     workers = ctx.world_size - 1
+    sizes = shard_sizes(cfg.batch_size, workers)
     losses, staleness, order = [], [], []
     for p, buffer in zip(_server.trainable, _server.grads):
         p.grad = buffer
@@ -127,8 +140,8 @@ def _serve(ctx, cfg, model, optimizer):
                 ctx.set_step(step)
                 pushes = sorted((_server.pushes.get() for _ in range(workers)), key=lambda p: p.worker)
                 staleness += [_server.version - p.version for p in pushes]
-                version = _apply(ctx, optimizer, [p.grads for p in pushes])
-                losses.append(sum(p.loss for p in pushes) / workers)  # equal shards: mean of means
+                version = _apply(ctx, optimizer, [p.grads for p in pushes], sizes)
+                losses.append(sum(p.loss * n for p, n in zip(pushes, sizes)) / cfg.batch_size)  # the batch mean
                 order += [(p.worker, p.step) for p in pushes]
                 for p in pushes:
                     p.done.set_result(version)
@@ -206,7 +219,7 @@ def program(pricer):
     if pricer.options["mode"] != "sync":
         raise ValueError("ps mode='async' has no step to predict (each push is its own update); use mode='sync'")
     workers = pricer.world - 1
-    prof = pricer.piece(batch=pricer.batch // workers)
+    prof = pricer.piece(batch=-(-pricer.batch // workers))  # the largest shard: the server waits for it
     size = prof.total_param_bytes
     tensors = sum(len(sh) for sh in prof.layer_shapes.values())
 
