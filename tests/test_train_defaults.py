@@ -12,16 +12,19 @@ import mpkit
 
 ATOL = 1e-5
 # Strategies whose defaults cannot run on 4 ranks, and why (each refuses them with a ValueError saying so).
-# sp, cp, ep: main's long-sequence strategies (issue 32) run on model="gpt" only.
-EXPLICIT = {"single": "runs on one device", "3d": "needs its dp, pp and tp sizes", "sp": "model='gpt' only",
-            "cp": "model='gpt' only", "ep": "model='gpt' only"}
+# sp, cp and ep default to the gpt (ep with 2 experts per rank): they split a transformer's sequence or experts
+EXPLICIT = {"single": "runs on one device", "3d": "needs its dp, pp and tp sizes"}
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("strategy", [s for s in mpkit.STRATEGIES if s not in EXPLICIT])
 def test_defaults_on_four_ranks_equal_single(strategy):
     cmp = mpkit.train(strategy, 4).compare_to_reference()
-    assert cmp.loss <= ATOL and cmp.params <= ATOL, cmp
+    # sp, cp and ep train the gpt with Adam by default: Adam's step is lr·m/sqrt(v), so a near-zero gradient
+    # whose float32 rounding differs between the split and the whole model moves a parameter by a fraction of
+    # lr (1e-2). Their losses still agree to ATOL, and their SGD parity tests (test_strategy_sp/cp/ep) hold at 1e-5.
+    params_tol = 1e-3 if strategy in mpkit.strategies.SEQUENCE_STRATEGIES else ATOL
+    assert cmp.loss <= ATOL and cmp.params <= params_tol, cmp
 
 
 @pytest.mark.timeout(120)

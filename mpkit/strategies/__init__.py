@@ -38,10 +38,14 @@ def get_strategy(name) -> Strategy:
     return import_module(REGISTRY[name][0]).STRATEGY
 
 
-def make_config(strategy, world_size, *, model="mlp", steps=3, batch_size=32, lr=1e-2, optimizer="adam",
+def make_config(strategy, world_size, *, model=None, steps=3, batch_size=32, lr=1e-2, optimizer="adam",
                 seed=0, data=None, loss=None, check_finite=True, **options) -> TrainConfig:
     """Resolve model sizes and strategy options into a ``TrainConfig`` checked by the strategy too."""
     spec = get_strategy(strategy)
+    if model is None:  # the strategy's own default model, so its defaults train without any argument
+        defaults = dict(spec.model_defaults(world_size)) if spec.model_defaults else {}
+        model = defaults.pop("model", "mlp")
+        options = {**defaults, **options}
     cfg = build_config(strategy, world_size, options, spec.options, model=model, steps=steps,
                        batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, data=data, loss=loss,
                        check_finite=check_finite)

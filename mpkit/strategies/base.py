@@ -27,6 +27,9 @@ class Strategy:
     program: Callable | None = None  # pricer -> per-rank instruction lists of one step (None: not predicted)
     dim: str | None = "dp"  # the mesh dimension all ranks form ("dp", "tp", "pp"); None: no grid (ps)
     layout: Callable[[TrainConfig], Layout] | None = None  # several dimensions at once (3d)
+    # world size -> the model (and its sizes) to train when the caller names no model: "mlp" unless the
+    # strategy needs another (sp/cp split a transformer's sequence; ep needs its experts)
+    model_defaults: Callable[[int], dict] | None = None
 
     def mesh(self, cfg: TrainConfig) -> Layout | None:
         """The run's ranks on the dp x pp x tp grid."""

@@ -112,4 +112,4 @@ def program(pricer):
     return programs
 
 
-STRATEGY = Strategy("cp", OPTIONS, validate, run_rank, program, dim="dp")
+STRATEGY = Strategy("cp", OPTIONS, validate, run_rank, program, dim="dp", model_defaults=lambda world_size: {"model": "gpt"})

@@ -87,4 +87,5 @@ def program(pricer):
     return [[*forward, *backward, sync, step] for _ in group]
 
 
-STRATEGY = Strategy("ep", OPTIONS, validate, run_rank, program, dim="dp")
+STRATEGY = Strategy("ep", OPTIONS, validate, run_rank, program, dim="dp",
+                    model_defaults=lambda world_size: {"model": "gpt", "experts": 2 * world_size})

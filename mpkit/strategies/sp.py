@@ -106,4 +106,4 @@ def program(pricer):
     return [[*forward, *backward, grads, optimizer(pricer, prof)] for _ in group]
 
 
-STRATEGY = Strategy("sp", OPTIONS, validate, run_rank, program, dim="tp")
+STRATEGY = Strategy("sp", OPTIONS, validate, run_rank, program, dim="tp", model_defaults=lambda world_size: {"model": "gpt"})
