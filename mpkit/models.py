@@ -140,8 +140,12 @@ class SelfAttention(nn.Module):
     def forward(self, x):
         b, s, _ = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.core(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+
+    def core(self, q, k, v):
+        """The attention core, softmax(QK^T/sqrt(d))V: what selective recomputation recomputes."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class FeedForward(nn.Module):

@@ -11,12 +11,16 @@ classes: one implementation per mechanism.
 - ``ColumnParallelLinear``, ``RowParallelLinear``, ``tensor_parallel``: Megatron tensor parallel.
 - ``pipeline``: GPipe, 1F1B, interleaved, looped BFS and zero-bubble schedules over an ``nn.Sequential``,
   a stage list, or only this rank's stages.
+- ``MixedPrecision``, ``LossScaler``, ``autocast_layers``: bf16/fp16 compute with fp32 master weights,
+  fp16's dynamic loss scaling; ``recompute_layers``: full or selective recomputation.
 - ``Layout``: the dp x pp x tp rank grid of 3D parallelism; ``ring_all_reduce``: a collective by hand.
 """
 from mpkit.parallel.collectives import ring_all_reduce
 from mpkit.parallel.data_parallel import DataParallel, broadcast_module, plan_buckets
 from mpkit.layout import Layout
 from mpkit.parallel.pipeline import Pipeline, pipeline, schedule, simulate
+from mpkit.parallel.precision import LossScaler, MixedPrecision, autocast_layers
+from mpkit.parallel.recompute import recompute_layers
 from mpkit.parallel.sharded_optimizer import ShardedOptimizer
 from mpkit.parallel.tensor_parallel import (
     ColumnParallelLinear, RowParallelLinear, Split, full_parameters, head_split, tensor_parallel,
@@ -24,4 +28,5 @@ from mpkit.parallel.tensor_parallel import (
 
 __all__ = ["DataParallel", "ShardedOptimizer", "ColumnParallelLinear", "RowParallelLinear", "Split",
            "tensor_parallel", "full_parameters", "head_split", "pipeline", "Pipeline", "schedule", "simulate",
-           "Layout", "plan_buckets", "broadcast_module", "ring_all_reduce"]
+           "Layout", "plan_buckets", "broadcast_module", "ring_all_reduce", "MixedPrecision", "LossScaler",
+           "autocast_layers", "recompute_layers"]

@@ -33,12 +33,17 @@ def get_strategy(name) -> Strategy:
 
 
 def make_config(strategy, world_size, *, model="mlp", steps=3, batch_size=32, lr=1e-2, optimizer="adam",
-                seed=0, data=None, loss=None, check_finite=True, **options) -> TrainConfig:
+                seed=0, data=None, loss=None, check_finite=True, precision="fp32", recompute=None, loss_scale=2.0**16,
+                **options) -> TrainConfig:
     """Resolve model sizes and strategy options into a ``TrainConfig`` checked by the strategy too."""
     spec = get_strategy(strategy)
     cfg = build_config(strategy, world_size, options, spec.options, model=model, steps=steps,
                        batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, data=data, loss=loss,
-                       check_finite=check_finite)
+                       check_finite=check_finite, precision=precision, recompute=recompute, loss_scale=loss_scale)
+    if (precision != "fp32" or recompute is not None) and not spec.takes_precision:
+        takers = ", ".join(n for n in REGISTRY if get_strategy(n).takes_precision)
+        raise ValueError(f"strategy={strategy!r} does not take precision= or recompute=; the strategies that do: "
+                         f"{takers}")
     spec.validate(cfg)
     return cfg
 

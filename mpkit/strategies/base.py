@@ -27,6 +27,7 @@ class Strategy:
     program: Callable | None = None  # pricer -> per-rank instruction lists of one step (None: not predicted)
     dim: str | None = "dp"  # the mesh dimension all ranks form ("dp", "tp", "pp"); None: no grid (ps)
     layout: Callable[[TrainConfig], Layout] | None = None  # several dimensions at once (3d)
+    takes_precision: bool = False  # runs precision="bf16"/"fp16" and recompute= (mpkit.parallel.precision)
 
     def mesh(self, cfg: TrainConfig) -> Layout | None:
         """The run's ranks on the dp x pp x tp grid."""
