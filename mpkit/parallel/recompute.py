@@ -19,11 +19,11 @@ from mpkit.models import SelfAttention
 class _Checkpointed:
     """``fn`` run under ``checkpoint``: its intermediate activations are recomputed in backward."""
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, context_fn=None):
+        self.fn, self.context = fn, {} if context_fn is None else {"context_fn": context_fn}
 
     def __call__(self, *args, **kwargs):
-        return checkpoint(self.fn, *args, use_reentrant=False, **kwargs)
+        return checkpoint(self.fn, *args, use_reentrant=False, **self.context, **kwargs)
 
 
 def attention_cores(layers) -> list:
@@ -38,20 +38,26 @@ def attention_cores(layers) -> list:
     return found
 
 
-def recompute_layers(layers, mode: str | None) -> None:
+def selective_targets(layers) -> list:
+    """``attention_cores(layers)``, or a ValueError saying what to use when there is none."""
+    cores = attention_cores(layers)
+    if not cores:
+        raise ValueError("recompute='selective' recomputes the attention core, and this model has none "
+                         "(no attention layer); use recompute='full', or model='gpt'")
+    return cores
+
+
+def recompute_layers(layers, mode: str | None, context_fn=None) -> None:
     """Checkpoint each module of ``layers`` (``"full"``) or each attention core inside them
-    (``"selective"``), in place; parameter names do not change. None: unchanged."""
+    (``"selective"``), in place; parameter names do not change. None: unchanged. ``context_fn``:
+    ``checkpoint``'s (the contexts of the forward and of its recomputation)."""
     check_recompute(mode)
     if mode == "full":
         for layer in layers:
-            layer.forward = _Checkpointed(layer.forward)
+            layer.forward = _Checkpointed(layer.forward, context_fn)
     elif mode == "selective":
-        cores = attention_cores(layers)
-        if not cores:
-            raise ValueError("recompute='selective' recomputes the attention core, and this model has none "
-                             "(no attention layer); use recompute='full', or model='gpt'")
-        for module, name in cores:
-            setattr(module, name, _Checkpointed(getattr(module, name)))
+        for module, name in selective_targets(layers):
+            setattr(module, name, _Checkpointed(getattr(module, name), context_fn))
 
 
-__all__ = ["MODES", "check_recompute", "recompute_layers", "attention_cores"]
+__all__ = ["MODES", "check_recompute", "recompute_layers", "attention_cores", "selective_targets"]

@@ -7,7 +7,10 @@ which a notebook that never runs them should not pay. ARCHITECTURE.md says how t
 """
 from importlib import import_module
 
+import torch
+
 from mpkit.config import TrainConfig, build_config
+from mpkit.parallel.recompute import selective_targets
 from mpkit.strategies.base import Strategy
 
 REGISTRY = {
@@ -44,6 +47,9 @@ def make_config(strategy, world_size, *, model="mlp", steps=3, batch_size=32, lr
         takers = ", ".join(n for n in REGISTRY if get_strategy(n).takes_precision)
         raise ValueError(f"strategy={strategy!r} does not take precision= or recompute=; the strategies that do: "
                          f"{takers}")
+    if recompute == "selective":  # a model without attention fails here, in the caller
+        with torch.device("meta"):
+            selective_targets(cfg.model.build(cfg.seed).modules())
     spec.validate(cfg)
     return cfg
 
