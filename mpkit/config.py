@@ -17,6 +17,7 @@ from mpkit.whole import is_number, is_whole  # re-exported for the runtime, trai
 OPTIMIZERS = ("adam", "sgd")
 PRECISIONS = ("fp32", "bf16", "fp16")  # the recipes of mpkit.parallel.precision
 RECOMPUTE = ("full", "selective")
+DEFAULT_LOSS_SCALE = 2.0**16  # torch.amp.GradScaler's init_scale
 MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"kind"}
 
 
@@ -34,7 +35,7 @@ class TrainConfig:
     check_finite: bool = True  # stop with an error naming the step when a loss is NaN or infinite
     precision: str = "fp32"  # "bf16" / "fp16": autocast compute, fp32 master weights (mpkit.parallel.precision)
     recompute: str | None = None  # "full" / "selective": activation checkpointing (mpkit.parallel.recompute)
-    loss_scale: float = 2.0**16  # fp16's first dynamic loss scale (torch.amp.GradScaler's default)
+    loss_scale: float = DEFAULT_LOSS_SCALE  # fp16's first dynamic loss scale
 
     def option(self, name):
         return self.options[name]
@@ -107,11 +108,14 @@ def _check_precision(precision, recompute, loss_scale) -> None:
     check_recompute(recompute)
     if not is_number(loss_scale) or not 0 < loss_scale < math.inf:
         raise ValueError(f"loss_scale={loss_scale!r}: fp16's first loss scale must be a positive number, e.g. 2.0**16")
+    if loss_scale != DEFAULT_LOSS_SCALE and precision != "fp16":
+        raise ValueError(f"loss_scale={loss_scale!r} scales fp16's loss; precision={precision!r} has no loss scaler "
+                         f"(pass precision='fp16', or leave loss_scale out)")
 
 
 def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=3, batch_size=32, lr=1e-2,
                  optimizer="adam", seed=0, data=None, loss=None, check_finite=True, precision="fp32",
-                 recompute=None, loss_scale=2.0**16) -> TrainConfig:
+                 recompute=None, loss_scale=DEFAULT_LOSS_SCALE) -> TrainConfig:
     """A ``TrainConfig`` whose shared arguments are checked; ``options`` are the strategy's own (with
     model sizes mixed in, as ``mpkit.train`` takes them), ``defaults`` its option defaults."""
     options = dict(options)
@@ -129,5 +133,5 @@ def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=
                        int(seed), {**defaults, **options}, check_finite, precision, recompute, float(loss_scale))
 
 
-__all__ = ["TrainConfig", "OPTIMIZERS", "PRECISIONS", "RECOMPUTE", "MODEL_FIELDS", "model_config", "build_config",
+__all__ = ["TrainConfig", "OPTIMIZERS", "PRECISIONS", "RECOMPUTE", "DEFAULT_LOSS_SCALE", "MODEL_FIELDS", "model_config", "build_config",
            "check_precision_name", "check_recompute"]

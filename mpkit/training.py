@@ -117,7 +117,8 @@ class Run:
             differ.insert(0, "model")
         if differ:
             raise ValueError(f"reference was trained with different {', '.join(differ)}; run "
-                             f"mpkit.train('single', ...) with the same model, steps, batch_size, lr, optimizer, seed and precision")
+                             f"mpkit.train('single', ...) with the same model, steps, batch_size, lr, optimizer, seed "
+                             f"and precision")
 
     def compare_to_reference(self, reference: "Run | None" = None) -> Comparison:
         """Max |difference| from the single-device run with the same model, data and optimizer.

@@ -89,3 +89,5 @@ def test_train_refuses_precision_where_not_taken():
         mpkit.train("single", recompute="half")
     with pytest.raises(ValueError, match="loss_scale"):
         mpkit.train("single", precision="fp16", loss_scale=0)
+    with pytest.raises(ValueError, match="pass precision='fp16'"):
+        mpkit.train("single", precision="bf16", loss_scale=2.0**10)

@@ -100,7 +100,8 @@ def test_a_skipped_step_leaves_the_parameters():
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("strategy, world, options", [("single", 1, {}), CASES[0], CASES[5]], ids=["single", "dp-2", "pp-4"])
+@pytest.mark.parametrize("strategy, world, options", [("single", 1, {}), CASES[0], CASES[5]],
+                         ids=["single", "dp-2", "pp-4"])
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_recompute_equals_none_with_fewer_activations(strategy, world, options, mode):
     """Recomputation runs the same ops again: fp32 results equal to 1e-5 (float reordering only).

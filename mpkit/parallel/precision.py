@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mpkit.config import check_precision_name
+from mpkit.config import DEFAULT_LOSS_SCALE, check_precision_name
 from mpkit.observe import active
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # by config.PRECISIONS
@@ -67,12 +67,13 @@ class LossScaler:
     (False: a gradient overflowed, skip this step), then ``update(found_inf)``. ``history`` holds
     each step's scale and ``skipped`` the steps it skipped (counted from 0)."""
 
-    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+    def __init__(self, init_scale: float = DEFAULT_LOSS_SCALE, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000):
         if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1 and growth_interval >= 1):
             raise ValueError("LossScaler needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
                              "growth_interval >= 1 (defaults: 2**16, 2, 0.5, 2000, as torch.amp.GradScaler)")
-        self.value, self.growth, self.backoff, self.interval = float(init_scale), growth_factor, backoff_factor, growth_interval
+        self.value, self.growth, self.backoff = float(init_scale), growth_factor, backoff_factor
+        self.interval = growth_interval
         self.good, self.steps, self.history, self.skipped = 0, 0, [], []
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:

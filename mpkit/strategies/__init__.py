@@ -9,7 +9,7 @@ from importlib import import_module
 
 import torch
 
-from mpkit.config import TrainConfig, build_config
+from mpkit.config import DEFAULT_LOSS_SCALE, TrainConfig, build_config
 from mpkit.parallel.recompute import selective_targets
 from mpkit.strategies.base import Strategy
 
@@ -36,7 +36,7 @@ def get_strategy(name) -> Strategy:
 
 
 def make_config(strategy, world_size, *, model="mlp", steps=3, batch_size=32, lr=1e-2, optimizer="adam",
-                seed=0, data=None, loss=None, check_finite=True, precision="fp32", recompute=None, loss_scale=2.0**16,
+                seed=0, data=None, loss=None, check_finite=True, precision="fp32", recompute=None, loss_scale=DEFAULT_LOSS_SCALE,
                 **options) -> TrainConfig:
     """Resolve model sizes and strategy options into a ``TrainConfig`` checked by the strategy too."""
     spec = get_strategy(strategy)
