@@ -133,5 +133,5 @@ def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=
                        int(seed), {**defaults, **options}, check_finite, precision, recompute, float(loss_scale))
 
 
-__all__ = ["TrainConfig", "OPTIMIZERS", "PRECISIONS", "RECOMPUTE", "DEFAULT_LOSS_SCALE", "MODEL_FIELDS", "model_config", "build_config",
-           "check_precision_name", "check_recompute"]
+__all__ = ["TrainConfig", "OPTIMIZERS", "PRECISIONS", "RECOMPUTE", "DEFAULT_LOSS_SCALE", "MODEL_FIELDS",
+           "model_config", "build_config", "check_precision_name", "check_recompute"]

@@ -67,8 +67,8 @@ class LossScaler:
     (False: a gradient overflowed, skip this step), then ``update(found_inf)``. ``history`` holds
     each step's scale and ``skipped`` the steps it skipped (counted from 0)."""
 
-    def __init__(self, init_scale: float = DEFAULT_LOSS_SCALE, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 growth_interval: int = 2000):
+    def __init__(self, init_scale: float = DEFAULT_LOSS_SCALE, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000):
         if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1 and growth_interval >= 1):
             raise ValueError("LossScaler needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
                              "growth_interval >= 1 (defaults: 2**16, 2, 0.5, 2000, as torch.amp.GradScaler)")
@@ -85,7 +85,8 @@ class LossScaler:
         grads = _grads(params)
         if grads:
             torch._foreach_mul_(grads, 1.0 / self.value)
-        bad = torch.tensor([float(any(not torch.isfinite(g).all() for g in grads))])
+        device = grads[0].device if grads else None  # nccl reduces on the GPU
+        bad = torch.tensor([float(any(not torch.isfinite(g).all() for g in grads))], device=device)
         if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
             active.comm().all_reduce(bad, op="max", group=group, name="found inf")
         return not bad.item()
