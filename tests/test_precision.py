@@ -91,3 +91,29 @@ def test_train_refuses_precision_where_not_taken():
         mpkit.train("single", precision="fp16", loss_scale=0)
     with pytest.raises(ValueError, match="pass precision='fp16'"):
         mpkit.train("single", precision="bf16", loss_scale=2.0**10)
+
+
+class _Attend(nn.Module):
+    """A user's block around torch's nn.MultiheadAttention (selective recomputation's target there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(16, 4, batch_first=True)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(self.mha(x, x, x, need_weights=False)[0])
+
+
+def test_selective_on_a_user_model_recomputes_its_multihead_attention():
+    x = torch.randn(3, 5, 16)
+    grads = []
+    for mode in (None, "selective"):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(16, 16), _Attend())
+        recompute_layers(list(net), mode)
+        net(x).square().mean().backward()
+        grads.append([p.grad for p in net.parameters()])
+    assert type(net[1].mha.forward).__name__ == "_Checkpointed"
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
