@@ -15,6 +15,9 @@ from mpkit.models import ModelConfig, UserModel
 from mpkit.whole import is_number, is_whole  # re-exported for the runtime, train and sim.predict
 
 OPTIMIZERS = ("adam", "sgd")
+PRECISIONS = ("fp32", "bf16", "fp16")  # the recipes of mpkit.parallel.precision
+RECOMPUTE = ("full", "selective")
+DEFAULT_LOSS_SCALE = 2.0**16  # torch.amp.GradScaler's init_scale
 MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"kind"}
 
 
@@ -30,6 +33,9 @@ class TrainConfig:
     seed: int = 0
     options: dict = field(default_factory=dict)
     check_finite: bool = True  # stop with an error naming the step when a loss is NaN or infinite
+    precision: str = "fp32"  # "bf16" / "fp16": autocast compute, fp32 master weights (mpkit.parallel.precision)
+    recompute: str | None = None  # "full" / "selective": activation checkpointing (mpkit.parallel.recompute)
+    loss_scale: float = DEFAULT_LOSS_SCALE  # fp16's first dynamic loss scale
 
     def option(self, name):
         return self.options[name]
@@ -84,8 +90,32 @@ def _check_shared(world_size, steps, batch_size, lr, optimizer, seed) -> None:
         raise ValueError(f"seed={seed!r}: pass a whole number from 0 to {SEED_LIMIT - 1}, e.g. seed=0")
 
 
+def check_precision_name(precision) -> None:
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is unknown; use 'fp32', 'bf16' (autocast, fp32 master weights) "
+                         f"or 'fp16' (the same with dynamic loss scaling)")
+
+
+def check_recompute(recompute) -> None:
+    if recompute is not None and recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r} is unknown; use 'full' (every layer), 'selective' (the attention "
+                         f"core only) or None")
+
+
+def _check_precision(precision, recompute, loss_scale) -> None:
+    """The precision recipe and recomputation (``mpkit.parallel.precision``/``recompute``) by name."""
+    check_precision_name(precision)
+    check_recompute(recompute)
+    if not is_number(loss_scale) or not 0 < loss_scale < math.inf:
+        raise ValueError(f"loss_scale={loss_scale!r}: fp16's first loss scale must be a positive number, e.g. 2.0**16")
+    if loss_scale != DEFAULT_LOSS_SCALE and precision != "fp16":
+        raise ValueError(f"loss_scale={loss_scale!r} scales fp16's loss; precision={precision!r} has no loss scaler "
+                         f"(pass precision='fp16', or leave loss_scale out)")
+
+
 def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=3, batch_size=32, lr=1e-2,
-                 optimizer="adam", seed=0, data=None, loss=None, check_finite=True) -> TrainConfig:
+                 optimizer="adam", seed=0, data=None, loss=None, check_finite=True, precision="fp32",
+                 recompute=None, loss_scale=DEFAULT_LOSS_SCALE) -> TrainConfig:
     """A ``TrainConfig`` whose shared arguments are checked; ``options`` are the strategy's own (with
     model sizes mixed in, as ``mpkit.train`` takes them), ``defaults`` its option defaults."""
     options = dict(options)
@@ -98,8 +128,10 @@ def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=
     _check_shared(world_size, steps, batch_size, lr, optimizer, seed)
     if not isinstance(check_finite, bool):
         raise ValueError(f"check_finite={check_finite!r} must be True (stop at a NaN/inf loss) or False")
+    _check_precision(precision, recompute, loss_scale)
     return TrainConfig(strategy, int(world_size), model_cfg, int(steps), int(batch_size), float(lr), optimizer,
-                       int(seed), {**defaults, **options}, check_finite)
+                       int(seed), {**defaults, **options}, check_finite, precision, recompute, float(loss_scale))
 
 
-__all__ = ["TrainConfig", "OPTIMIZERS", "MODEL_FIELDS", "model_config", "build_config"]
+__all__ = ["TrainConfig", "OPTIMIZERS", "PRECISIONS", "RECOMPUTE", "DEFAULT_LOSS_SCALE", "MODEL_FIELDS",
+           "model_config", "build_config", "check_precision_name", "check_recompute"]

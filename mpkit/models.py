@@ -160,11 +160,15 @@ class SelfAttention(nn.Module):
         qkv = self.qkv(x)
         b, s = qkv.shape[:2]  # the whole sequence even when x is a sequence-parallel shard
         q, k, v = qkv.view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        if self.attention is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = self.attention(q, k, v)
+        y = self.core(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+
+    def core(self, q, k, v):
+        """The attention core, softmax(QK^T/sqrt(d))V: what selective recomputation recomputes, and
+        what context parallelism replaces (``attention``)."""
+        if self.attention is not None:
+            return self.attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class FeedForward(nn.Module):

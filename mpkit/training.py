@@ -18,7 +18,7 @@ from mpkit.runtime.launch import check_torchrun_world, launch
 from mpkit.runtime.result import LaunchResult
 from mpkit.strategies import get_strategy, make_config
 
-_REFERENCE_KEYS = ("steps", "batch_size", "lr", "optimizer", "seed")
+_REFERENCE_KEYS = ("steps", "batch_size", "lr", "optimizer", "seed", "precision", "loss_scale")  # bf16 vs bf16
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,8 @@ class Run:
             differ.insert(0, "model")
         if differ:
             raise ValueError(f"reference was trained with different {', '.join(differ)}; run "
-                             f"mpkit.train('single', ...) with the same model, steps, batch_size, lr, optimizer and seed")
+                             f"mpkit.train('single', ...) with the same model, steps, batch_size, lr, optimizer, seed "
+                             f"and precision")
 
     def compare_to_reference(self, reference: "Run | None" = None) -> Comparison:
         """Max |difference| from the single-device run with the same model, data and optimizer.

@@ -14,12 +14,16 @@ classes: one implementation per mechanism.
 - ``sequence_parallel``: Megatron sequence parallelism (LayerNorm/residual split along the sequence).
 - ``ring_attention``, ``ulysses_attention``: context parallelism, attention over a split sequence.
 - ``expert_parallel``: a mixture of experts spread over ranks, all-to-all dispatch and combine.
+- ``MixedPrecision``, ``LossScaler``, ``autocast_layers``: bf16/fp16 compute with fp32 master weights,
+  fp16's dynamic loss scaling; ``recompute_layers``: full or selective recomputation.
 - ``Layout``: the dp x pp x tp rank grid of 3D parallelism; ``ring_all_reduce``: a collective by hand.
 """
 from mpkit.parallel.collectives import ring_all_reduce
 from mpkit.parallel.data_parallel import DataParallel, broadcast_module, plan_buckets
 from mpkit.layout import Layout
 from mpkit.parallel.pipeline import Pipeline, pipeline, schedule, simulate
+from mpkit.parallel.precision import LossScaler, MixedPrecision, autocast_layers
+from mpkit.parallel.recompute import recompute_layers
 from mpkit.parallel.sharded_optimizer import ShardedOptimizer
 from mpkit.parallel.sequence_parallel import (
     all_reduce_sequence_parallel_gradients, gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region,
@@ -40,4 +44,5 @@ __all__ = ["DataParallel", "ShardedOptimizer", "ColumnParallelLinear", "RowParal
            "sequence_parallel", "all_reduce_sequence_parallel_gradients", "scatter_to_sequence_parallel_region",
            "gather_from_sequence_parallel_region", "ring_attention", "ulysses_attention", "sequence_positions",
            "shard_sequence", "ring_work", "context_parallel_attention", "expert_parallel", "expert_parameters",
-           "full_expert_parameters", "expert_load", "all_to_all"]
+           "full_expert_parameters", "expert_load", "all_to_all",
+           "MixedPrecision", "LossScaler", "autocast_layers", "recompute_layers"]

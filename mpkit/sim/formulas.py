@@ -148,6 +148,24 @@ def zero_memory(psi: float, N: int, stage: int, param_bytes: float = 2, grad_byt
     }
 
 
+# Bytes per parameter of Adam's model states (parameters, gradients, optimizer) by precision recipe.
+PRECISION_RECIPES = {
+    "fp32": (4, 4, 8),  # fp32 weights and gradients, Adam's two moments
+    # torch.autocast (precision="bf16"/"fp16"): the weights, gradients and moments stay fp32 (the
+    # master weights); 2-byte copies of the weights exist only while a layer computes
+    "autocast": (4, 4, 8),
+    "mixed": (2, 2, 12),  # Micikevicius et al. 2018 / ZeRO: 16-bit weights and gradients, fp32 master + moments
+    "mixed_fp32_grads": (2, 4, 12),  # Megatron-LM: gradients accumulated in fp32, 18 bytes
+}
+
+
+def bytes_per_parameter(recipe: str) -> int:
+    """Model-state bytes per parameter of a ``PRECISION_RECIPES`` recipe (16 for all but Megatron's 18)."""
+    if recipe not in PRECISION_RECIPES:
+        raise ValueError(f"recipe={recipe!r} is unknown; use one of {', '.join(PRECISION_RECIPES)}")
+    return sum(PRECISION_RECIPES[recipe])
+
+
 RECOMPUTE = ("none", "selective", "full")
 
 

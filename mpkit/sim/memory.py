@@ -1,6 +1,10 @@
 """Predicted memory per rank and category: model states from the ZeRO formulas on each rank's
 real parameter count, activations from the profiled piece times the micro-batches in flight.
 
+A run's ``precision`` sets the model states' bytes per parameter (``recipe``); its activations are
+priced as fp32 (autocast's 2-byte saved inputs make the measured ones smaller: an upper bound).
+Its ``recompute`` is in the profile (``Pricer.piece``): a checkpointed piece keeps what it keeps.
+
 Conventions follow the measured ``MemoryReport``: ``parameters``/``gradients``/``activations``/
 ``other`` are the largest value during a step; ``optimizer`` is the steady state (Adam's two
 moments, plus the 4-byte step counter torch keeps per tensor in fp32 runs), not the short-lived
@@ -47,11 +51,21 @@ class PredictedMemory(dict):
         return f"PredictedMemory(rank={self.rank}, " + ", ".join(f"{k}={v}" for k, v in self.items()) + ")"
 
 
+def recipe(plan: Pricer) -> str:
+    """The precision recipe of ``formulas.PRECISION_RECIPES``: a bf16 machine preset prices the
+    textbook mixed precision; a run's autocast keeps fp32 master weights, gradients and moments."""
+    if plan.hw.precision == "bf16":
+        return "mixed"
+    return "fp32" if plan.precision == "fp32" else "autocast"
+
+
 def _states(plan: Pricer, numel: float, stage: int, tensors: int, n: int) -> dict:
     """Parameters, gradients and Adam state of ``numel`` parameters in ``tensors`` tensors."""
-    if plan.hw.precision == "bf16":
-        return formulas.zero_memory(numel, n, stage)  # mixed-precision Adam: 2 + 2 + 12
-    out = formulas.zero_memory(numel, n, stage, param_bytes=4, grad_bytes=4, optim_bytes=8)
+    name = recipe(plan)
+    param_bytes, grad_bytes, optim_bytes = formulas.PRECISION_RECIPES[name]
+    out = formulas.zero_memory(numel, n, stage, param_bytes=param_bytes, grad_bytes=grad_bytes, optim_bytes=optim_bytes)
+    if name == "mixed":
+        return out
     out["optimizer"] += 4 * tensors  # torch.optim.Adam: one float32 step counter per tensor
     return out
 

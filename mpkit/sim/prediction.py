@@ -269,7 +269,8 @@ def step_programs(plan, strategy):
 def programs_for(hw, strategy, world, kwargs):
     """``step_programs`` of ``strategy`` on ``world`` ranks with ``mpkit.train``'s options ``kwargs``."""
     cfg = make_config(strategy, world, **kwargs)
-    return step_programs(Pricer(hw, cfg.model, world, cfg.batch_size, cfg.options), strategy)
+    return step_programs(Pricer(hw, cfg.model, world, cfg.batch_size, cfg.options, precision=cfg.precision,
+                                recompute=cfg.recompute), strategy)
 
 
 def _cpu_programs(plan, programs, strategy):
@@ -295,7 +296,8 @@ def predict(strategy="single", hardware="cpu-sim", world_size=None, model="mlp",
     hw.check_world(cfg.world_size)
     if get_strategy(strategy).program is None:
         raise ValueError(f"strategy={strategy!r} has no cost model")
-    plan = Pricer(hw, cfg.model, cfg.world_size, cfg.batch_size, cfg.options)
+    plan = Pricer(hw, cfg.model, cfg.world_size, cfg.batch_size, cfg.options, precision=cfg.precision,
+                  recompute=cfg.recompute)
     programs = step_programs(plan, strategy)
     trace = play(programs, hw)
     slowdown, cpu, k = 1.0, [], 1.0

@@ -29,12 +29,14 @@ class Pricer:
     batch: int
     options: dict
     slowdown: float = 1.0  # compute stretch when ranks share CPU cores (see predict)
+    precision: str = "fp32"  # the run's recipe (TrainConfig.precision): model states in sim.memory
+    recompute: str | None = None  # the run's recomputation: every piece is profiled checkpointed as it runs
 
     def piece(self, first=0, last=None, batch=None, tp=1, shard=None) -> PieceProfile:
         """The profile of layers ``first..last-1`` on ``batch`` samples; ``shard(model, rank,
         tp)`` slices them as a tensor-parallel strategy does (rank 0's slice)."""
         last = self.cfg.num_layers if last is None else last
-        return profile_piece(self.cfg, first, last, self.batch if batch is None else batch, tp, shard)
+        return profile_piece(self.cfg, first, last, self.batch if batch is None else batch, tp, shard, self.recompute)
 
     def meta_model(self):
         """The model on the meta device: its real parameters' shapes, no memory (bucket plans, shards)."""

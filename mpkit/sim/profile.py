@@ -9,6 +9,7 @@ Shapes are all it needs, so a 7-billion-parameter what-if costs the same millise
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from types import SimpleNamespace
@@ -24,6 +25,7 @@ from mpkit.models import LayerStack, ModelConfig, build_layers, loss_fn
 from mpkit.observe import active
 from mpkit.observe.memory import MemoryTracker
 from mpkit.observe.trace import Trace
+from mpkit.parallel.recompute import recompute_layers
 
 _FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _VIEW_OPS = frozenset({"view", "_unsafe_view", "expand", "transpose", "permute", "t", "select", "slice",
@@ -176,10 +178,13 @@ def _stage_input(cfg: ModelConfig, batch: int, layer):
 
 
 @lru_cache(maxsize=512)
-def profile_piece(cfg: ModelConfig, first: int, last: int, batch: int, tp: int = 1, shard=None) -> PieceProfile:
+def profile_piece(cfg: ModelConfig, first: int, last: int, batch: int, tp: int = 1, shard=None,
+                  recompute: str | None = None) -> PieceProfile:
     """Profile layers ``first..last-1`` of ``cfg`` on one micro-batch of ``batch`` samples;
     ``shard(model, rank, tp)`` (with ``tp`` > 1) slices them as a tensor-parallel strategy does
-    (rank 0's slice); the collectives its layers issue are recorded as ``CommOp`` items."""
+    (rank 0's slice); the collectives its layers issue are recorded as ``CommOp`` items.
+    ``recompute``: the layers checkpointed as the run does (``parallel.recompute_layers``), so the
+    recomputed forward counts in each layer's backward and memory keeps what checkpointing keeps."""
     if not 0 <= first < last <= cfg.num_layers:
         raise ValueError(f"layers {first}..{last - 1} are outside the model's {cfg.num_layers} layers")
     counter = _Counter()
@@ -191,6 +196,7 @@ def profile_piece(cfg: ModelConfig, first: int, last: int, batch: int, tp: int =
         shard(model, 0, tp)
     layers = list(range(first, last))
     piece = torch.nn.ModuleList([model.layers[i] for i in layers])
+    recompute_layers(piece, recompute, lambda: (contextlib.nullcontext(), _CpuKernels()))  # recomputed as run
     prof = PieceProfile(tuple(layers))
     for i in layers:
         prof.param_bytes[i] = sum(_nbytes(p) for p in model.layers[i].parameters())

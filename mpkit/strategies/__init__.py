@@ -7,7 +7,10 @@ which a notebook that never runs them should not pay. ARCHITECTURE.md says how t
 """
 from importlib import import_module
 
-from mpkit.config import TrainConfig, build_config
+import torch
+
+from mpkit.config import DEFAULT_LOSS_SCALE, TrainConfig, build_config
+from mpkit.parallel.recompute import selective_targets
 from mpkit.strategies.base import Strategy
 
 REGISTRY = {
@@ -39,7 +42,8 @@ def get_strategy(name) -> Strategy:
 
 
 def make_config(strategy, world_size, *, model=None, steps=3, batch_size=32, lr=1e-2, optimizer="adam",
-                seed=0, data=None, loss=None, check_finite=True, **options) -> TrainConfig:
+                seed=0, data=None, loss=None, check_finite=True, precision="fp32", recompute=None, loss_scale=DEFAULT_LOSS_SCALE,
+                **options) -> TrainConfig:
     """Resolve model sizes and strategy options into a ``TrainConfig`` checked by the strategy too."""
     spec = get_strategy(strategy)
     if model is None:  # the strategy's own default model, so its defaults train without any argument
@@ -48,7 +52,14 @@ def make_config(strategy, world_size, *, model=None, steps=3, batch_size=32, lr=
         options = {**defaults, **options}
     cfg = build_config(strategy, world_size, options, spec.options, model=model, steps=steps,
                        batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, data=data, loss=loss,
-                       check_finite=check_finite)
+                       check_finite=check_finite, precision=precision, recompute=recompute, loss_scale=loss_scale)
+    if (precision != "fp32" or recompute is not None) and not spec.takes_precision:
+        takers = ", ".join(n for n in REGISTRY if get_strategy(n).takes_precision)
+        raise ValueError(f"strategy={strategy!r} does not take precision= or recompute=; the strategies that do: "
+                         f"{takers}")
+    if recompute == "selective":  # a model without attention fails here, in the caller
+        with torch.device("meta"):
+            selective_targets(cfg.model.build(cfg.seed).modules())
     spec.validate(cfg)
     return cfg
 

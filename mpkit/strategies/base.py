@@ -30,6 +30,7 @@ class Strategy:
     # world size -> the model (and its sizes) to train when the caller names no model: "mlp" unless the
     # strategy needs another (sp/cp split a transformer's sequence; ep needs its experts)
     model_defaults: Callable[[int], dict] | None = None
+    takes_precision: bool = False  # runs precision="bf16"/"fp16" and recompute= (mpkit.parallel.precision)
 
     def mesh(self, cfg: TrainConfig) -> Layout | None:
         """The run's ranks on the dp x pp x tp grid."""

@@ -15,7 +15,8 @@ from mpkit.parallel.data_parallel import DataParallel, bucket_caps, check_bucket
 from mpkit.sim.engine import Compute, Wait
 from mpkit.sim.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible, state_of
-from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
+from mpkit.strategies.loop import (build_model, forward_backward, group_mean, local_batch, mixed_precision,
+                                   optimizer_step, run_steps)
 
 OPTIONS = {"bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": False, "find_unused_parameters": False}
 
@@ -44,22 +45,25 @@ def validate(cfg):
 
 
 def run_rank(ctx, cfg):
-    model = cfg.model.build(cfg.seed).to(ctx.device)
+    mp = mixed_precision(cfg)
+    model = build_model(ctx, cfg, mp)
     dp = DataParallel(model, bucket_mb=cfg.option("bucket_mb"), overlap=cfg.option("overlap"),
                       first_bucket_mb=cfg.option("first_bucket_mb"),
                       find_unused_parameters=cfg.option("find_unused_parameters"))
     opt = make_optimizer(model.parameters(), cfg)
 
     def step(x, y):
-        loss = forward_backward(ctx, cfg, dp, x, y)
+        loss = forward_backward(ctx, cfg, dp, x, y, mp)
         dp.finish_gradient_synchronization()
-        optimizer_step(ctx, opt, set_to_none=False)  # keeps .grad as views of the buckets between steps
+        # set_to_none=False keeps .grad as views of the buckets between steps; every rank holds the
+        # same averaged gradients, so an overflow is seen alike everywhere (no group to ask)
+        optimizer_step(ctx, opt, set_to_none=False, mp=mp, params=model.parameters())
         return loss.item()
 
     losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt, *dp.buffers_for_tracking))
     bucket_bytes = [b.nbytes for b in dp.buckets]
     extra = {"buckets": len(bucket_bytes), "bucket_bytes": bucket_bytes,
-             "all_reduce_bytes_per_step": sum(bucket_bytes), "overlap": cfg.option("overlap")}
+             "all_reduce_bytes_per_step": sum(bucket_bytes), "overlap": cfg.option("overlap"), **mp.report()}
     losses = group_mean(ctx, losses)
     return RankOutput(losses=losses if ctx.rank == 0 else None, params=state_of(model) if ctx.rank == 0 else {},
                       extra=extra)
@@ -105,6 +109,6 @@ def program(pricer):
                           o["find_unused_parameters"])
 
 
-STRATEGY = Strategy("dp", OPTIONS, validate, run_rank, program)
+STRATEGY = Strategy("dp", OPTIONS, validate, run_rank, program, takes_precision=True)
 
 __all__ = ["STRATEGY", "bucket_program", "validate_batch"]

@@ -12,6 +12,8 @@ import math
 import torch
 
 from mpkit.config import TrainConfig
+from mpkit.parallel.precision import LossScaler, MixedPrecision
+from mpkit.parallel.recompute import recompute_layers
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -54,26 +56,54 @@ def local_batch(ctx, cfg: TrainConfig, rank=None, parts=None):
     return data
 
 
-def forward_backward(ctx, cfg: TrainConfig, model, x, y) -> torch.Tensor:
+def mixed_precision(cfg: TrainConfig) -> MixedPrecision:
+    """The run's precision recipe (fp16 with a ``LossScaler`` from ``cfg.loss_scale``)."""
+    return MixedPrecision(cfg.precision, LossScaler(cfg.loss_scale) if cfg.precision == "fp16" else None)
+
+
+def build_model(ctx, cfg: TrainConfig, mp: MixedPrecision | None = None):
+    """The model from the seed, on this rank's device, with the run's precision and recomputation
+    applied layer by layer (the layers a pipeline cuts; a model that is not a stack: as a whole)."""
+    model = cfg.model.build(cfg.seed)
+    prepare_layers(cfg, model, mp or mixed_precision(cfg))
+    return model.to(ctx.device)
+
+
+def prepare_layers(cfg: TrainConfig, model, mp: MixedPrecision) -> None:
+    try:
+        layers = cfg.model.layers_of(model)
+    except ValueError:  # a user's model that is not an nn.Sequential
+        layers = [model]
+    mp.wrap(layers)
+    recompute_layers(layers, cfg.recompute)
+
+
+def forward_backward(ctx, cfg: TrainConfig, model, x, y, mp: MixedPrecision | None = None) -> torch.Tensor:
     with ctx.trace.span("forward"):
         loss = cfg.model.loss(model(x), y)
     with ctx.trace.span("backward"):
-        loss.backward()
+        loss.backward() if mp is None else mp.backward(loss)
     return loss
 
 
-def optimizer_step(ctx, optimizer, set_to_none: bool = True) -> None:
+def optimizer_step(ctx, optimizer, set_to_none: bool = True, mp: MixedPrecision | None = None, params=(),
+                   group=None) -> None:
+    """The optimizer's step, or for fp16 the loss scaler's: unscale ``params``' gradients and
+    skip the step when one overflowed on any rank of ``group`` (see ``MixedPrecision``)."""
     with ctx.trace.span("optimizer"):
-        optimizer.step()
+        if mp is None:
+            optimizer.step()
+        else:
+            mp.step(optimizer, params, group)
         optimizer.zero_grad(set_to_none=set_to_none)
 
 
-def plain_step(ctx, cfg: TrainConfig, model, optimizer):
+def plain_step(ctx, cfg: TrainConfig, model, optimizer, mp: MixedPrecision | None = None):
     """``step`` for a strategy whose communication lives inside the model (DDP's hooks, FSDP's
     units, tensor-parallel layers) or that has none (single): forward, backward, optimizer."""
     def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, y)
-        optimizer_step(ctx, optimizer)
+        loss = forward_backward(ctx, cfg, model, x, y, mp)
+        optimizer_step(ctx, optimizer, mp=mp, params=model.parameters())
         return loss.item()
     return step
 

@@ -8,6 +8,8 @@ one optimizer step per rank per step), ``virtual_stages`` (v model chunks per ra
 built-in models are balanced by parameter count (``stages.py``); a user's ``nn.Sequential`` is
 cut the same way. ``mp`` is this strategy with one micro-batch.
 """
+import torch.distributed as dist
+
 from mpkit.parallel.pipeline import (check_every_rank_trains, check_no_tie_across_ranks, check_schedule_args, pipeline,
                                      schedule)
 from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, chunks_per_rank, engine_programs, placement
@@ -15,7 +17,7 @@ from mpkit.parallel.pipeline.split import partition, split_layers
 from mpkit.sim.profile import Cost
 from mpkit.strategies import stages as builtin
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
-from mpkit.strategies.loop import full_batch, optimizer_step, run_steps
+from mpkit.strategies.loop import full_batch, mixed_precision, optimizer_step, prepare_layers, run_steps
 
 OPTIONS = {"schedule": "gpipe", "micro_batches": 4, "virtual_stages": 2}
 
@@ -60,24 +62,35 @@ def validate(cfg):
         raise ValueError(f"{what}: {exc}") from None
 
 
-def all_stages(cfg, count: int) -> list:
-    """Every stage of the model, built from the seed (each rank keeps its own; see ``pipeline``)."""
+def all_stages(cfg, count: int, mp=None) -> list:
+    """Every stage of the model, built from the seed (each rank keeps its own; see ``pipeline``),
+    with the run's precision and recomputation applied to each layer."""
     model = cfg.model.build(cfg.seed)
+    prepare_layers(cfg, model, mp or mixed_precision(cfg))
     return split_layers(cfg.model.layers_of(model), count)
 
 
 def train_pipeline(ctx, cfg, name, m, v):
     """mp and pp: the stages, the schedule's program on this rank, the one loop; ``RankOutput``."""
     p = ctx.world_size
-    pipe = pipeline(all_stages(cfg, p * v), schedule=name, micro_batches=m, loss_fn=cfg.model.loss,
+    mp = mixed_precision(cfg)
+    scaler = mp.scaler
+
+    def loss_fn(out, y):  # fp16: each micro-batch's loss scaled before the executor's backward
+        loss = cfg.model.loss(out, y)
+        return loss if scaler is None else scaler.scale(loss)
+
+    pipe = pipeline(all_stages(cfg, p * v, mp), schedule=name, micro_batches=m, loss_fn=loss_fn,
                     virtual_stages=v if name in MULTI_CHUNK else 1)
     pipe.to(ctx.device)
     opt = make_optimizer(pipe.parameters(), cfg)
 
     def step(x, y):
+        scale = 1.0 if scaler is None else scaler.value
         loss = pipe.step(x, y)
-        optimizer_step(ctx, opt)
-        return loss
+        # each rank holds its stages' gradients: an overflow on one rank skips the step on all
+        optimizer_step(ctx, opt, mp=mp, params=pipe.parameters(), group=dist.group.WORLD)
+        return None if loss is None else loss / scale
 
     losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(pipe, opt))
     prefix = "layers." if cfg.model.builtin else ""
@@ -87,7 +100,7 @@ def train_pipeline(ctx, cfg, name, m, v):
         params={k: t for s in mine for k, t in pipe.stages[s].named_as_original(prefix).items()},
         extra={"schedule": name, "micro_batches": m, "stages": mine,
                "layers": {s: list(pipe.stages[s].layer_ids) for s in mine},
-               "parameters": sum(q.numel() for q in pipe.parameters()), "program": pipe.program})
+               "parameters": sum(q.numel() for q in pipe.parameters()), "program": pipe.program, **mp.report()})
 
 
 def run_rank(ctx, cfg):
@@ -126,4 +139,4 @@ def program(pricer):
     return pipeline_program(pricer, o["schedule"], o["micro_batches"], chunks_per_rank(o["schedule"], o["virtual_stages"]))
 
 
-STRATEGY = Strategy("pp", OPTIONS, validate, run_rank, program, dim='pp')
+STRATEGY = Strategy("pp", OPTIONS, validate, run_rank, program, dim='pp', takes_precision=True)

@@ -2,7 +2,7 @@
 strategy is tested against this run."""
 from mpkit.sim.pricing import fwd_bwd, optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
-from mpkit.strategies.loop import full_batch, plain_step, run_steps
+from mpkit.strategies.loop import build_model, full_batch, mixed_precision, plain_step, run_steps
 
 OPTIONS = {}
 
@@ -13,11 +13,12 @@ def validate(cfg):
 
 
 def run_rank(ctx, cfg):
-    model = cfg.model.build(cfg.seed).to(ctx.device)
+    mp = mixed_precision(cfg)
+    model = build_model(ctx, cfg, mp)
     opt = make_optimizer(model.parameters(), cfg)
 
-    losses = run_steps(ctx, cfg, plain_step(ctx, cfg, model, opt), full_batch(ctx, cfg), track=(model, opt))
-    return RankOutput(losses=losses, params=state_of(model))
+    losses = run_steps(ctx, cfg, plain_step(ctx, cfg, model, opt, mp), full_batch(ctx, cfg), track=(model, opt))
+    return RankOutput(losses=losses, params=state_of(model), extra=mp.report())
 
 
 def program(pricer):
@@ -25,4 +26,4 @@ def program(pricer):
     return [[*fwd_bwd(pricer, prof), optimizer(pricer, prof)]]
 
 
-STRATEGY = Strategy("single", OPTIONS, validate, run_rank, program)
+STRATEGY = Strategy("single", OPTIONS, validate, run_rank, program, takes_precision=True)

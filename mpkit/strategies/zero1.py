@@ -9,6 +9,7 @@ does (NCCL). gloo (cpu-sim) all-reduces the whole tensor and keeps slice r, so t
 1.5 times dp's bytes (``mpkit.sim.cpu.ring_steps``). Cross-checked against torch's
 ``ZeroRedundancyOptimizer`` in the tests.
 """
+import torch.distributed as dist
 from torch import nn
 
 from mpkit.parallel.sharded_optimizer import ShardedOptimizer, shard_numel
@@ -17,7 +18,7 @@ from mpkit.sim.pricing import fwd_bwd
 from mpkit.sim.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, optimizer_spec, state_of
 from mpkit.strategies.dp import validate_batch
-from mpkit.strategies.loop import forward_backward, group_mean, local_batch, run_steps
+from mpkit.strategies.loop import build_model, forward_backward, group_mean, local_batch, mixed_precision, run_steps
 
 OPTIONS = {}
 
@@ -27,7 +28,8 @@ def validate(cfg):
 
 
 def run_rank(ctx, cfg):
-    model = cfg.model.build(cfg.seed).to(ctx.device)
+    mp = mixed_precision(cfg)
+    model = build_model(ctx, cfg, mp)
     cls, kwargs = optimizer_spec(cfg)
     opt = ShardedOptimizer(model.parameters(), cls, average_gradients=True, **kwargs)
     opt.name_parameters(model)
@@ -35,10 +37,11 @@ def run_rank(ctx, cfg):
     shards = nn.ParameterList(opt.shard_parameters)  # a module, so the tracker files their .grad as gradients
 
     def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, y)
+        loss = forward_backward(ctx, cfg, model, x, y, mp)
         opt.reduce_scatter_gradients()
         with ctx.trace.span("optimizer"):
-            opt.update_shard()
+            if mp.unscale_(opt.shard_parameters, group=dist.group.WORLD):  # each rank sees only its slice
+                opt.update_shard()
             opt.zero_grad(set_to_none=False)  # in place: the .grad views of the flat buffer stay
         opt.all_gather_parameters()
         return loss.item()
@@ -46,7 +49,7 @@ def run_rank(ctx, cfg):
     losses = group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, shards, opt.inner)))
     shard = opt.shards[0]
     extra = {"partition": "flat", "shard_numel": shard.shard_numel, "padding": shard.padding,
-             "shard_range": (shard.lo, shard.hi)}
+             "shard_range": (shard.lo, shard.hi), **mp.report()}
     return RankOutput(losses=losses if ctx.rank == 0 else None, params=state_of(model) if ctx.rank == 0 else {},
                       extra=extra)
 
@@ -64,4 +67,4 @@ def program(pricer):
     return [list(program) for _ in range(pricer.world)]
 
 
-STRATEGY = Strategy("zero1", OPTIONS, validate, run_rank, program)
+STRATEGY = Strategy("zero1", OPTIONS, validate, run_rank, program, takes_precision=True)
