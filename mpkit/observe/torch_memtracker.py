@@ -231,7 +231,10 @@ if PROBLEM is None:
                     # ``torch.func.functional_call`` on meta stand-ins (a pipeline's shape probe): its
                     # parameters are swapped out for this forward only. Marking the module seen now
                     # would leave its real parameters without gradient hooks (gradients read as
-                    # "other"), so wait for a forward on its own parameters.
+                    # "other"), so wait for a forward on its own parameters. A meta model's forward
+                    # recomputed in backward (the cost model profiling activation checkpointing) is
+                    # still one, as below.
+                    self._enter_recompute(module)
                     return
                 self._seen_modules.add(module)
                 # MemTracker hooks the gradient of every parameter, and torch refuses a hook on a
@@ -240,7 +243,12 @@ if PROBLEM is None:
                 trainable = [p for p in module.parameters() if p.requires_grad]
                 if trainable:
                     self._track_module_params_and_buffers(nn.ParameterList(trainable), install_grad_hooks=True)
-            elif self._mod_tracker.is_bw and self._ac_mod is None:
+            else:
+                self._enter_recompute(module)
+
+        def _enter_recompute(self, module) -> None:
+            """A forward during backward is activation checkpointing's recomputation (MemTracker's rule)."""
+            if self._mod_tracker.is_bw and self._ac_mod is None:
                 self._ac_mod = weakref.ref(module)
                 self._in_ac = True
 
