@@ -139,8 +139,9 @@ def _judge_memory(case, fn, timeout):
 
 
 STUB_COORDS = '''def rank_coordinates(rank, dp, pp, tp):
-    """dp x pp x tp 격자에서 랭크의 좌표 (dp_index, pp_index, tp_index). mpkit의 배치: tp가 가장 안쪽(이웃한 랭크), 그다음 pp,
-    dp가 가장 바깥.  The (dp_index, pp_index, tp_index) of rank on the dp x pp x tp grid. mpkit's layout: tp innermost
+    """dp x pp x tp 격자에서 랭크의 좌표 (dp_index, pp_index, tp_index). mpkit의 레이아웃: tp가 가장 안쪽(이웃한 랭크),
+    그다음 pp, dp가 가장 바깥.
+    The (dp_index, pp_index, tp_index) of rank on the dp x pp x tp grid. mpkit's layout: tp innermost
     (adjacent ranks), then pp, dp outermost."""
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''
@@ -152,7 +153,8 @@ STUB_GROUPS = '''def process_groups(dp, pp, tp):
 '''
 STUB_MEMORY = '''def memory_per_gpu(params, dp, pp, tp, zero_stage):
     """혼합 정밀도 Adam(파라미터 2 + 그래디언트 2 + 옵티마이저 12 바이트)으로 GPU 하나가 가지는 모델 상태 바이트(활성값 제외).
-    ZeRO stage 0/1/2/3은 dp 그룹 안에서 나눕니다.  Model-state bytes per GPU (not activations) for mixed-precision Adam
+    ZeRO-0/1/2/3은 dp 그룹 안에서 나눕니다.
+    Model-state bytes per GPU (not activations) for mixed-precision Adam
     (2 parameter + 2 gradient + 12 optimizer bytes), ZeRO stage 0-3 sharding within the dp group."""
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''

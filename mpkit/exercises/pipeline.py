@@ -145,7 +145,8 @@ STUB = '''def {name}(rank, p, m):
     {doc_en}
     명령 / instructions: Forward(mb, stage), Backward(mb, stage), RecvAct(mb, stage, frm), SendAct(mb, stage, to),
     RecvGrad(mb, stage, frm), SendGrad(mb, stage, to), OptimizerStep()  (from mpkit.parallel.pipeline.schedules).
-    랭크 r은 스테이지 r을 가집니다 / rank r holds stage r (stages 0..p-1); 마이크로배치 / micro-batches 0..m-1."""
+    랭크 r은 스테이지 r을, 마이크로배치는 0..m-1입니다.
+    Rank r holds stage r (stages 0..p-1); micro-batches are 0..m-1."""
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''
 STUB_GPIPE = STUB.format(name="gpipe_schedule",
@@ -160,8 +161,8 @@ CASES = [Case(Text("p=2, m=4", "p=2, m=4"), 2, {"m": 4, "seed": 31}),
          Case(Text("p=4, m=2 (m < p)", "p=4, m=2 (m < p)"), 4, {"m": 2, "seed": 33}),
          Case(Text("p=3, m=5", "p=3, m=5"), 3, {"m": 5, "seed": 34})]
 
-MESSAGES = Text("stage s>0의 Forward 앞에는 RecvAct(mb, s, s-1), stage s<p-1의 Forward 뒤에는 SendAct(mb, s, s+1). Backward는 "
-                "반대 방향: 앞에 RecvGrad(mb, s, s+1)(마지막 stage 제외), 뒤에 SendGrad(mb, s, s-1)(stage 0 제외).",
+MESSAGES = Text("스테이지 s>0의 Forward 앞에는 `RecvAct(mb, s, s-1)`, 스테이지 s<p-1의 Forward 뒤에는 `SendAct(mb, s, s+1)`. "
+                "Backward는 반대 방향: 앞에 `RecvGrad(mb, s, s+1)`(마지막 스테이지 제외), 뒤에 `SendGrad(mb, s, s-1)`(스테이지 0 제외).",
                 "Before a Forward of stage s>0: RecvAct(mb, s, s-1); after one of stage s<p-1: SendAct(mb, s, s+1). "
                 "Backward goes the other way: RecvGrad(mb, s, s+1) before (not on the last stage), SendGrad(mb, s, s-1) "
                 "after (not on stage 0).")

@@ -41,12 +41,16 @@ def get_strategy(name) -> Strategy:
     return import_module(REGISTRY[name][0]).STRATEGY
 
 
-def make_config(strategy, world_size, *, model=None, steps=3, batch_size=32, lr=1e-2, optimizer="adam",
+# ``model`` when the caller names none (None is a model the checks refuse, as any other bad value)
+STRATEGY_DEFAULT = object()
+
+
+def make_config(strategy, world_size, *, model=STRATEGY_DEFAULT, steps=3, batch_size=32, lr=1e-2, optimizer="adam",
                 seed=0, data=None, loss=None, check_finite=True, precision="fp32", recompute=None, loss_scale=DEFAULT_LOSS_SCALE,
                 **options) -> TrainConfig:
     """Resolve model sizes and strategy options into a ``TrainConfig`` checked by the strategy too."""
     spec = get_strategy(strategy)
-    if model is None:  # the strategy's own default model, so its defaults train without any argument
+    if model is STRATEGY_DEFAULT:  # the strategy's own default model, so its defaults train without any argument
         defaults = dict(spec.model_defaults(world_size)) if spec.model_defaults else {}
         model = defaults.pop("model", "mlp")
         options = {**defaults, **options}
