@@ -70,9 +70,9 @@ class LearnerCrashed(Exception):
 class Stuck(Exception):
     """The world did not finish in time; ``waits[rank]`` is what that rank was doing."""
 
-    def __init__(self, waits: dict, timeout: float):
+    def __init__(self, waits: dict):
         super().__init__(str(waits))
-        self.waits, self.timeout = waits, timeout
+        self.waits = waits
 
     def ranks(self, state: str) -> list:
         """The ranks in ``state``: "waiting" (blocked in a message or collective), RUNNING (inside the
@@ -200,7 +200,7 @@ def run(body, world_size: int, args=(), timeout: float = 6.0) -> list[dict]:
         except LaunchTimeout:
             waits = _statuses(status_dir, world_size, "status")
             waits.update({r: "had not started (a busy machine?)" for r in range(world_size) if r not in waits})
-            raise Stuck(waits, timeout) from None
+            raise Stuck(waits) from None
         except LaunchError as err:
             errors = _statuses(status_dir, world_size, "error")
             if errors:  # the first learner error is the cause; later ones are other ranks seeing it
@@ -219,11 +219,3 @@ def _statuses(folder, world_size, kind) -> dict:
             continue
         out[rank] = data["what"] if kind == "status" else data
     return out
-
-
-def in_process(fn, *args, timeout: float = 6.0):
-    """A pure function of the learner's (no communication) run in one forked rank with a timeout,
-    so an endless loop cannot hang the notebook's kernel."""
-    def body(ctx, recorder):
-        return recorder.call(fn, *args)
-    return run(body, 1, timeout=timeout)[0]["out"]
