@@ -139,8 +139,12 @@ def test_torchrun_summary_holds_each_failed_ranks_traceback(tmp_path):
     script = tmp_path / "failing.py"
     script.write_text(FAILING)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    # torchrun polls its workers every --monitor-interval (0.1 s by default) and SIGTERMs the survivors once
+    # one failed: rank 0 had then sometimes not yet seen its peer go and wrote no error (seen once in a
+    # full run). Polling every 2 s leaves rank 0 the milliseconds it needs to fail on its own first.
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                           str(script)], capture_output=True, text=True, timeout=100, env=env, cwd=tmp_path)
+                           "--monitor-interval", "2", str(script)], capture_output=True, text=True, timeout=100,
+                          env=env, cwd=tmp_path)
     assert proc.returncode != 0
     summary = proc.stderr.split("failing.py FAILED")[-1]
     assert "To enable traceback" not in summary, proc.stderr[-3000:]
