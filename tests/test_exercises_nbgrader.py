@@ -11,11 +11,9 @@ four students -> autograde -> export, with exact points per case (partial credit
   restores the test cells, so 2 of 6, not 6.
 """
 import csv
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import nbformat
 import pytest

@@ -18,14 +18,12 @@ def _inputs(rank, shape, seed):
     return torch.randn(shape, generator=seeded(seed + 1000 * rank))
 
 
-def _body(kind):
-    def body(ctx, recorder, fn, shape, seed):
-        mine = _inputs(ctx.rank, shape, seed)
-        given = mine.clone()
-        out = recorder.call(fn, ctx, given)
-        return {"out": out.detach().clone() if isinstance(out, torch.Tensor) else out,
-                "given": given, "mine": mine}
-    return body
+def _body(ctx, recorder, fn, shape, seed):
+    """The rank's input (``mine``), what the learner's call left in it (``given``) and returned (``out``)."""
+    mine = _inputs(ctx.rank, shape, seed)
+    given = mine.clone()
+    out = recorder.call(fn, ctx, given)
+    return {"out": out.detach().clone() if isinstance(out, torch.Tensor) else out, "given": given, "mine": mine}
 
 
 def _expected(kind, n, shape, seed):
@@ -38,7 +36,7 @@ def _expected(kind, n, shape, seed):
     return [total.reshape(-1).tensor_split(n)[r] for r in range(n)]
 
 
-def _comm_problems(case, outputs, n, kind) -> "CaseResult | None":
+def _comm_problems(case, outputs, n):
     """Only messages, only to the two neighbours, at most the ring's bytes."""
     for rank, output in enumerate(outputs):
         collectives = sorted({c.kind for c in output["calls"] if c.kind not in ("send", "recv")})
@@ -106,8 +104,8 @@ def _judge(kind, phases):
     def judge(case, fn, timeout):
         n, shape, seed = case.world_size, case.params["shape"], case.params.get("seed", 0)
         outputs = [o["out"] | {"calls": o["calls"]}
-                   for o in harness.run(_body(kind), n, (fn, shape, seed), timeout)]
-        problem = _comm_problems(case, outputs, n, kind)
+                   for o in harness.run(_body, n, (fn, shape, seed), timeout)]
+        problem = _comm_problems(case, outputs, n)
         if problem:
             return problem
         expected = _expected(kind, n, shape, seed)

@@ -201,7 +201,7 @@ def run(body, world_size: int, args=(), timeout: float = 6.0) -> list[dict]:
             waits = _statuses(status_dir, world_size, "status")
             waits.update({r: "had not started (a busy machine?)" for r in range(world_size) if r not in waits})
             raise Stuck(waits) from None
-        except LaunchError as err:
+        except LaunchError:
             errors = _statuses(status_dir, world_size, "error")
             if errors:  # the first learner error is the cause; later ones are other ranks seeing it
                 rank = min(errors, key=lambda r: errors[r]["at"])

@@ -80,8 +80,8 @@ def _judge_groups(case, fn, timeout):
         if have != want:
             if isinstance(have, list) and len(have) < len(want) and all(len(g) == 1 for g in want if g not in have):
                 return failed(case, Text(f"{dim} 그룹: 기댓값 {want}, 실제 {have}.", f"{dim} groups: expected {want}, got {have}."),
-                              Text(f"크기가 1인 차원에도 그룹이 있습니다: 랭크마다 하나씩, 크기 1인 그룹들.",
-                                   f"a dimension of size 1 still has groups: one per rank, each of size 1."))
+                              Text("크기가 1인 차원에도 그룹이 있습니다: 랭크마다 하나씩, 크기 1인 그룹들.",
+                                   "a dimension of size 1 still has groups: one per rank, each of size 1."))
             swapped = next((d for d in DIMS if d != dim and _normal(layout.groups(d)) == have), None)
             hint = (Text(f"'{dim}'에 넣은 그룹은 {swapped} 그룹입니다: 한 {dim} 그룹은 {dim} 좌표만 다른 랭크들입니다.",
                          f"what you gave as '{dim}' are the {swapped} groups: a {dim} group is the ranks that differ only "

@@ -124,8 +124,8 @@ def _judge(kind):
                 return failed(case, Text(f"랭크 {rank}이(가) 한때 {sim.peak_in_flight[rank]}개 마이크로배치의 활성값을 들고 있습니다"
                                          f"(1F1B는 최대 {limit}).", f"rank {rank} holds the activations of "
                                          f"{sim.peak_in_flight[rank]} micro-batches at once (1F1B: at most {limit})."),
-                              Text(f"준비 단계(warm-up)에서 랭크 r은 p-r-1개만 Forward하고, 그다음부터 Forward 하나와 Backward 하나를 "
-                                   f"번갈아 하세요.", "in the warm-up rank r runs only p-r-1 Forwards, then alternates one "
+                              Text("준비 단계(warm-up)에서 랭크 r은 p-r-1개만 Forward하고, 그다음부터 Forward 하나와 Backward 하나를 "
+                                   "번갈아 하세요.", "in the warm-up rank r runs only p-r-1 Forwards, then alternates one "
                                    "Forward and one Backward."))
         outputs = harness.run(_run_body, p, (programs, seed), timeout)
         model = _model(seed, p)
