@@ -238,5 +238,6 @@ def body(obj) -> str:
     text = inspect.getsource(obj)
     tree = ast.parse(text).body[0]
     statements = tree.body[1:] if ast.get_docstring(tree) is not None else tree.body
-    lines = text.splitlines()
-    return "\n".join(lines[statements[0].lineno - 1 - (len(getattr(statements[0], "decorator_list", [])) or 0):])
+    first = statements[0]
+    start = min([first.lineno] + [d.lineno for d in getattr(first, "decorator_list", [])])  # a method's decorators
+    return "\n".join(text.splitlines()[start - 1:])
