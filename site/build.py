@@ -51,19 +51,29 @@ def execute(notebook: Path) -> float:
 
 def github_repository(config: dict, given: str | None) -> str:
     """The repository the Binder links open: ``--repository``, else the checkout's GitHub
-    ``origin``, else ``repository.url`` in ``_config.yml``."""
+    ``origin``, else ``repository.url`` in ``_config.yml``; none of them is a clear error, never a
+    made-up link."""
     if given:
-        if not re.match(r"https://github\.com/[^/]+/[^/]+/?$", given):
-            raise ValueError(f"--repository {given!r}: give the repository's GitHub URL, "
-                             "https://github.com/OWNER/NAME (Binder's links here open GitHub repositories)")
-        return given
+        return check_repository(given, "--repository")
     try:
         origin = subprocess.run(["git", "-C", str(REPO), "remote", "get-url", "origin"], capture_output=True,
                                 text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         origin = ""
     found = re.match(r"(?:https://github\.com/|git@github\.com:)([^/]+/[^/]+?)(?:\.git)?$", origin)
-    return f"https://github.com/{found.group(1)}" if found else config["repository"]["url"]
+    if found:
+        return f"https://github.com/{found.group(1)}"
+    if config["repository"].get("url"):
+        return check_repository(config["repository"]["url"], "repository.url in site/_config.yml")
+    raise ValueError(f"no GitHub repository for the Binder links: this checkout's origin is {origin or 'not set'!r}; "
+                     "pass --repository https://github.com/OWNER/NAME (where the labs are published)")
+
+
+def check_repository(url: str, where: str) -> str:
+    if not re.match(r"https://github\.com/[^/]+/[^/]+/?$", url):
+        raise ValueError(f"{where} {url!r}: give the repository's GitHub URL, "
+                         "https://github.com/OWNER/NAME (Binder's links here open GitHub repositories)")
+    return url
 
 
 def binder_url(repository: str, branch: str, path: str) -> str:
@@ -170,7 +180,7 @@ def build(out: Path, repository: str | None = None, branch: str = "main") -> Pat
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "_build", help="build folder (default: site/_build)")
-    parser.add_argument("--repository", help="GitHub URL the Binder links open (default: the checkout's "
+    parser.add_argument("--repository", help="GitHub URL the Binder links open (default: the checkout's GitHub "
                                              "origin, else repository.url in site/_config.yml)")
     parser.add_argument("--branch", default="main", help="branch the Binder links open (default: main)")
     args = parser.parse_args(argv)

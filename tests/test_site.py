@@ -208,3 +208,17 @@ def test_item_bank_keys_stay_hidden_until_clicked(site, server, browser):
         sync_api.expect(section.locator("details")).to_contain_text(f"Key: {item.answer}")
     finally:
         page.close()
+
+
+def test_no_repository_known_is_a_clear_error_before_any_lab_runs(tmp_path):
+    """A checkout with no GitHub origin and no ``--repository`` gets no made-up Binder link: the
+    build stops at once (no lab executed, nothing laid out) and says what to pass."""
+    bare = tmp_path / "checkout"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(bare)], check=True, timeout=120)
+    subprocess.run(["git", "-C", str(bare), "remote", "remove", "origin"], check=True, timeout=30)
+    build = subprocess.run([sys.executable, str(bare / "site" / "build.py"), "--out", str(tmp_path / "out")],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 2, build.stdout + build.stderr
+    assert "pass --repository https://github.com/OWNER/NAME" in build.stderr
+    assert "Traceback" not in build.stderr
+    assert not (tmp_path / "out").exists()
