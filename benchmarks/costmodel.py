@@ -10,7 +10,7 @@ ms (``predict``), the engine's played step and the CPU model's C of the busiest 
 of predict and of the engine alone, how far the first half of the runs and the second disagree (the
 measurement's own reproducibility), memory per category predicted vs measured — and the MAPE.
 Memory compares parameters/gradients/activations with the measured maxima and optimizer with
-the steady state after the last step (see ``mpkit.sim.memory``).
+the steady state after the last step (see ``mpkit.costmodel.memory``).
 
 Two conditions side by side: the machine as it is, then with ``--load N`` (default 2) busy
 background processes that the benchmark starts itself, each pinned to one core (each spins until
@@ -42,7 +42,7 @@ import mpkit
 from machine import load  # benchmarks/machine.py
 from mpkit.observe.memory import CATEGORIES
 from mpkit.sim import predict
-from mpkit.sim.calibration import calibrate
+from mpkit.costmodel.calibration import calibrate
 
 MODELS = {
     "mlp-256": dict(model="mlp", hidden=256, layers=4, batch_size=64),

@@ -6,7 +6,7 @@ published; what a paper does not state (micro-batch size, interleaving, recomput
 unstated) is left to ``mpkit.sim.plan``, which picks the fastest setting that fits. The predicted
 step time is turned into the paper's own metric (TFLOP/s per GPU by the paper's FLOP formula,
 iteration seconds, or tokens/s) and compared as a throughput ratio; MAPE is printed. One
-assumption set for every row (``mpkit.sim.hardware``: datasheets, NCCL and FlashAttention-2
+assumption set for every row (``mpkit.simulator.hardware``: datasheets, NCCL and FlashAttention-2
 figures, and one sustained matmul efficiency per GPU fitted to a run held out of the MAPE), no
 per-row factors; the same table at the best-case matmul efficiency (MAMF) is printed beside it.
 
@@ -18,7 +18,7 @@ does it choose the published layout family (TP inside a node, PP across nodes, .
     python benchmarks/published.py --calibrate  # MATMUL_SUSTAINED from the two held-out runs
     python benchmarks/published.py --loso       # leave-one-source-out: each source predicted by
                                                 # a matmul efficiency fitted on the other sources
-    python benchmarks/published.py --stacks     # mpkit.sim.hardware.STACKS, fitted per software
+    python benchmarks/published.py --stacks     # mpkit.simulator.hardware.STACKS, fitted per software
     python benchmarks/published.py --fp8        # FP8_MATMUL_SPEEDUP from torchtitan's Float8 rows
 """
 from __future__ import annotations
@@ -35,10 +35,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/mac
 
 from machine import load  # noqa: E402
 from mpkit.sim import formulas  # noqa: E402
-from mpkit.sim.analytic import MODELS, Transformer  # noqa: E402
-from mpkit.sim.hardware import MATMUL_BEST, MATMUL_SUSTAINED  # noqa: E402
-from mpkit.sim.machines import get_hardware  # noqa: E402
-from mpkit.sim.plan import plan  # noqa: E402
+from mpkit.costmodel.analytic import MODELS, Transformer  # noqa: E402
+from mpkit.simulator.hardware import MATMUL_BEST, MATMUL_SUSTAINED  # noqa: E402
+from mpkit.simulator.machines import get_hardware  # noqa: E402
+from mpkit.costmodel.plan import plan  # noqa: E402
 
 # The training software each source describes (what its paper says it used)
 MEGATRON_2021 = dict(sequence_parallel=False, flash=False, overlap_dp=False, recompute="full", zero=0)
@@ -284,7 +284,7 @@ FP8_PAIRS = [(8, 6667, 8532), (128, 6514, 8380)]
 def fit_fp8() -> float:
     """The blocks' FP8 matmul speed-up at which the model's Float8/bf16 step-time ratio, averaged
     over FP8_PAIRS, equals the published one (bisection)."""
-    from mpkit.sim import hardware
+    from mpkit.simulator import hardware
 
     def predicted_ratio(n, speedup):
         old = hardware.FP8_MATMUL_SPEEDUP["H100"]
@@ -304,7 +304,7 @@ def fit_fp8() -> float:
     return round((lo + hi) / 2, 2)
 
 
-# the training software each source ran (mpkit.sim.hardware.STACKS)
+# the training software each source ran (mpkit.simulator.hardware.STACKS)
 STACK_OF = {"Narayanan 2021 T1": "megatron", "Korthikanti 2022 T4": "megatron", "Smith 2022 §2.4": "deepspeed",
             "Dubey 2024 T4": "llama3", "MosaicML llm-foundry": "llm-foundry", "torchtitan A100": "torchtitan",
             "torchtitan H100": "torchtitan", "BigScience BLOOM": "deepspeed"}

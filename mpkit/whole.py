@@ -1,6 +1,6 @@
 """``is_whole`` and ``is_number``: mpkit's one whole-number and one real-number predicate. They
 live here, torch-free, so the runtime, ``train`` and ``sim.predict`` (through ``mpkit.config``, which
-re-exports them), the planner's model sizes (``sim.analytic``) and the closed-form ``sim.formulas``
+re-exports them), the planner's model sizes (``costmodel.analytic``) and the closed-form ``sim.formulas``
 (which a quiz kernel imports without torch) all ask the same question."""
 from __future__ import annotations
 

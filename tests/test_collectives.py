@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 import mpkit
 from mpkit.parallel.collectives import ring_all_reduce, ring_bytes_sent, ring_chunks
-from mpkit.sim.formulas import ring_allreduce_bytes
+from mpkit.simulator.formulas import ring_allreduce_bytes
 
 
 def _data(rank, numel, dtype=torch.float32):

@@ -1,6 +1,7 @@
 """The package's layering, as ARCHITECTURE.md draws it: each module imports only its own layer or
-lower ones, the import graph has no cycle, and imports inside functions are kept for heavy
-optional dependencies (never to dodge a cycle)."""
+lower ones, each folder of ``mpkit/`` is one layer (so no folder imports a folder above it), the
+import graph has no cycle, and imports inside functions are kept for heavy optional dependencies
+(never to dodge a cycle)."""
 import ast
 import subprocess
 import sys
@@ -8,22 +9,24 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mpkit"
 
-# Lowest first. A module belongs to the layer of the longest prefix that matches its name.
+# Lowest first, by folder (``mpkit.costmodel``) or top-level module (``mpkit.whole``): a module
+# belongs to the layer of its folder.
 LAYERS = [
     ("foundations", ["mpkit.errors", "mpkit.i18n", "mpkit.lazy", "mpkit.whole", "mpkit.layout"]),
     ("models", ["mpkit.models", "mpkit.config"]),
     ("observe", ["mpkit.observe"]),
-    ("simulator", ["mpkit.sim.engine", "mpkit.sim.formulas", "mpkit.sim.hardware", "mpkit.sim.machines"]),
+    ("simulator", ["mpkit.simulator"]),
     ("runtime", ["mpkit.runtime"]),
     ("parallel", ["mpkit.parallel"]),
-    ("pricing", ["mpkit.sim.profile", "mpkit.sim.pricing"]),
+    ("pricing", ["mpkit.pricing"]),
     ("strategies", ["mpkit.strategies", "mpkit.crosscheck"]),
     ("train", ["mpkit.training"]),
-    ("cost model", ["mpkit.sim"]),
+    ("cost model", ["mpkit.costmodel"]),
     ("plots", ["mpkit.plot"]),
-    ("widgets", ["mpkit.sim.whatif", "mpkit.sim.planwidget"]),
+    ("widgets", ["mpkit.widgets"]),
     ("teaching", ["mpkit.quiz", "mpkit.tf", "mpkit.exercises"]),
     ("command line", ["mpkit.cli", "mpkit.__main__"]),
+    ("public names of the cost model", ["mpkit.sim"]),
     ("package", ["mpkit"]),
 ]
 # Imports a function may make on first use: heavy and needed by few callers, or not on every
@@ -78,6 +81,43 @@ GRAPH = graph()
 def test_every_module_has_a_layer():
     for name in GRAPH:
         layer_of(name)
+
+
+def folder_of(name: str) -> str:
+    """The folder of ``mpkit/`` (``mpkit.costmodel``) or the top-level module (``mpkit.whole``) a module is in."""
+    return ".".join(name.split(".")[:2])
+
+
+def upward_folder_imports(graph) -> list:
+    """(folder, the higher-layer folder it imports) for every folder that imports upward."""
+    return sorted({(folder_of(name), folder_of(dep)) for name, deps in graph.items() for dep, _ in deps
+                   if dep in graph and layer_of(folder_of(dep)) > layer_of(folder_of(name))})
+
+
+def test_each_layer_is_whole_folders():
+    """A layer names folders and top-level modules, never a module inside a folder: one folder, one
+    layer, so a newcomer reads the layering off ``mpkit/`` (``sim/`` once spanned four)."""
+    inside = [prefix for _, prefixes in LAYERS for prefix in prefixes if prefix.count(".") > 1]
+    assert inside == []
+    for name in GRAPH:
+        assert layer_of(name) == layer_of(folder_of(name)), name
+
+
+def test_no_folder_imports_a_folder_above_it():
+    assert upward_folder_imports(GRAPH) == []
+
+
+def test_an_upward_folder_import_is_caught():
+    """The check above can fail: the simulator (layer 4) importing the planner (layer 10) is named."""
+    graph = {"mpkit.simulator.engine": [("mpkit.costmodel.plan", False), ("mpkit.errors", False)],
+             "mpkit.costmodel.plan": [("mpkit.simulator.engine", False)], "mpkit.errors": []}
+    assert upward_folder_imports(graph) == [("mpkit.simulator", "mpkit.costmodel")]
+
+
+def test_the_cost_models_public_face_holds_no_module():
+    """``mpkit.sim`` only re-exports: a submodule there could share a public name and replace it
+    when imported (``mpkit.sim.plan``, module and function, issue 31). Code goes to its layer's folder."""
+    assert sorted(p.name for p in (PACKAGE / "sim").iterdir() if p.name != "__pycache__") == ["__init__.py"]
 
 
 def test_no_import_points_up():

@@ -6,7 +6,7 @@ import pytest
 
 from mpkit.layout import DIMS, Layout
 from mpkit.sim import plan
-from mpkit.sim.analytic import _span, aligned
+from mpkit.costmodel.analytic import _span, aligned
 
 
 @pytest.mark.parametrize("dp,pp,tp", list(itertools.product([1, 2, 3], [1, 2, 4], [1, 2])))

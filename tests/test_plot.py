@@ -19,7 +19,7 @@ from mpkit.observe.trace import Event, Trace
 from mpkit import i18n
 from mpkit.plot import fonts
 from mpkit.plot.comm import unit_for
-from mpkit.sim.formulas import wire_factor
+from mpkit.simulator.formulas import wire_factor
 from mpkit.plot.style import CATEGORY_COLOURS, KIND_COLOURS
 from mpkit.plot.timeline import COMM_LANE, COMPUTE_LANE
 

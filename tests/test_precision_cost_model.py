@@ -7,12 +7,12 @@ import pytest
 
 import mpkit
 from mpkit.sim import formulas
-from mpkit.sim.engine import Compute
-from mpkit.sim.memory import recipe
-from mpkit.sim.pricing import Pricer
+from mpkit.simulator.engine import Compute
+from mpkit.costmodel.memory import recipe
+from mpkit.pricing.pricing import Pricer
 from mpkit.models import ModelConfig
-from mpkit.sim.hardware import Hardware, Link
-from mpkit.sim.machines import get_hardware
+from mpkit.simulator.hardware import Hardware, Link
+from mpkit.simulator.machines import get_hardware
 
 # an fp32 machine that needs no calibration (cpu-sim is this machine, measured); memory does not
 # depend on its speeds, and the backward's price only on its flop count here

@@ -9,7 +9,7 @@ import pytest
 
 from mpkit.models import ModelConfig, parameter_count
 from mpkit.sim import GPU_PRESETS, Hardware, Link, formulas, predict
-from mpkit.sim.engine import simulate
+from mpkit.simulator.engine import simulate
 from mpkit.parallel.pipeline.schedules import engine_programs, schedule
 
 matplotlib.use("Agg")
@@ -162,7 +162,7 @@ def test_pp_follows_the_strategy_schedule_order():
 
 
 def test_engine_reports_a_deadlock_instead_of_hanging():
-    from mpkit.sim.engine import Msg, P2P
+    from mpkit.simulator.engine import Msg, P2P
 
     waits_for_each_other = [[P2P((Msg("recv", 1, "a", 4, 0.0),)), P2P((Msg("send", 1, "b", 4, 0.0),))],
                             [P2P((Msg("recv", 0, "b", 4, 0.0),)), P2P((Msg("send", 0, "a", 4, 0.0),))]]
@@ -288,7 +288,7 @@ def test_bad_inputs_name_the_choices(kwargs, match):
 # ---- what-if widget -------------------------------------------------------------------------
 
 def test_whatif_recomputes_on_slider_change():
-    from mpkit.sim.whatif import WhatIf
+    from mpkit.widgets.whatif import WhatIf
 
     state = WhatIf("pp", hardware="8xA100-nvlink", draw=False)
     assert state.prediction.world_size == 4
@@ -306,7 +306,7 @@ def test_whatif_recomputes_on_slider_change():
 
 
 def test_whatif_hardware_switch_resets_bandwidth():
-    from mpkit.sim.whatif import WhatIf
+    from mpkit.widgets.whatif import WhatIf
 
     state = WhatIf("dp", hardware="8xA100-nvlink", draw=False)
     state.controls["hardware"].value = "8xH100-pcie"
@@ -346,7 +346,7 @@ def test_measured_tables_interpolate_and_replace_the_formula():
 
 def test_compute_concurrency_is_what_a_second_of_compute_shares():
     from mpkit.observe.trace import Event, Trace
-    from mpkit.sim.prediction import compute_concurrency
+    from mpkit.costmodel.prediction import compute_concurrency
 
     def ev(rank, kind, start, end):
         return Event(rank=rank, kind=kind, start=start, end=end)
@@ -377,7 +377,7 @@ def test_stage_overhead_lengthens_each_pipeline_instruction():
 
 
 def test_monotone_pools_dips_into_their_neighbours():
-    from mpkit.sim.calibration import monotone
+    from mpkit.costmodel.calibration import monotone
 
     rows = [[1, 1.0], [2, 0.5], [3, 1.12], [4, 2.0], [5, 1.8], [6, 8.0]]
     assert monotone(rows) == [[1, 0.75], [2, 0.75], [3, 1.12], [4, pytest.approx(1.9)], [5, pytest.approx(1.9)], [6, 8.0]]
@@ -403,7 +403,7 @@ def test_phase_times_price_the_slow_tail():
     from types import SimpleNamespace
 
     from mpkit.observe.trace import Event
-    from mpkit.sim.calibration import _CAL_WARMUP, phase_times
+    from mpkit.costmodel.calibration import _CAL_WARMUP, phase_times
 
     events, t = [], 0.0
     for step in range(_CAL_WARMUP + 4):
@@ -426,7 +426,8 @@ def test_phase_times_price_the_slow_tail():
 
 @pytest.mark.timeout(150)
 def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
-    from mpkit.sim import calibration, machines
+    from mpkit.costmodel import calibration
+    from mpkit.simulator import machines
 
     path = tmp_path / "cpu-sim.json"
     with pytest.raises(machines.NotCalibrated, match=r"run mpkit.sim.calibrate\(\) once first"):
@@ -446,7 +447,7 @@ def test_cpu_sim_calibration_is_measured_and_cached(tmp_path, no_leftovers):
     # the CPU model, fitted to real multi-rank steps: priced compute costs CPU about one for one (a
     # rank's CPU per second of priced compute, 0.65-2.2 fitted here quiet and loaded), and
     # communication costs some CPU per operation (gloo's threads, the executor)
-    from mpkit.sim.cpu import TERMS
+    from mpkit.costmodel.cpu import TERMS
     assert set(hw.cpu) == set(TERMS) and all(v >= 0 for v in hw.cpu.values())
     assert 0.3 < hw.cpu["compute"] < 5, hw.cpu
     assert hw.cpu["collective_step"] + hw.cpu["message"] > 0, hw.cpu

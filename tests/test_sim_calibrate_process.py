@@ -3,7 +3,9 @@
 the key "None" while ``cpu-sim`` looked under the default file's)."""
 import pytest
 
-from mpkit.sim import Hardware, Link, calibration, machines, predict
+from mpkit.costmodel import calibration
+from mpkit.sim import Hardware, Link, predict
+from mpkit.simulator import machines
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import pytest
 
 from mpkit.layout import Layout
 from mpkit.sim import GPU_PRESETS, get_hardware, predict
-from mpkit.sim.analytic import Setup, estimate
-from mpkit.sim.hardware import USABLE_MEMORY
-from mpkit.sim.prediction import MAX_LAYERS, MAX_RANKS, MAX_STAGES
+from mpkit.costmodel.analytic import Setup, estimate
+from mpkit.simulator.hardware import USABLE_MEMORY
+from mpkit.costmodel.prediction import MAX_LAYERS, MAX_RANKS, MAX_STAGES
 
 
 @pytest.mark.parametrize("name,nodes,memory,inter_gb_s", [
@@ -110,7 +110,7 @@ def test_the_calibration_cache_key_names_the_running_torch(monkeypatch):
 
     import torch
 
-    from mpkit.sim import machines
+    from mpkit.simulator import machines
 
     assert f"|{torch.__version__}|" in machines._cache_key()
     monkeypatch.setitem(sys.modules, "torch", type(sys)("torch"))

@@ -1,4 +1,4 @@
-"""The CPU model of ``mpkit.sim.cpu`` and the fair-share step ``predict`` takes from it.
+"""The CPU model of ``mpkit.costmodel.cpu`` and the fair-share step ``predict`` takes from it.
 
 The model's coefficients are fitted by the calibration (tests/test_sim.py runs it); here they are
 set by hand so that what ``predict`` does with them can be checked exactly.
@@ -10,10 +10,10 @@ import pytest
 
 from mpkit.observe.trace import Event, Trace, union_seconds
 from mpkit.sim import Hardware, Link, predict
-from mpkit.sim.cpu import TERMS, fit, program_terms, rank_cpu, ring_steps
-from mpkit.sim.hardware import runnable_per_core
-from mpkit.sim.engine import Collective, Compute, Msg, P2P, simulate
-from mpkit.sim.prediction import concurrency, fair_share_play, play, with_wake_ups
+from mpkit.costmodel.cpu import TERMS, fit, program_terms, rank_cpu, ring_steps
+from mpkit.simulator.hardware import runnable_per_core
+from mpkit.simulator.engine import Collective, Compute, Msg, P2P, simulate
+from mpkit.costmodel.prediction import concurrency, fair_share_play, play, with_wake_ups
 
 COEFFICIENTS = {"compute": 1.5, "micro_batch_compute": 2.0, "collective_step": 1e-4, "collective_byte": 1e-9,
                 "message": 3e-4, "message_byte": 2e-9}

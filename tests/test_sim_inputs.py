@@ -80,15 +80,17 @@ def test_per_rank_reads_of_a_trace_scan_it_once():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("first", ["mpkit.sim.planner()", "importlib.import_module('mpkit.sim.plan')",
-                                   "import mpkit.sim.whatif"])
+@pytest.mark.parametrize("first", ["mpkit.sim.planner", "mpkit.sim.planner()", "import mpkit.widgets.planwidget",
+                                   "import mpkit.costmodel.plan", "import mpkit.widgets.whatif"])
 def test_sim_plan_stays_the_function_whatever_was_imported_first(first):
     """In a fresh process the widget first imported the submodule mpkit.sim.plan, which Python binds
-    to the package's attribute: mpkit.sim.plan(...) then raised "'module' object is not callable"."""
+    to the package's attribute: mpkit.sim.plan(...) then raised "'module' object is not callable".
+    The planner's module now lives in ``mpkit.costmodel``, so no submodule of ``mpkit.sim`` shares a
+    public name."""
     code = (f"import importlib, mpkit.sim\n{first}\n"
             "assert callable(mpkit.sim.plan) and callable(mpkit.sim.whatif), (mpkit.sim.plan, mpkit.sim.whatif)\n"
             "from mpkit.sim import plan\n"
             "assert plan('gpt3-175b', '8x8xH100-ib', gpus=64, global_batch=512).best is not None\n"
-            "assert importlib.import_module('mpkit.sim.plan').plan is plan\n")
+            "assert importlib.import_module('mpkit.costmodel.plan').plan is plan\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=110)
     assert out.returncode == 0, out.stderr

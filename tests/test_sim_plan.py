@@ -14,7 +14,7 @@ import pytest
 
 from mpkit.layout import Layout
 from mpkit.sim import MODELS, Hardware, Link, Transformer, formulas, get_hardware, plan
-from mpkit.sim.analytic import USABLE_MEMORY, Setup, activation_bytes, estimate, transformer
+from mpkit.costmodel.analytic import USABLE_MEMORY, Setup, activation_bytes, estimate, transformer
 
 GPT = Transformer(layers=4, hidden=1024, heads=8, seq_len=512, vocab=1000)
 # no link costs and a pure FLOP clock, so the pipeline's bubble is the schedule's alone
@@ -274,7 +274,7 @@ def test_searches_too_large_to_price_in_a_second_are_refused_at_once(model, gpus
     """Many layers (pp divisors) times many divisors of gpus: 73,000-153,000 layouts took 1.5-2.8 s.
     Refused at once means before any layout is priced (counted, so a busy machine cannot flake it);
     the clock only guards against a search that runs on."""
-    planning = importlib.import_module("mpkit.sim.plan")  # the module: mpkit.sim.plan is the function
+    planning = importlib.import_module("mpkit.costmodel.plan")
     priced = []
     monkeypatch.setattr(planning, "estimate", lambda *a, **k: priced.append(a) or estimate(*a, **k))
     start = time.perf_counter()
@@ -347,7 +347,7 @@ def test_the_link_between_nodes_is_named_by_its_kind_too():
 
 
 def test_a_link_kind_round_trips_the_calibration_cache_and_an_unstated_one_is_not_written(tmp_path):
-    from mpkit.sim import machines
+    from mpkit.simulator import machines
     path = tmp_path / "cpu-sim.json"
     hw = replace(IDEAL, p2p=Link(1e-6, 1e-9), collective=Link(2e-6, 2e-9, "pcie"), inter_node=None)
     machines._save(path, hw)
@@ -369,7 +369,7 @@ def test_too_many_gpus_for_the_batch_says_so_not_add_gpus():
 # ---- the widget, headless ------------------------------------------------------------------------------
 
 def test_planner_widget_recomputes_and_keeps_the_last_good_table():
-    from mpkit.sim.planwidget import Planner
+    from mpkit.widgets.planwidget import Planner
 
     state = Planner(model="gpt3-175b", hardware="8x8xH100-ib", gpus=64, global_batch=512, lang="en")
     first = state.result

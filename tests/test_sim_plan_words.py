@@ -4,7 +4,7 @@ numbers beside them."""
 import pytest
 
 from mpkit.sim import plan, planner
-from mpkit.sim.planwidget import Planner
+from mpkit.widgets.planwidget import Planner
 
 LAB = dict(model="gpt3-175b", hardware="128x8xA100-ib", gpus=1024, global_batch=1536)
 

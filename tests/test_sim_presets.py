@@ -4,8 +4,8 @@ import pytest
 from published_script import load_published
 
 from mpkit.sim import get_hardware, plan
-from mpkit.sim.analytic import MODELS
-from mpkit.sim.hardware import FP8_MATMUL_SPEEDUP, MULTI_NODE, gpu_model
+from mpkit.costmodel.analytic import MODELS
+from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, MULTI_NODE, gpu_model
 
 
 def test_omni_path_gives_each_gpu_an_eighth_of_four_links():

@@ -4,7 +4,7 @@ under flash attention; torchtitan's own 8B runs did not fit the planner's memory
 import pytest
 
 from mpkit.sim import plan
-from mpkit.sim.analytic import MODELS, _matmuls, activation_bytes
+from mpkit.costmodel.analytic import MODELS, _matmuls, activation_bytes
 
 KW = dict(model=MODELS["llama3-8b"], hardware="8xH100-96GB-nvlink", gpus=8, global_batch=16, zero=3, tp=1, pp=1,
           micro_batch=2, sequence_parallel=False, flash=True)

@@ -5,8 +5,8 @@ import pytest
 from published_script import load_published
 
 from mpkit.sim import plan, planner
-from mpkit.sim.hardware import STACKS, gpu_model, with_stack
-from mpkit.sim.machines import get_hardware
+from mpkit.simulator.hardware import STACKS, gpu_model, with_stack
+from mpkit.simulator.machines import get_hardware
 
 LAB = dict(model="gpt3-175b", hardware="128x8xA100-ib", gpus=1024, global_batch=1536, zero=1, top=3)
 

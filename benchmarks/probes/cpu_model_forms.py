@@ -1,19 +1,19 @@
 """Which form of the CPU model predicts a rank's CPU per step best? Several, on the same data.
 
-``mpkit.sim.cpu`` predicts the CPU seconds a rank spends per step from its program; the
+``mpkit.costmodel.cpu`` predicts the CPU seconds a rank spends per step from its program; the
 calibration fits the coefficients to real multi-rank runs. Here each candidate form is fitted to
-the *same* calibration runs (``mpkit.sim.calibration._CPU_RUNS``, measured once) and judged on the
+the *same* calibration runs (``mpkit.costmodel.calibration._CPU_RUNS``, measured once) and judged on the
 *same* measurements of the ``benchmarks/costmodel.py`` grid, so forms are compared side by side
 rather than across runs of a noisy machine:
 
 - ``one compute``: one coefficient for all priced compute;
-- ``micro-batch apart`` (what ``mpkit.sim.cpu`` uses): a pipeline's compute, one micro-batch at a
+- ``micro-batch apart`` (what ``mpkit.costmodel.cpu`` uses): a pipeline's compute, one micro-batch at a
   time between messages, has its own coefficient;
 - ``by kind``: as ``micro-batch apart``, with ring steps and bytes of all-reduce, reduce-scatter
   and all-gather apart;
 - ``reduce-scatter as a half``: as ``micro-batch apart``, counting a reduce-scatter as half an
   all-reduce (n-1 ring steps), as NCCL runs it; gloo all-reduces the whole tensor instead, which
-  ``mpkit.sim.cpu.ring_steps`` counts (the form up to calibration method version 10).
+  ``mpkit.costmodel.cpu.ring_steps`` counts (the form up to calibration method version 10).
 
 For each: the model's C of the busiest rank against the measured one, and the step ``predict``
 would return with it (``fair_share_play``: each rank's instructions lengthened so its CPU at its
@@ -34,10 +34,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
 from costmodel import both_conditions, calibrate_now, condition_args, grid, pct  # noqa: E402 (benchmarks/costmodel.py)
 from fairshare import measure, shared_step  # noqa: E402 (benchmarks/probes/fairshare.py)
-from mpkit.sim import calibration
-from mpkit.sim.cpu import TERMS, fit, program_terms, ring_steps
-from mpkit.sim.engine import Collective
-from mpkit.sim.prediction import predict, programs_for
+from mpkit.costmodel import calibration
+from mpkit.costmodel.cpu import TERMS, fit, program_terms, ring_steps
+from mpkit.simulator.engine import Collective
+from mpkit.costmodel.prediction import predict, programs_for
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 

@@ -1,13 +1,13 @@
 """Where a busy machine's time goes: the fair-share estimate, with measured and with modelled CPU.
 
 ``mpkit.sim.predict`` plays the step's dependencies (the engine), then takes the fair share of the
-cores (``mpkit.sim.prediction.fair_share_play``): a rank that needs C CPU-seconds per step gets,
+cores (``mpkit.costmodel.prediction.fair_share_play``): a rank that needs C CPU-seconds per step gets,
 while busy, 1/k of a core (k runnable processes per core: the ranks busy at once and the B busy
 processes the calibration counts), so its busy part of the step lasts at least k·C; each rank's
 instructions are lengthened to that and the step played again, so the ranks that wait for it
 wait longer; C comes from the CPU model the calibration fitted. This
 benchmark takes the parts apart. C is *measured* here, steps 6-15 of a 16-step run
-(``mpkit.sim.calibration.cpu_per_step``): of the whole process (gloo's threads too) and of the
+(``mpkit.costmodel.calibration.cpu_per_step``): of the whole process (gloo's threads too) and of the
 rank's main thread alone (the executor, the loop and compute: one torch thread), and compared with
 the model's C, so it shows whether a miss is the fair-share idea's or the CPU model's.
 
@@ -33,8 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
 from costmodel import both_conditions, calibrate_now, condition_args, grid  # noqa: E402 (benchmarks/costmodel.py)
 from mpkit.sim import predict
-from mpkit.sim.calibration import cpu_per_step
-from mpkit.sim.prediction import fair_share_play
+from mpkit.costmodel.calibration import cpu_per_step
+from mpkit.costmodel.prediction import fair_share_play
 
 
 def measure(strategy, world, kwargs, runs):

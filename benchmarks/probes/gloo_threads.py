@@ -1,6 +1,6 @@
 """Which threads of a rank spend its CPU, and how gloo's share changes with the time between messages.
 
-The cost model's CPU model (``mpkit.sim.cpu``) charges a fixed CPU cost per message; this shows
+The cost model's CPU model (``mpkit.costmodel.cpu``) charges a fixed CPU cost per message; this shows
 why such a constant misses: gloo's tcp loop thread (``gloo_tcp_loop``), which moves every message,
 spends far more CPU per message when messages follow each other closely than when they are
 sparse. Each rank reads its threads' CPU time from ``/proc/self/task`` (Linux) around the

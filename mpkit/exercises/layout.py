@@ -3,7 +3,7 @@ and the model-state memory per GPU for a layout and ZeRO stage.
 
 mpkit lays ranks out as ``mpkit.layout.Layout`` does (tensor parallel innermost, then pipeline,
 data parallel outermost: rank = (dp·pp + pp_index)·tp + tp_index), and prices memory with
-``mpkit.sim.formulas.zero_memory`` (mixed-precision Adam, 2 + 2 + 12 bytes per parameter); the
+``mpkit.simulator.formulas.zero_memory`` (mixed-precision Adam, 2 + 2 + 12 bytes per parameter); the
 checker compares with both. Groups may come in any order.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from mpkit.exercises import harness
 from mpkit.exercises.common import Case, Exercise, failed, passed
 from mpkit.exercises.result import Text
 from mpkit.layout import DIMS, Layout
-from mpkit.sim.formulas import zero_memory
+from mpkit.simulator.formulas import zero_memory
 
 LAYOUTS = [(2, 2, 2), (1, 4, 2), (4, 1, 2), (2, 3, 1)]
 

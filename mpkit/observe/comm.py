@@ -2,7 +2,7 @@
 
 ``bytes`` on an event is what this rank put on the wire: exact for send/recv (payload), and for
 collectives the payload size S the op was called with (the name says which algorithm bytes apply,
-e.g. ring all-reduce moves 2(N-1)/N·S; see ``mpkit.sim.formulas``). Async ops record their
+e.g. ring all-reduce moves 2(N-1)/N·S; see ``mpkit.simulator.formulas``). Async ops record their
 real completion time (the Work's future, or wait()), so overlap with compute shows in the timeline.
 An event names its process group ("dp", "tp", "pp": the group's ``group_desc``, as DeviceMesh sets
 it) so a 3D run's plots can colour the dimensions apart.

@@ -3,7 +3,7 @@
 ``ring_all_reduce(ctx, tensor)`` is the ring algorithm NCCL and gloo use for large all-reduces
 (Patarasuk & Yuan 2009), built from ``ctx.comm.isend`` / ``ctx.comm.irecv`` so every message is
 one traced ``send`` event whose bytes are what really left the rank. Lab 05 runs it and checks
-the measured bytes against the formula 2(N-1)/N·S of ``mpkit.sim.formulas.ring_allreduce_bytes``.
+the measured bytes against the formula 2(N-1)/N·S of ``mpkit.simulator.formulas.ring_allreduce_bytes``.
 
 The other five collectives of ``torch.distributed`` are here too, each in its textbook
 bandwidth-optimal form, so lab 05 can define all six side by side and measure them:

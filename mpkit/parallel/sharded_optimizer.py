@@ -15,7 +15,7 @@ sees that slice as one tensor. A step is
 
 With the reduce-scatter that is the 2(N-1)/N·S of one all-reduce: ZeRO-1 saves memory at no extra
 traffic, where the backend reduce-scatters as a ring does (NCCL). gloo all-reduces the whole tensor
-and keeps slice r, so on gloo a step sends 1.5 times one all-reduce (``mpkit.sim.cpu.ring_steps``). Flat equal slices (not whole tensors balanced greedily, as torch's
+and keeps slice r, so on gloo a step sends 1.5 times one all-reduce (``mpkit.costmodel.cpu.ring_steps``). Flat equal slices (not whole tensors balanced greedily, as torch's
 ``ZeroRedundancyOptimizer`` does) make the state exactly ceil(Ψ/N) elements per rank plus one
 step counter. Elementwise optimizers do the same math on a slice as on whole tensors; optimizers
 that look at a whole tensor at once (Adafactor's factored moments, LBFGS) do not, and are refused.

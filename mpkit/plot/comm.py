@@ -15,7 +15,7 @@ import math
 from matplotlib.patches import Patch
 
 from mpkit.plot.inputs import as_trace, select_step
-from mpkit.sim.formulas import MEASURED_KINDS, wire_bytes, wire_factor
+from mpkit.simulator.formulas import MEASURED_KINDS, wire_bytes, wire_factor
 from mpkit.i18n import t as text
 from mpkit.plot.style import title
 from mpkit.plot.style import KIND_COLOURS, drawing, new_figure

@@ -16,8 +16,8 @@ import math
 
 from mpkit.parallel.expert_parallel import (ExpertParallelMoE, check_expert_split, expert_load, expert_parallel,
                                             full_expert_parameters, synchronize_gradients)
-from mpkit.sim.engine import Compute
-from mpkit.sim.profile import optimizer_cost
+from mpkit.simulator.engine import Compute
+from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
 from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
 from mpkit.strategies.sp import require_gpt

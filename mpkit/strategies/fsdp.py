@@ -19,8 +19,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from mpkit.observe.comm import nbytes
-from mpkit.sim.engine import Compute, Wait
-from mpkit.sim.profile import optimizer_cost
+from mpkit.simulator.engine import Compute, Wait
+from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
 from mpkit.strategies.dp import validate_batch
 from mpkit.strategies.loop import group_mean, local_batch, plain_step, run_steps

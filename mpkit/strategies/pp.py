@@ -14,7 +14,7 @@ from mpkit.parallel.pipeline import (check_every_rank_trains, check_no_tie_acros
                                      schedule)
 from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, chunks_per_rank, engine_programs, placement
 from mpkit.parallel.pipeline.split import partition, split_layers
-from mpkit.sim.profile import Cost
+from mpkit.pricing.profile import Cost
 from mpkit.strategies import stages as builtin
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
 from mpkit.strategies.loop import full_batch, mixed_precision, optimizer_step, prepare_layers, run_steps

@@ -30,9 +30,9 @@ import torch
 from torch.distributed import rpc
 
 from mpkit.observe.comm import nbytes
-from mpkit.sim.engine import Compute
-from mpkit.sim.pricing import fwd_bwd, message, optimizer
-from mpkit.sim.profile import Cost
+from mpkit.simulator.engine import Compute
+from mpkit.pricing.pricing import fwd_bwd, message, optimizer
+from mpkit.pricing.profile import Cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
 from mpkit.strategies.loop import forward_backward, local_batch, run_steps
 from mpkit.strategies.rpcworld import join_rpc

@@ -1,6 +1,6 @@
 """The reference: the whole model on one device, the global batch at once. Every other
 strategy is tested against this run."""
-from mpkit.sim.pricing import fwd_bwd, optimizer
+from mpkit.pricing.pricing import fwd_bwd, optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
 from mpkit.strategies.loop import build_model, full_batch, mixed_precision, plain_step, run_steps
 

@@ -13,8 +13,8 @@ backward one all-reduce of the LayerNorm and row-bias gradients, which cover eac
 from __future__ import annotations
 
 from mpkit.models import Block
-from mpkit.sim.engine import Compute
-from mpkit.sim.pricing import optimizer
+from mpkit.simulator.engine import Compute
+from mpkit.pricing.pricing import optimizer
 from mpkit.parallel.sequence_parallel import (all_reduce_sequence_parallel_gradients, gather_from_sequence_parallel_region,
                                               scatter_to_sequence_parallel_region, sequence_parallel)
 from mpkit.parallel.tensor_parallel import full_parameters

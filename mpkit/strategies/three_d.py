@@ -36,8 +36,8 @@ from mpkit.parallel.pipeline.split import Stage, partition
 from mpkit.parallel.sequence_parallel import all_reduce_sequence_parallel_gradients
 from mpkit.parallel.sharded_optimizer import ShardedOptimizer, shard_numel
 from mpkit.parallel.tensor_parallel import full_parameters
-from mpkit.sim.engine import Compute, Wait
-from mpkit.sim.profile import Cost, optimizer_cost
+from mpkit.simulator.engine import Compute, Wait
+from mpkit.pricing.profile import Cost, optimizer_cost
 from mpkit.parallel.context_parallel import shard_sequence
 from mpkit.strategies import cp as context_strategy
 from mpkit.strategies import sp as sequence_strategy

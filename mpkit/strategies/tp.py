@@ -23,8 +23,8 @@ from __future__ import annotations
 from mpkit.models import Block
 from mpkit.parallel.tensor_parallel import (Split, full_parameters, head_split, plan_targets, sharded_layers, slices,
                                            tensor_parallel, unpaired_columns)
-from mpkit.sim.engine import Compute
-from mpkit.sim.pricing import optimizer
+from mpkit.simulator.engine import Compute
+from mpkit.pricing.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
 from mpkit.strategies.loop import full_batch, plain_step, run_steps
 

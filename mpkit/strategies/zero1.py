@@ -6,16 +6,16 @@ slice); the optimizer is what gets sharded. A step: reduce-scatter the flat grad
 receives the sum of slice r), Adam on slice r alone, all-gather the updated slices: the
 2(N-1)/N·S of one all-reduce, for 1/N of Adam's state, where the backend reduce-scatters as a ring
 does (NCCL). gloo (cpu-sim) all-reduces the whole tensor and keeps slice r, so there a step sends
-1.5 times dp's bytes (``mpkit.sim.cpu.ring_steps``). Cross-checked against torch's
+1.5 times dp's bytes (``mpkit.costmodel.cpu.ring_steps``). Cross-checked against torch's
 ``ZeroRedundancyOptimizer`` in the tests.
 """
 import torch.distributed as dist
 from torch import nn
 
 from mpkit.parallel.sharded_optimizer import ShardedOptimizer, shard_numel
-from mpkit.sim.engine import Compute
-from mpkit.sim.pricing import fwd_bwd
-from mpkit.sim.profile import optimizer_cost
+from mpkit.simulator.engine import Compute
+from mpkit.pricing.pricing import fwd_bwd
+from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, optimizer_spec, state_of
 from mpkit.strategies.dp import validate_batch
 from mpkit.strategies.loop import build_model, forward_backward, group_mean, local_batch, mixed_precision, run_steps

@@ -1,7 +1,7 @@
 """Pipeline schedules as data (ShallowSpeed / LLM-Training-Puzzles style).
 
 ``schedule(name, stages, micro_batches, virtual)`` returns one instruction list per rank. The
-same lists are checked and timed by the one simulator, ``mpkit.sim.engine`` (``simulate`` here:
+same lists are checked and timed by the one simulator, ``mpkit.simulator.engine`` (``simulate`` here:
 no deadlock, every micro-batch once per stage, in-flight activations, bubble, on unit costs;
 the cost model: on a machine's prices), drawn by the labs, and run for real by
 ``executor.PipelineExecutor``.
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from mpkit.sim.engine import Compute, Msg, P2P, ProgramError, WaitSends
-from mpkit.sim.engine import simulate as run_programs
+from mpkit.simulator.engine import Compute, Msg, P2P, ProgramError, WaitSends
+from mpkit.simulator.engine import simulate as run_programs
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb", "zbv")
 MULTI_CHUNK = ("interleaved", "looped_bfs", "interleaved_zb")  # virtual_stages chunks per rank, stage s on rank s % p
@@ -347,7 +347,7 @@ def batches(program):
 
 
 # ---------------------------------------------------------------------------------------------
-# Checking and timing the lists: converted to the one simulator's instructions (mpkit.sim.engine).
+# Checking and timing the lists: converted to the one simulator's instructions (mpkit.simulator.engine).
 
 ScheduleError = ProgramError  # the lists cannot run: deadlock, mismatched messages or a missing input
 

@@ -42,8 +42,8 @@ from functools import cached_property, lru_cache
 
 from mpkit.i18n import t
 from mpkit.layout import Layout
-from mpkit.sim import formulas
-from mpkit.sim.hardware import FP8_MATMUL_SPEEDUP, USABLE_MEMORY, Hardware, gpu_model
+from mpkit.simulator import formulas
+from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, USABLE_MEMORY, Hardware, gpu_model
 from mpkit.whole import is_number
 
 BYTES = 2  # bf16 activations, gradients and the weights the matmuls read

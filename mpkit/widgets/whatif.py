@@ -11,9 +11,9 @@ import ipywidgets as w
 from IPython.display import display
 
 from mpkit import plot
-from mpkit.sim.hardware import PRESETS
-from mpkit.sim.machines import get_hardware
-from mpkit.sim.prediction import predict
+from mpkit.simulator.hardware import PRESETS
+from mpkit.simulator.machines import get_hardware
+from mpkit.costmodel.prediction import predict
 
 
 class WhatIf:

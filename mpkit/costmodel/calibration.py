@@ -3,7 +3,7 @@
 Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each, like training):
 - compute: real training steps (``mpkit.train("single")``) of five calibration models, from
   op-bound to FLOP-bound; each phase's mean time is fitted to ops, FLOPs and bytes counted by
-  ``mpkit.sim.profile`` (the counter ``predict`` uses): a seconds-per-op cost for each phase,
+  ``mpkit.pricing.profile`` (the counter ``predict`` uses): a seconds-per-op cost for each phase,
   the matmul rate and the memory bandwidth that training really reaches (raw matmul and stream
   benchmarks ran ~1.6x and ~4x faster than the same work inside a step); then the pipeline
   executor's own seconds per micro-batch forward/backward, from 2-stage GPipe runs of two of
@@ -22,7 +22,7 @@ Everything is timed inside forked ranks (``mpkit.launch``, one torch thread each
   between 2 ranks after 0.1-20 ms of compute: a receiver asleep before its message
   (``Hardware.wake_wait``) and a receive posted after its send, whose sender must wake to send it
   (``Hardware.late_wait``);
-- CPU per step (``Hardware.cpu``, ``mpkit.sim.cpu``): the process CPU time (gloo's threads too)
+- CPU per step (``Hardware.cpu``, ``mpkit.costmodel.cpu``): the process CPU time (gloo's threads too)
   that real dp, zero1, tp and pp steps of three calibration models on 2 and 4 ranks use, fitted to
   their programs' compute, collectives and messages, so ``predict`` knows the fair share of the
   cores a step needs.
@@ -44,12 +44,13 @@ import torch
 import torch.distributed as dist
 
 from mpkit.runtime.launch import launch
-from mpkit.sim import cpu, machines
-from mpkit.sim.cpu import program_terms
-from mpkit.sim.machines import DEFAULT_CACHE
-from mpkit.sim.hardware import PHASES, Hardware, Link
-from mpkit.sim.prediction import predict, programs_for
-from mpkit.sim.profile import profile_piece
+from mpkit.costmodel import cpu
+from mpkit.simulator import machines
+from mpkit.costmodel.cpu import program_terms
+from mpkit.simulator.machines import DEFAULT_CACHE
+from mpkit.simulator.hardware import PHASES, Hardware, Link
+from mpkit.costmodel.prediction import predict, programs_for
+from mpkit.pricing.profile import profile_piece
 from mpkit.strategies import get_strategy, make_config
 from mpkit.training import Run, train
 

@@ -3,7 +3,7 @@
 Enumerates every layout of ``gpus`` GPUs (dp·pp·tp = gpus, tp dividing the attention and
 key/value heads and a node's GPUs, pp at most the layers), every micro-batch size, pipeline
 schedule, ZeRO stage and activation recomputation; drops what does not fit in GPU memory (with
-the reason); ranks the rest by the step time ``mpkit.sim.analytic.estimate`` prices. Which link
+the reason); ranks the rest by the step time ``mpkit.costmodel.analytic.estimate`` prices. Which link
 a TP, PP or DP group uses comes from ``mpkit.parallel.Layout``, the same rank grid the real
 3D run uses, in both rank orders where dp and pp exceed 1 (DP outermost as the run and
 picotron, PP outermost as Megatron-LM); the table and the explanation say which won. The table
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field, replace
 
 from mpkit.i18n import check_lang, t
 from mpkit.layout import ORDERS, Layout
-from mpkit.sim import formulas
-from mpkit.sim.analytic import RECOMPUTE, SCHEDULES, Estimate, Setup, Transformer, aligned, estimate, transformer, whole_number
-from mpkit.sim.hardware import FP8_MATMUL_SPEEDUP, STACKS, Hardware, gpu_model, with_stack
-from mpkit.sim.machines import get_hardware
+from mpkit.simulator import formulas
+from mpkit.costmodel.analytic import RECOMPUTE, SCHEDULES, Estimate, Setup, Transformer, aligned, estimate, transformer, whole_number
+from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, STACKS, Hardware, gpu_model, with_stack
+from mpkit.simulator.machines import get_hardware
 
 VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
 # Each candidate is priced in ~20 us: 50,000 take about a second, so a larger search is refused at
@@ -387,7 +387,7 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     the rest is searched (tp only within a node's GPUs unless pinned). ``sequence_parallel``,
     ``flash`` (fused causal attention) and ``overlap_dp`` (gradient reduction hidden behind
     backward) describe the training software; ``stack`` ("megatron", "deepspeed", "torchtitan",
-    "llm-foundry", "llama3", "generic"; ``mpkit.sim.hardware.STACKS``) prices matmuls at the rate
+    "llm-foundry", "llama3", "generic"; ``mpkit.simulator.hardware.STACKS``) prices matmuls at the rate
     that software's published runs imply on this GPU (None: the hardware's own). The table's header
     states every one of these."""
     start = time.perf_counter()

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
-from mpkit.sim.hardware import MULTI_NODE, PRESETS, Hardware, Link, gpu_preset
+from mpkit.simulator.hardware import MULTI_NODE, PRESETS, Hardware, Link, gpu_preset
 
 DEFAULT_CACHE = Path.home() / ".cache" / "mpkit" / "cpu-sim.json"
 CALIBRATION_VERSION = 15  # part of the cache key: a cache from an older method is measured again

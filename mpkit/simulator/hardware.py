@@ -69,7 +69,7 @@ class Hardware:
     ``loss.item()``, the loop itself); measured on cpu-sim, 0 for the GPU presets.
     ``stage_overhead``: seconds the pp executor adds to each micro-batch's forward/backward
     (measured on cpu-sim, 0 for the GPU presets). ``cpu``: coefficients of a rank's CPU seconds
-    per step (``mpkit.sim.cpu``), fitted on cpu-sim under the load of the moment; empty for the
+    per step (``mpkit.costmodel.cpu``), fitted on cpu-sim under the load of the moment; empty for the
     GPU presets, whose ranks do not share cores. ``allreduce``:
     ``"ring"`` (gloo's algorithm, what cpu-sim is fitted to) or ``"auto"`` (ring or tree, whichever
     is faster for the size, as NCCL chooses).

@@ -1,6 +1,6 @@
 """Prices for the cost model's instructions: what a strategy's ``program(pricer)`` builds with.
 
-Each strategy writes its step as per-rank instruction lists (``mpkit.sim.engine``) beside its
+Each strategy writes its step as per-rank instruction lists (``mpkit.simulator.engine``) beside its
 ``run_rank``, from the same plan objects the run executes; a ``Pricer`` turns the pieces of work
 into seconds on one ``Hardware``: compute from the real model's op counts (``profile``),
 collectives and messages from the machine's links or measured tables.
@@ -14,10 +14,10 @@ from functools import cached_property, lru_cache
 import torch
 
 from mpkit.models import ModelConfig
-from mpkit.sim import formulas
-from mpkit.sim.engine import Collective, Compute, Msg, P2P
-from mpkit.sim.hardware import Hardware
-from mpkit.sim.profile import PieceProfile, profile_piece
+from mpkit.simulator import formulas
+from mpkit.simulator.engine import Collective, Compute, Msg, P2P
+from mpkit.simulator.hardware import Hardware
+from mpkit.pricing.profile import PieceProfile, profile_piece
 
 @dataclass
 class Pricer:
@@ -29,7 +29,7 @@ class Pricer:
     batch: int
     options: dict
     slowdown: float = 1.0  # compute stretch when ranks share CPU cores (see predict)
-    precision: str = "fp32"  # the run's recipe (TrainConfig.precision): model states in sim.memory
+    precision: str = "fp32"  # the run's recipe (TrainConfig.precision): model states in costmodel.memory
     recompute: str | None = None  # the run's recomputation: every piece is profiled checkpointed as it runs
 
     def piece(self, first=0, last=None, batch=None, tp=1, shard=None) -> PieceProfile:

@@ -1,4 +1,4 @@
-"""``mpkit.sim.predict`` (this module: ``mpkit.sim.prediction``): step time, its breakdown, memory per rank and a timeline — without running.
+"""``mpkit.sim.predict`` (this module: ``mpkit.costmodel.prediction``): step time, its breakdown, memory per rank and a timeline — without running.
 
 Inputs are checked by the same ``make_config`` that ``mpkit.train`` uses, so a prediction
 accepts exactly the options a real run accepts and refuses the same bad ones. The step is built
@@ -13,7 +13,7 @@ all wait in the all-reduce afterwards; other busy processes the calibration saw 
 A receive that found its rank asleep waits to be scheduled again (``with_wake_ups``, measured by
 the calibration: milliseconds beside busy loops), and a message whose receive came after its send
 waits for the sender's event loop to wake as well, the longer it idled (``play``: gloo's sends are
-rendezvous). Then the fair share (``fair_share_play``, C from ``mpkit.sim.cpu``): a rank that needs C
+rendezvous). Then the fair share (``fair_share_play``, C from ``mpkit.costmodel.cpu``): a rank that needs C
 CPU-seconds a step among k runnable processes per core gets about 1/k of a core while busy, so its
 busy part of the step lasts at least k·C (a loaded machine: gloo's threads and every wake-up need
 CPU too); each rank's instructions are lengthened to that and the step is played again, so the
@@ -26,12 +26,12 @@ from dataclasses import replace
 from mpkit.config import is_whole
 from mpkit.models import describe
 from mpkit.observe.trace import Trace, merged_spans, union_seconds
-from mpkit.sim.cpu import rank_cpu
-from mpkit.sim.engine import P2P, Collective, Compute, simulate
-from mpkit.sim.hardware import Hardware
-from mpkit.sim.machines import get_hardware
-from mpkit.sim.memory import predict_memory
-from mpkit.sim.pricing import Pricer, price_by_gap
+from mpkit.costmodel.cpu import rank_cpu
+from mpkit.simulator.engine import P2P, Collective, Compute, simulate
+from mpkit.simulator.hardware import Hardware
+from mpkit.simulator.machines import get_hardware
+from mpkit.costmodel.memory import predict_memory
+from mpkit.pricing.pricing import Pricer, price_by_gap
 from mpkit.strategies import get_strategy, make_config
 
 # predict plays every rank's events and profiles every pipeline stage: beyond these it would run

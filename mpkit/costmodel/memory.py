@@ -17,13 +17,13 @@ import math
 import torch
 
 from mpkit.observe.memory import CATEGORIES
-from mpkit.sim import formulas
+from mpkit.simulator import formulas
 from mpkit.layout import Layout
 from mpkit.parallel.expert_parallel import expert_parallel
 from mpkit.parallel.pipeline.schedules import chunks_per_rank, placement, schedule, simulate
 from mpkit.parallel.pipeline.split import partition
 from mpkit.parallel.sharded_optimizer import shard_numel
-from mpkit.sim.pricing import Pricer
+from mpkit.pricing.pricing import Pricer
 from mpkit.strategies.fsdp import unsharded_bytes
 from mpkit.strategies.tp import shard as tp_shard
 

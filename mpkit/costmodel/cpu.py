@@ -5,7 +5,7 @@ The engine plays a step's dependencies and stretches compute by how many ranks c
 under load that is too fast (BENCHMARKS.md, "Cost model accuracy"): a rank needs C CPU-seconds a
 step, its compute *and* what gloo's threads and the executor spend on every message and
 collective, and with k runnable processes per core it gets about 1/k of a core while busy, so its
-busy part of the step lasts about k·C (``mpkit.sim.prediction.fair_share_play`` lengthens each
+busy part of the step lasts about k·C (``mpkit.costmodel.prediction.fair_share_play`` lengthens each
 rank's instructions to that and plays the step again).
 
 C is a linear model of the step's program, fitted by ``mpkit.sim.calibrate`` to the CPU time
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpkit.sim.engine import Collective, Compute, P2P
+from mpkit.simulator.engine import Collective, Compute, P2P
 
 TERMS = ("compute", "micro_batch_compute", "collective_step", "collective_byte", "message", "message_byte")
 

@@ -14,11 +14,11 @@ import html
 import ipywidgets as w
 
 from mpkit.i18n import LANG_LABELS, LANGS, t
-from mpkit.sim.analytic import MODELS, RECOMPUTE
-from mpkit.sim.formulas import ZERO_STAGES
-from mpkit.sim.hardware import STACKS
-from mpkit.sim.hardware import GPU_PRESETS, MULTI_NODE
-from mpkit.sim.plan import plan
+from mpkit.costmodel.analytic import MODELS, RECOMPUTE
+from mpkit.simulator.formulas import ZERO_STAGES
+from mpkit.simulator.hardware import STACKS
+from mpkit.simulator.hardware import GPU_PRESETS, MULTI_NODE
+from mpkit.costmodel.plan import plan
 
 MODEL_CHOICES = (*MODELS, "7B", "13B", "70B")
 HARDWARE_CHOICES = (*GPU_PRESETS, *MULTI_NODE)
