@@ -16,7 +16,7 @@ LAYERS = [
     ("simulator", ["mpkit.sim.engine", "mpkit.sim.formulas", "mpkit.sim.hardware", "mpkit.sim.machines"]),
     ("runtime", ["mpkit.runtime"]),
     ("parallel", ["mpkit.parallel"]),
-    ("pricing", ["mpkit.sim.profile", "mpkit.sim.pricing"]),
+    ("pricing", ["mpkit.sim.profile", "mpkit.sim.pricing", "mpkit.sim.pipeline_program"]),
     ("strategies", ["mpkit.strategies", "mpkit.crosscheck"]),
     ("train", ["mpkit.training"]),
     ("cost model", ["mpkit.sim"]),
