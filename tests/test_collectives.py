@@ -219,6 +219,26 @@ def test_a_rank_outside_the_group_is_told_so():
     with pytest.raises(mpkit.LaunchError, match="rank 2 is not a member of the group"):
         mpkit.launch(_outsider, 3, timeout=40)
 
+
+def _untraced(ctx):
+    """Outside a recording rank (a user's own init_process_group world) active.comm() is a plain
+    pass-through to torch.distributed: the same sums, no events."""
+    from mpkit.observe import active
+    x = _data(ctx.rank, 10)
+    reference = x.clone()
+    dist.all_reduce(reference)
+    before = len(ctx.trace.events)
+    with active.quiet():
+        ring_all_reduce(x)
+    return {"result": x, "reference": reference, "events": len(ctx.trace.events) - before}
+
+
+@pytest.mark.timeout(60)
+def test_outside_a_recording_rank_it_runs_on_plain_torch_distributed():
+    for r in mpkit.launch(_untraced, 3, timeout=40):
+        torch.testing.assert_close(r["result"], r["reference"], rtol=1e-6, atol=1e-6)
+        assert r["events"] == 0
+
 @pytest.mark.parametrize("lang", ["en", "ko"])
 def test_collectives_figure_colours_each_value_by_where_it_came_from(lang):
     """mpkit.plot.collectives on hand-made results (no launch): a panel per collective, a cell per
