@@ -39,9 +39,11 @@ def test_a_priced_stage_may_be_pieces_with_collectives_between():
     assert {op.peer for ins in pieces for op in getattr(ins, "ops", ())} == {5}  # pipeline rank 0 is global rank 5
 
 
-def test_a_message_to_a_rank_outside_the_lists_is_named():
+def test_a_list_simulate_cannot_run_is_refused_by_name():
     lists = [[Forward(0, 0), SendAct(0, 0, 1), RecvGrad(0, 0, 1), Backward(0, 0), OptimizerStep()],
              [RecvAct(0, 1, 0), Forward(0, 1), Backward(0, 1), SendGrad(0, 1, -1), OptimizerStep()]]
     with pytest.raises(ScheduleError, match=r"rank 1's SendGrad\(mb=0, stage=1, to=-1\) addresses rank -1, "
                                             r"but the lists are for ranks 0..1"):
         simulate(lists)
+    with pytest.raises(ScheduleError, match="rank 0's list holds 'forward', which is not an instruction"):
+        simulate([["forward", OptimizerStep()]])

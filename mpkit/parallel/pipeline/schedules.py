@@ -447,7 +447,7 @@ def simulate(programs, forward=1, backward=2, comm=0, weight=None) -> Simulation
     ``weight`` of the backward in W where it is split (default half), ``comm`` per message. Raises ``ScheduleError`` on a deadlock, on a receive matched by a
     different message than it expects (posting order differs), or on an instruction whose input
     is missing (e.g. a Backward before its Forward, or one that runs twice)."""
-    _check_peers(programs)
+    _check_lists(programs)
     w = Fraction(backward) / 2 if weight is None else Fraction(weight)
     seconds = {Forward: Fraction(forward), Backward: Fraction(backward), BackwardInput: Fraction(backward) - w,
                BackwardWeight: w}
@@ -480,10 +480,15 @@ def validate(programs) -> None:
     simulate(programs)
 
 
-def _check_peers(programs) -> None:
-    """Every message addresses one of the lists' ranks (a rank -1 would silently be the last one)."""
+def _check_lists(programs) -> None:
+    """Every item is an instruction and every message addresses one of the lists' ranks (a rank
+    -1 would silently be the last one)."""
     for rank, program in enumerate(programs):
         for ins in program:
+            if not isinstance(ins, COMPUTE + COMM + (OptimizerStep,)):
+                raise ScheduleError(f"rank {rank}'s list holds {ins!r}, which is not an instruction; use Forward, "
+                                    f"Backward, BackwardInput, BackwardWeight, SendAct, RecvAct, SendGrad, RecvGrad "
+                                    f"or OptimizerStep")
             peer = getattr(ins, "to", getattr(ins, "frm", None))
             if isinstance(ins, COMM) and not 0 <= peer < len(programs):
                 raise ScheduleError(f"rank {rank}'s {ins} addresses rank {peer}, but the lists are for ranks "
