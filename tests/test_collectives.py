@@ -1,5 +1,5 @@
-"""mpkit.parallel.collectives.ring_all_reduce: the same sums as dist.all_reduce, and exactly the bytes the
-ring formula 2(N-1)/N·S promises, read from the rank's own send events."""
+"""mpkit.parallel.collectives: the same results as torch.distributed's collectives (in the whole world and
+in a subgroup), and exactly the bytes the ring formula 2(N-1)/N·S promises, read from the rank's own send events."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -24,7 +24,7 @@ def _compare(ctx, numel, op="sum", wire_dtype=None, shape=None):
     if op == "avg":
         reference /= ctx.world_size
     before = len(ctx.trace.events)
-    out = ring_all_reduce(ctx, x, op=op, wire_dtype=wire_dtype)
+    out = ring_all_reduce(x, op=op, wire_dtype=wire_dtype)
     events = ctx.trace.events[before:]
     sends = [(e.bytes, e.name) for e in events if e.kind == "send"]
     return {"same_object": out is x, "result": x.clone(), "reference": reference, "sends": sends,
@@ -95,7 +95,7 @@ def _noncontiguous_avg(ctx):
     reference = x.clone()
     dist.all_reduce(reference)
     reference /= ctx.world_size
-    ring_all_reduce(ctx, x, op="avg")
+    ring_all_reduce(x, op="avg")
     return {"result": x.clone(), "reference": reference, "strides": x.stride()}
 
 
@@ -113,7 +113,7 @@ def test_fp16_on_the_wire_halves_the_bytes():
 
 def _single_rank(ctx):
     x = torch.arange(4.0)
-    ring_all_reduce(ctx, x, op="avg")
+    ring_all_reduce(x, op="avg")
     return x.tolist(), len(ctx.trace.events)
 
 
@@ -123,17 +123,16 @@ def test_one_rank_is_a_no_op():
     assert values == [0.0, 1.0, 2.0, 3.0] and events == 0
 
 
-class _Ctx:
-    rank, world_size = 0, 2
-
-
 def test_bad_arguments():
+    """Refused before any message, so no process group is needed to see the error."""
     with pytest.raises(ValueError, match="op='max' is unknown"):
-        ring_all_reduce(_Ctx(), torch.zeros(4), op="max")
+        ring_all_reduce(torch.zeros(4), op="max")
     with pytest.raises(TypeError, match="torch.Tensor"):
-        ring_all_reduce(_Ctx(), [1.0, 2.0])
+        ring_all_reduce([1.0, 2.0])
     with pytest.raises(ValueError, match="floating-point"):
-        ring_all_reduce(_Ctx(), torch.zeros(4, dtype=torch.int64), op="avg")
+        ring_all_reduce(torch.zeros(4, dtype=torch.int64), op="avg")
+    with pytest.raises(RuntimeError, match="need a process group"):
+        ring_all_reduce(torch.zeros(4))
 
 
 def test_byte_helper_closed_form():
@@ -173,9 +172,9 @@ def test_six_collectives_match_torch_and_their_byte_formulas(world_size, root, n
 def _bad_input(ctx, case):
     from mpkit.parallel import collectives
     if case == "root":
-        collectives.chain_broadcast(ctx, torch.zeros(4), src=ctx.world_size)
+        collectives.chain_broadcast(torch.zeros(4), src=ctx.world_size)
     else:
-        collectives.pairwise_all_to_all(ctx, torch.zeros(5))
+        collectives.pairwise_all_to_all(torch.zeros(5))
 
 
 @pytest.mark.timeout(60)
@@ -185,6 +184,60 @@ def test_bad_input_is_a_clear_error_naming_the_rank(case, message):
     with pytest.raises(mpkit.LaunchError, match=message):
         mpkit.launch(_bad_input, 2, args=(case,), timeout=40)
 
+
+
+def _six_in_halves(ctx):
+    """Ranks {0, 2} and {1, 3} as two groups (members not consecutive, so group and global ranks
+    differ), each running the six collectives with its second member, a global rank, as the root."""
+    halves = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    from mpkit.parallel.collectives import six_collectives
+    return six_collectives(ctx, root=ctx.rank % 2 + 2, group=halves[ctx.rank % 2])
+
+
+@pytest.mark.timeout(90)
+def test_six_collectives_in_a_subgroup_match_torch_in_that_group(no_leftovers):
+    """group= works as in torch.distributed: results equal torch's own collectives in the same group,
+    roots are global ranks, and every rank sends the bytes of a 2-rank group, to members only."""
+    from mpkit.parallel.collectives import COLLECTIVES, bytes_per_rank
+    results = mpkit.launch(_six_in_halves, 4, timeout=60)
+    for step, name in enumerate(COLLECTIVES):
+        for rank, r in enumerate(results):
+            assert r[name]["after"] == r[name]["torch"], (name, rank)
+            sends = list(results.trace.filter(kind="send", step=step).of_rank(rank))
+            assert sum(e.bytes for e in sends) == bytes_per_rank(name, 4 * 2, 2, rank // 2, root=1), (name, rank)
+    assert [r["all_reduce"]["after"] for r in results] == [[11.0, 22.0]] * 4  # each half sums its own two ranks
+    assert [r["reduce"]["after"] for r in results] == [None, None, [11.0, 22.0], [11.0, 22.0]]  # on the roots 2, 3
+
+
+def _outsider(ctx):
+    group = dist.new_group([0, 1])
+    ring_all_reduce(torch.ones(4), group=group)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_outside_the_group_is_told_so():
+    with pytest.raises(mpkit.LaunchError, match="rank 2 is not a member of the group"):
+        mpkit.launch(_outsider, 3, timeout=40)
+
+
+def _untraced(ctx):
+    """Outside a recording rank (a user's own init_process_group world) active.comm() is a plain
+    pass-through to torch.distributed: the same sums, no events."""
+    from mpkit.observe import active
+    x = _data(ctx.rank, 10)
+    reference = x.clone()
+    dist.all_reduce(reference)
+    before = len(ctx.trace.events)
+    with active.quiet():
+        ring_all_reduce(x)
+    return {"result": x, "reference": reference, "events": len(ctx.trace.events) - before}
+
+
+@pytest.mark.timeout(60)
+def test_outside_a_recording_rank_it_runs_on_plain_torch_distributed():
+    for r in mpkit.launch(_untraced, 3, timeout=40):
+        torch.testing.assert_close(r["result"], r["reference"], rtol=1e-6, atol=1e-6)
+        assert r["events"] == 0
 
 @pytest.mark.parametrize("lang", ["en", "ko"])
 def test_collectives_figure_colours_each_value_by_where_it_came_from(lang):

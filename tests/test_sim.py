@@ -10,7 +10,8 @@ import pytest
 from mpkit.models import ModelConfig, parameter_count
 from mpkit.sim import GPU_PRESETS, Hardware, Link, formulas, predict
 from mpkit.simulator.engine import simulate
-from mpkit.parallel.pipeline.schedules import engine_programs, schedule
+from mpkit.parallel.pipeline.schedules import schedule
+from mpkit.pricing.pipeline_program import engine_programs
 
 matplotlib.use("Agg")
 

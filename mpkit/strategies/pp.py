@@ -12,8 +12,9 @@ import torch.distributed as dist
 
 from mpkit.parallel.pipeline import (check_every_rank_trains, check_no_tie_across_ranks, check_schedule_args, pipeline,
                                      schedule)
-from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, chunks_per_rank, engine_programs, placement
+from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, chunks_per_rank, placement
 from mpkit.parallel.pipeline.split import partition, split_layers
+from mpkit.pricing.pipeline_program import engine_programs
 from mpkit.pricing.profile import Cost
 from mpkit.strategies import stages as builtin
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible

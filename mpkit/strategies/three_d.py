@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from mpkit.parallel.data_parallel import DEFAULT_BUCKET_MB, DataParallel, bucket_caps, plan_buckets
 from mpkit.layout import DIMS, Layout
 from mpkit.parallel.pipeline import check_schedule_args, pipeline, schedule
-from mpkit.parallel.pipeline.schedules import engine_program
+from mpkit.pricing.pipeline_program import engine_program
 from mpkit.parallel.pipeline.split import Stage, partition
 from mpkit.parallel.sequence_parallel import all_reduce_sequence_parallel_gradients
 from mpkit.parallel.sharded_optimizer import ShardedOptimizer, shard_numel

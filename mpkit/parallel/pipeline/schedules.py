@@ -3,7 +3,7 @@
 ``schedule(name, stages, micro_batches, virtual)`` returns one instruction list per rank. The
 same lists are checked and timed by the one simulator, ``mpkit.simulator.engine`` (``simulate`` here:
 no deadlock, every micro-batch once per stage, in-flight activations, bubble, on unit costs;
-the cost model: on a machine's prices), drawn by the labs, and run for real by
+the cost model, through ``mpkit.pricing.pipeline_program``: on a machine's prices), drawn by the labs, and run for real by
 ``executor.PipelineExecutor``.
 
 Stages are numbered globally: with ``p`` ranks and ``v`` virtual stages (model chunks) per rank
@@ -24,7 +24,7 @@ are matched in the order they were posted, so the receiver must post them in the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from mpkit.simulator.engine import Compute, Msg, P2P, ProgramError, WaitSends
@@ -348,6 +348,9 @@ def batches(program):
 
 # ---------------------------------------------------------------------------------------------
 # Checking and timing the lists: converted to the one simulator's instructions (mpkit.simulator.engine).
+# What each instruction needs and produces is the schedule's meaning, so it lives here; what each
+# costs is the caller's: ``simulate`` below on unit costs, the cost model on a machine's prices
+# (``mpkit.pricing.pipeline_program``, the strategies' ``program``).
 
 ScheduleError = ProgramError  # the lists cannot run: deadlock, mismatched messages or a missing input
 
@@ -372,83 +375,58 @@ def _data(ins) -> tuple:
     return ("in" if isinstance(ins, RecvAct) else "grad", ins.mb, ins.stage)
 
 
+def dataflow(item, mine, last) -> tuple:
+    """(needs, produces) of computation ``item`` on a rank holding stages ``mine`` (``last``: the
+    last stage). Two consecutive stages on one rank hand their tensors over in place: the
+    computation produces the next one's input (or the previous one's output gradient). B leaves
+    ``w`` for its W."""
+    s, mb = item.stage, item.mb
+    if isinstance(item, Forward):
+        return ((("in", mb, s),) if s > 0 else (),
+                (("out", mb, s),) + ((("in", mb, s + 1),) if s + 1 in mine else ()))
+    if isinstance(item, BackwardWeight):
+        return (("w", mb, s),), (("w done", mb, s),)
+    needs = (("out", mb, s),) + ((("grad", mb, s),) if s < last else ())
+    made = (("dx", mb, s),) + ((("grad", mb, s - 1),) if s - 1 in mine else ())
+    return needs, made + ((("w", mb, s),) if isinstance(item, BackwardInput) else ())
+
+
 _NAMES = {BackwardInput: "B", BackwardWeight: "W"}  # the trace's name of a split backward's two parts
 
 
-def _phase(kind, value, stage, mb, needs, produces, source) -> list:
-    """A computation as instructions: ``value`` seconds, or a list of instructions (compute pieces
-    and the collectives between them, as tensor parallelism issues them) whose first compute
-    needs the inputs and whose last produces the outputs."""
-    if not isinstance(value, list):
-        return [Compute(kind, value, stage, mb, needs=needs, produces=produces, source=source, name=_NAMES.get(type(source), ""))]
-    pieces = [replace(ins, kind=kind, stage=stage, micro_batch=mb) if isinstance(ins, Compute) else ins for ins in value]
-    computes = [i for i, ins in enumerate(pieces) if isinstance(ins, Compute)]
-    pieces[computes[0]] = replace(pieces[computes[0]], needs=needs, source=source)
-    pieces[computes[-1]] = replace(pieces[computes[-1]], produces=produces)
-    return pieces
+def computation(item, seconds, needs, produces) -> Compute:
+    """Computation ``item`` (Forward, Backward, B or W) as one simulator instruction of ``seconds``."""
+    return Compute("forward" if isinstance(item, Forward) else "backward", seconds, item.stage, item.mb, needs=needs,
+                   produces=produces, source=item, name=_NAMES.get(type(item), ""))
 
 
-def engine_program(program, rank, forward, backward, message_cost, optimizer=None, peers=None, last=None,
-                   weight=None):
-    """One rank's schedule list as the simulator's instructions.
+def engine_instructions(program, rank, compute, link, optimizer=None, last=None) -> list:
+    """One rank's schedule list as the simulator's instructions, priced by the caller.
 
-    ``forward(stage, mb)``/``backward(stage, mb)`` -> seconds, or a list of instructions (see
-    ``_phase``); ``weight(stage, mb)``: the W part of a split backward (its B costs backward - W;
-    default: half the backward); ``message_cost(kind 'act'|'grad', stage it feeds, src, dst)`` ->
-    (bytes, seconds); ``optimizer(rank)`` -> seconds or a list of instructions (None: no optimizer
-    step); ``peers[r]``: the global rank of pipeline rank r (default: r); ``last``: the last stage.
-    Each communication batch stays one batch, as the executor runs it: receives waited at once,
-    sends at the next batch or before the optimizer step. Two consecutive stages on this rank hand
-    their tensors over in place (the computation produces the next one's input)."""
-    peers = peers or list(range(max(rank + 1, 1 + max((getattr(i, "to", getattr(i, "frm", 0)) for i in program
-                                                        if isinstance(i, COMM)), default=0))))
+    ``compute(item, needs, produces)`` -> the instructions of a computation (``computation``, or
+    several); ``link(ins)`` -> (global rank of the peer, bytes, seconds) of a message;
+    ``optimizer()`` -> the instructions after the flush (None: no optimizer step); ``last``: the
+    last stage (default: this rank's last). Each communication batch stays one batch, as the
+    executor runs it: receives waited at once, sends at the next batch or before the optimizer step.
+    """
     if last is None:
         last = max(ins.stage for ins in program if isinstance(ins, Forward))
-    if weight is None:
-        def weight(s, mb):
-            return backward(s, mb) / 2
     mine = {ins.stage for ins in program if isinstance(ins, Forward)}
-    me, out = peers[rank], []
+    out = []
     for item in batches(program):
         if isinstance(item, list):
-            ops = []
-            for ins in item:
-                send = isinstance(ins, (SendAct, SendGrad))
-                peer = peers[ins.to if send else ins.frm]
-                key = message(ins)
-                nbytes, seconds = message_cost(key[0], key[2], *((me, peer) if send else (peer, me)))
-                ops.append(Msg("send" if send else "recv", peer, key, nbytes, seconds, ins.stage, ins.mb, _data(ins)))
-            out.append(P2P(tuple(ops), defer_sends=True, source=item))
-        elif isinstance(item, Forward):
-            s, mb = item.stage, item.mb
-            made = (("out", mb, s),) + ((("in", mb, s + 1),) if s + 1 in mine else ())
-            out += _phase("forward", forward(s, mb), s, mb, (("in", mb, s),) if s > 0 else (), made, item)
-        elif isinstance(item, (Backward, BackwardInput)):
-            s, mb = item.stage, item.mb
-            needs = (("out", mb, s),) + ((("grad", mb, s),) if s < last else ())
-            made = (("dx", mb, s),) + ((("grad", mb, s - 1),) if s - 1 in mine else ())
-            if isinstance(item, Backward):
-                out += _phase("backward", backward(s, mb), s, mb, needs, made, item)
-            else:
-                cost = backward(s, mb) - weight(s, mb)
-                out += _phase("backward", cost, s, mb, needs, made + (("w", mb, s),), item)
-        elif isinstance(item, BackwardWeight):
-            s, mb = item.stage, item.mb
-            out += _phase("backward", weight(s, mb), s, mb, (("w", mb, s),), (("w done", mb, s),), item)
+            out.append(P2P(tuple(_msg(ins, link) for ins in item), defer_sends=True, source=item))
         elif isinstance(item, OptimizerStep):
-            out.append(WaitSends())
-            if optimizer is not None:
-                step = optimizer(rank)
-                out += step if isinstance(step, list) else [Compute("optimizer", step)]
+            out += [WaitSends()] + (optimizer() if optimizer is not None else [])
+        else:
+            out += compute(item, *dataflow(item, mine, last))
     return out
 
 
-def engine_programs(lists, forward, backward, message_cost, optimizer=None, weight=None):
-    """Every rank's list (ranks 0..p-1 of one pipeline) as the simulator's programs."""
-    last = max((ins.stage for prog in lists for ins in prog if isinstance(ins, Forward)), default=0)
-    peers = list(range(len(lists)))
-    return [engine_program(program, rank, forward, backward, message_cost, optimizer, peers, last, weight)
-            for rank, program in enumerate(lists)]
+def _msg(ins, link):
+    peer, nbytes, seconds = link(ins)
+    kind = "send" if isinstance(ins, (SendAct, SendGrad)) else "recv"
+    return Msg(kind, peer, message(ins), nbytes, seconds, ins.stage, ins.mb, _data(ins))
 
 
 @dataclass
@@ -469,9 +447,20 @@ def simulate(programs, forward=1, backward=2, comm=0, weight=None) -> Simulation
     ``weight`` of the backward in W where it is split (default half), ``comm`` per message. Raises ``ScheduleError`` on a deadlock, on a receive matched by a
     different message than it expects (posting order differs), or on an instruction whose input
     is missing (e.g. a Backward before its Forward, or one that runs twice)."""
-    trace = run_programs(engine_programs(programs, lambda s, mb: Fraction(forward), lambda s, mb: Fraction(backward),
-                                         lambda *key: (0, Fraction(comm)), None,
-                                         None if weight is None else lambda s, mb: Fraction(weight)))
+    _check_lists(programs)
+    w = Fraction(backward) / 2 if weight is None else Fraction(weight)
+    seconds = {Forward: Fraction(forward), Backward: Fraction(backward), BackwardInput: Fraction(backward) - w,
+               BackwardWeight: w}
+    last = max((ins.stage for prog in programs for ins in prog if isinstance(ins, Forward)), default=0)
+
+    def compute(item, needs, produces):
+        return [computation(item, seconds[type(item)], needs, produces)]
+
+    def link(ins):
+        return (ins.to if isinstance(ins, (SendAct, SendGrad)) else ins.frm), 0, Fraction(comm)
+
+    trace = run_programs([engine_instructions(program, rank, compute, link, last=last)
+                          for rank, program in enumerate(programs)])
     p = len(programs)
     spans, peak, busy, in_flight = [], [0] * p, [Fraction(0)] * p, [0] * p
     for e in trace.events:  # sorted by rank, then time
@@ -489,3 +478,18 @@ def simulate(programs, forward=1, backward=2, comm=0, weight=None) -> Simulation
 def validate(programs) -> None:
     """Raise ``ScheduleError`` unless the lists run to the end (see ``simulate``)."""
     simulate(programs)
+
+
+def _check_lists(programs) -> None:
+    """Every item is an instruction and every message addresses one of the lists' ranks (a rank
+    -1 would silently be the last one)."""
+    for rank, program in enumerate(programs):
+        for ins in program:
+            if not isinstance(ins, COMPUTE + COMM + (OptimizerStep,)):
+                raise ScheduleError(f"rank {rank}'s list holds {ins!r}, which is not an instruction; use Forward, "
+                                    f"Backward, BackwardInput, BackwardWeight, SendAct, RecvAct, SendGrad, RecvGrad "
+                                    f"or OptimizerStep")
+            peer = getattr(ins, "to", getattr(ins, "frm", None))
+            if isinstance(ins, COMM) and not 0 <= peer < len(programs):
+                raise ScheduleError(f"rank {rank}'s {ins} addresses rank {peer}, but the lists are for ranks "
+                                    f"0..{len(programs) - 1}")
