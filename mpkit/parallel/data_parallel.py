@@ -6,7 +6,9 @@ The mechanism in ~20 lines (``DataParallel`` below, without its checks and edge 
 
     for t in [*model.parameters(), *model.buffers()]:       # 1. the replicas start equal
         dist.broadcast(t.data, src=0)
-    buckets = plan_buckets(params, 25 * MiB)                  # 2. reverse order: backward's order
+    buckets = [SimpleNamespace(params=ps)                    # 2. reverse order: backward's order
+               for ps in plan_buckets(params, 25 * MiB)]
+    bucket_of = {p: b for b in buckets for p in b.params}
     for b in buckets:                                         #    one flat buffer per bucket,
         b.flat, views = flat_views(b.params)                  #    the .grad are views of it
         for p, view in zip(b.params, views):

@@ -8,7 +8,7 @@ The mechanism in ~20 lines (``ShardedOptimizer`` below, without its checks and e
     k = ceil(numel / N)
     flat, views = flat_views(params, k * N)
     for p, view in zip(params, views):
-        view.copy_(p)
+        view.copy_(p.detach())
         p.data = view
     flat_grad, grad_views = flat_views(params, k * N)     # (average_gradients=True) .grad are views
     for p, view in zip(params, grad_views):

@@ -1,21 +1,27 @@
 """Megatron-LM tensor parallelism on any module: two communication functions, two layers, and
 ``tensor_parallel(module, plan)`` that swaps named ``nn.Linear`` layers for their slices.
 
-The mechanism in ~20 lines (an MLP ``down(act(up(x)))`` on N ranks; the code below adds the
+The mechanism in ~25 lines (an MLP ``down(act(up(x)))`` on N ranks; the code below adds the
 checks, index lists other than contiguous ones, and putting the full model back)::
 
     class f(torch.autograd.Function):                     # in front of a column-parallel layer
-        forward = staticmethod(lambda ctx, x: x.view_as(x))
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)                            # identity
+        @staticmethod
         def backward(ctx, grad):
             dist.all_reduce(grad)                          # the sum of every rank's partial dL/dx
             return grad
 
     class g(torch.autograd.Function):                     # after a row-parallel layer
+        @staticmethod
         def forward(ctx, y):
             y = y.clone()
             dist.all_reduce(y)                             # the sum of the partial outputs
             return y
-        backward = staticmethod(lambda ctx, grad: grad)
+        @staticmethod
+        def backward(ctx, grad):
+            return grad                                    # identity
 
     rows = torch.arange(up.out_features).chunk(N)[r]      # this rank's hidden features
     up_w, up_b = up.weight[rows], up.bias[rows]           # column-parallel: output rows
