@@ -214,7 +214,7 @@ def test_numpy_numbers_are_numbers_everywhere_and_bools_nan_inf_are_not():
     # (mpkit.whole.is_number), and each check keeps its own range and message
     import numpy as np
     from mpkit.models import ModelConfig
-    from mpkit.parallel.data_parallel import check_bucket_mb
+    from mpkit.parallel.buckets import check_bucket_mb
     from mpkit.plot.comm import comm
     from mpkit.tf import distribute as tfdist
 

@@ -3,7 +3,7 @@ each case trained something other than what the user wrote, or died with a raw g
 
 And the one misuse that is not one: ``DataParallel(overlap=True, find_unused_parameters=True)``
 with several buckets on ranks that use different branches (what that option is for) equals the
-single-device run. Tolerance as in test_parallel_api.py: the same per-rank gradients summed in
+single-device run. Tolerance as in parallel_models.py: the same per-rank gradients summed in
 another order, float32 rounding only (measured ~1e-7 after 5 AdamW steps); 1e-5.
 """
 import pytest

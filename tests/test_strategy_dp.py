@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import mpkit
 from mpkit.models import ModelConfig, build_model, parameter_count
-from mpkit.parallel.data_parallel import plan_buckets
+from mpkit.parallel.buckets import plan_buckets
 from mpkit.strategies.base import state_of
 from mpkit.strategies.loop import group_mean, local_batch, plain_step, run_steps
 from mpkit.strategies import make_config

@@ -19,7 +19,9 @@ classes: one implementation per mechanism.
 - ``Layout``: the dp x pp x tp rank grid of 3D parallelism; ``ring_all_reduce``: a collective by hand.
 """
 from mpkit.parallel.collectives import ring_all_reduce
-from mpkit.parallel.data_parallel import DataParallel, broadcast_module, plan_buckets
+from mpkit.parallel.buckets import plan_buckets
+from mpkit.parallel.checks import broadcast_module
+from mpkit.parallel.data_parallel import DataParallel
 from mpkit.layout import Layout
 from mpkit.parallel.pipeline import Pipeline, pipeline, schedule, simulate
 from mpkit.parallel.precision import LossScaler, MixedPrecision, autocast_layers

@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mpkit.observe import active
+from mpkit.parallel.checks import global_rank
 from mpkit.parallel.functional import all_to_all
 
 
@@ -54,16 +55,12 @@ def shard_sequence(x: torch.Tensor, group=None, dim: int = 1, balanced: bool = T
     return x.index_select(dim, pos.to(x.device))
 
 
-def _global(group, rank):
-    return rank if group is None or group is dist.group.WORLD else dist.get_global_rank(group, rank)
-
-
 def _post_exchange(send, recv, group, name):
     """Post ``send`` to the right neighbour and ``recv`` from the left one; returns the works."""
     n, me = dist.get_world_size(group), dist.get_rank(group)
     comm = active.comm()
-    return [comm.isend(send, _global(group, (me + 1) % n), group=group, name=name),
-            comm.irecv(recv, _global(group, (me - 1) % n), group=group, name=name)]
+    return [comm.isend(send, global_rank(group, (me + 1) % n), group=group, name=name),
+            comm.irecv(recv, global_rank(group, (me - 1) % n), group=group, name=name)]
 
 
 def _runs(positions: torch.Tensor, parts: int):

@@ -14,7 +14,7 @@ into the data-parallel gradient reduction the same way).
 from __future__ import annotations
 
 from mpkit.models import Block
-from mpkit.parallel.data_parallel import DEFAULT_BUCKET_MB, bucket_caps
+from mpkit.parallel.buckets import DEFAULT_BUCKET_MB, bucket_caps
 from mpkit.simulator.engine import Compute, Msg, P2P
 from mpkit.strategies.dp import bucket_program
 from mpkit.parallel.context_parallel import ATTENTION, context_parallel_attention, sequence_positions, shard_sequence

@@ -14,7 +14,7 @@ the timeline does not show it; the cost model prices it as ``dp``'s used-paramet
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from mpkit.parallel.data_parallel import FIRST_BUCKET_MB, MiB, check_bucket_mb
+from mpkit.parallel.buckets import FIRST_BUCKET_MB, MiB, check_bucket_mb
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
 from mpkit.strategies.dp import bucket_program, check_flags, validate_batch
 from mpkit.strategies.loop import group_mean, local_batch, plain_step, run_steps

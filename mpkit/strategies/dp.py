@@ -11,7 +11,8 @@ not use: DataParallel's one extra all-reduce of a used-parameter mask per step, 
 """
 from __future__ import annotations
 
-from mpkit.parallel.data_parallel import DataParallel, bucket_caps, check_bucket_mb, plan_buckets
+from mpkit.parallel.buckets import bucket_caps, check_bucket_mb, plan_buckets
+from mpkit.parallel.data_parallel import DataParallel
 from mpkit.simulator.engine import Compute, Wait
 from mpkit.pricing.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible, state_of

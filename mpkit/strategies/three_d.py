@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from mpkit.parallel.data_parallel import DEFAULT_BUCKET_MB, DataParallel, bucket_caps, plan_buckets
+from mpkit.parallel.buckets import DEFAULT_BUCKET_MB, bucket_caps, plan_buckets
+from mpkit.parallel.data_parallel import DataParallel
 from mpkit.layout import DIMS, Layout
 from mpkit.parallel.pipeline import check_schedule_args, pipeline, schedule
 from mpkit.pricing.pipeline_program import engine_program
