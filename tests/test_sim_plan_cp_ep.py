@@ -105,3 +105,14 @@ def test_bad_experts_are_refused():
         plan("mixtral-8x7b", "Nx8xH100-ib", gpus=48, global_batch=48, ep=3)
     with pytest.raises(ValueError, match="top_k=3 is more than experts=2"):
         Transformer(2, 64, 4, experts=2, top_k=3)
+
+
+def test_simplest_prefers_fewer_dimensions_only_within_the_band():
+    table = plan("megatron-22b", "8xA100-nvlink", gpus=8, global_batch=4, recompute="full", sequence_parallel=False,
+                 flash=False, overlap_dp=False, zero=0)
+    fastest, simple = table.best, table.simplest(within=0.10)
+    assert simple.step_time <= fastest.step_time * 1.10
+    close = [e for e in table.rows if e.step_time <= fastest.step_time * 1.10]
+    assert (simple.setup.layout.pp > 1, simple.setup.layout.tp > 1) == min(
+        (e.setup.layout.pp > 1, e.setup.layout.tp > 1) for e in close)
+    assert table.simplest(within=0.0).step_time == fastest.step_time  # no band: the fastest itself

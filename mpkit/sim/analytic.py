@@ -39,7 +39,8 @@ layouts in a fraction of a second. Per rank and micro-batch of its pipeline stag
 Memory of the fullest rank: model states by ZeRO stage (``formulas.zero_memory``, 16 bytes per
 parameter unsharded), ZeRO-3's gathered layers, and activations per layer (Korthikanti et al.
 2022, with and without sequence parallelism and recomputation) times the micro-batches the
-schedule keeps in flight (``formulas.inflight_activations``), plus the fp32 logits; a layout fits
+schedule keeps in flight (``formulas.inflight_activations``; where the layers do not divide evenly
+the end stages get one fewer, as Llama 3's), plus the fp32 logits; a layout fits
 within ``USABLE_MEMORY`` of the device.
 
 Which link a group talks over comes from ``mpkit.parallel.Layout``: the rank grid the
@@ -596,25 +597,39 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     time = {"compute": compute, "tp": tp_exposed, "pp": pp_exposed,
             "bubble": max(pipeline - compute - tp_exposed - pp_exposed, 0.0), "dp": dp_time, "optimizer": optimizer}
 
-    # memory of the fullest rank: model states, then the activations it holds at once
-    states = formulas.zero_memory(max(psi, 1.0), shard, setup.zero)
+    # memory of the fullest rank: each candidate stage's model states and the activations it holds
+    # at once (stage 0: the embedding and the most micro-batches in flight; the last: the logits)
     per_layer = tokens * activation_bytes(model, tp, sp, setup.recompute, setup.flash)
     transient = 0.0
     if setup.recompute == "full":  # the layer being recomputed holds its full activations for a moment
         transient = tokens * activation_bytes(model, tp, sp, "none", setup.flash)
-    chunk = layers / v
     logit_bytes = 2 * 4 * tokens * V / tp  # fp32 logits and their gradient
     if pp == 1:
-        activations = layers * per_layer + transient + logit_bytes
+        stages = [(psi, layers * per_layer + logit_bytes)]
     else:
-        first = formulas.inflight_activations(setup.schedule, pp, m, 0, v) * chunk * per_layer
-        last = formulas.inflight_activations(setup.schedule, pp, m, pp - 1, v) * chunk * per_layer + logit_bytes
-        activations = max(first, last) + transient
-    if setup.zero == 3 and shard > 1:  # FSDP holds two layers' gathered weights and one layer's full gradient
-        # (or, keeping them after forward, the whole stage's until its backward)
-        states["parameters"] += (2 * model.layer_parameters / tp if setup.reshard_after_forward else psi) * BYTES
-        states["gradients"] += model.layer_parameters / tp * BYTES
-    memory = {**states, "activations": activations}
+        def stage(r, n, extra):  # stage r holding n layers (in v chunks) and ``extra`` parameters
+            held = formulas.inflight_activations(setup.schedule, pp, m, r, v) * n / v * per_layer
+            return (n * per_layer_params + extra) / tp, held + (logit_bytes if r == pp - 1 else 0.0)
+        per_layer_params = psi_layers / layers
+        head = model.head_parameters + (model.vocab * h if model.tied else 0)
+        light = pp * layers - model.layers
+        # an uneven split gives its lighter stages (one layer fewer) to the ends first, as Llama 3 does
+        # (Dubey et al. 2024 §3.3.2): stage 0, the last, then stage 1, ...; stages 0 .. heavy-1 are light
+        heavy = (light + 1) // 2
+        stages = [stage(0, layers - (light > 0), model.embedding_parameters), stage(pp - 1, layers - (light > 1), head)]
+        if 0 < heavy < pp - 1:
+            stages.append(stage(heavy, layers, 0.0))
+
+    def rank_memory(stage_psi, activations):
+        states = formulas.zero_memory(max(stage_psi, 1.0), shard, setup.zero)
+        if setup.zero == 3 and shard > 1:  # FSDP holds two layers' gathered weights and one layer's full
+            # gradient (or, keeping them after forward, the whole stage's until its backward)
+            states["parameters"] += (2 * model.layer_parameters / tp if setup.reshard_after_forward
+                                     else stage_psi) * BYTES
+            states["gradients"] += model.layer_parameters / tp * BYTES
+        return {**states, "activations": activations + transient}
+
+    memory = max((rank_memory(*st) for st in stages), key=lambda mem: sum(mem.values()))
 
     links = {dim: _link_name(spans[dim]) for dim in ("tp", "pp", "dp", "cp")}
     links["ep"] = _link_name(_ep_span(lay, per_node))

@@ -225,6 +225,16 @@ class LayoutTable:
                             dp_link=self._link_text(other.links["dp"], lang))
         return text
 
+    def simplest(self, within: float) -> Estimate | None:
+        """The layout with the fewest parallel dimensions among those priced within ``within``
+        (0.05: 5 %) of the fastest: no pipeline before a pipeline, then no TP before TP, the faster
+        where equally simple. A model that errs by ~``within`` cannot tell such layouts apart, and the
+        simpler one is the safer bet (fewer groups, no bubble)."""
+        if not self.rows:
+            return None
+        close = [e for e in self.rows if e.step_time <= self.rows[0].step_time * (1 + within)]
+        return min(close, key=lambda e: (e.setup.layout.pp > 1, e.setup.layout.tp > 1, e.step_time))
+
     def _best_where(self, keep) -> Estimate | None:
         return next((e for e in self.rows if keep(e)), None)
 
