@@ -116,3 +116,12 @@ def test_simplest_prefers_fewer_dimensions_only_within_the_band():
     assert (simple.setup.layout.pp > 1, simple.setup.layout.tp > 1) == min(
         (e.setup.layout.pp > 1, e.setup.layout.tp > 1) for e in close)
     assert table.simplest(within=0.0).step_time == fastest.step_time  # no band: the fastest itself
+
+
+def test_the_explanation_gives_the_rank_formula_with_cp():
+    table = plan(LLAMA3_128K, "Nx8xH100-ib", gpus=16384, global_batch=128, tp=8, pp=16, cp=16, dp=8,
+                 attention="all-gather", order="dp-pp-tp")
+    assert "·cp·tp + cp index·tp + tp index" in table.explain("en")
+    lay = table.best.setup.layout
+    c = lay.coords(12345)  # the formula the sentence gives: (dp·pp + pp)·cp·tp + cp·tp + tp
+    assert (c["dp"] * lay.pp + c["pp"]) * lay.cp * lay.tp + c["cp"] * lay.tp + c["tp"] == 12345

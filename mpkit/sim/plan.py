@@ -214,6 +214,7 @@ class LayoutTable:
         both dp and pp exceed 1 do the orders differ)."""
         lay = best.setup.layout
         text = t("plan_order_pp" if lay.order == "pp-dp-tp" else "plan_order_dp", lang)
+        text += " " + t("plan_order_cp", lang) if lay.cp > 1 else ""
         if lay.dp == 1 or lay.pp == 1:
             return text
         other = self._best_where(lambda e: e.setup.layout.order != lay.order and e.setup.layout.dp > 1
