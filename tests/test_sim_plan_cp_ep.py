@@ -125,3 +125,16 @@ def test_the_explanation_gives_the_rank_formula_with_cp():
     lay = table.best.setup.layout
     c = lay.coords(12345)  # the formula the sentence gives: (dp·pp + pp)·cp·tp + cp·tp + tp
     assert (c["dp"] * lay.pp + c["pp"]) * lay.cp * lay.tp + c["cp"] * lay.tp + c["tp"] == 12345
+
+
+def test_the_widget_has_cp_ep_and_attention_controls():
+    from mpkit.sim.planwidget import Planner
+    state = Planner(model="llama3-405b", hardware="Nx8xH100-ib", gpus=16384, global_batch=2048, tp=8, cp=2,
+                    attention="all-gather", lang="en")
+    assert state.result.best.setup.layout.cp == 2 and state.result.best.setup.attention == "all-gather"
+    state.controls["cp"].value = None  # "search"
+    assert state.result.pins["cp"] == "search" and state.controls["cp"].description == "cp pinned"
+    state.controls["model"].value = "mixtral-8x7b"
+    state.controls["gpus"].value, state.controls["global_batch"].value = 64, 256
+    state.controls["ep"].value = 8
+    assert state.result.best.setup.layout.ep == 8 and "Expert parallelism spans 8" in state.explanation.value
