@@ -22,12 +22,25 @@ layouts in a fraction of a second. Per rank and micro-batch of its pipeline stag
   Megatron-core's overlap_grad_reduce) and exposed otherwise (Megatron-LM 2021); ZeRO-2
   reduce-scatters gradients every micro-batch behind its backward, ZeRO-3 also all-gathers the
   weights behind forward and again behind backward (FSDP's prefetch);
-- the Adam step: memory-bound, 28 bytes read and written per parameter a rank updates.
+- the Adam step: memory-bound, 28 bytes read and written per parameter a rank updates;
+- context parallel (``layout.cp``): each rank holds s/cp of every sequence's tokens, so matmuls,
+  memory-bound ops, activations and the TP/PP messages shrink cp-fold, while each rank's queries
+  still meet all s keys: its causal attention is 1/cp of the whole, the same on every rank (the
+  load-balanced split into 2·cp chunks, Dubey et al. 2024 §3.3.2). ``attention="ring"`` passes
+  the K/V blocks cp-1 times per layer forward and twice that backward (K/V and their gradients),
+  hidden behind the attention kernels where they are longer (Liu et al. 2023, ring attention);
+  ``"all-gather"`` (Llama 3's CP) all-gathers K/V forward and reduce-scatters their gradients
+  backward, exposed; ``"ulysses"`` (Jacobs et al. 2023) swaps sequence for head shards with four
+  all-to-alls forward and four backward, exposed. Gradients are reduced over the dp·cp ranks;
+- expert parallel (``layout.ep``, mixture-of-experts models): the experts are split over ep
+  data-parallel ranks; each MoE layer dispatches and combines its tokens with an all-to-all
+  forward (tokens·hidden·top_k bytes each) and again backward, exposed.
 
 Memory of the fullest rank: model states by ZeRO stage (``formulas.zero_memory``, 16 bytes per
 parameter unsharded), ZeRO-3's gathered layers, and activations per layer (Korthikanti et al.
 2022, with and without sequence parallelism and recomputation) times the micro-batches the
-schedule keeps in flight (``formulas.inflight_activations``), plus the fp32 logits; a layout fits
+schedule keeps in flight (``formulas.inflight_activations``; where the layers do not divide evenly
+the end stages get one fewer, as Llama 3's), plus the fp32 logits; a layout fits
 within ``USABLE_MEMORY`` of the device.
 
 Which link a group talks over comes from ``mpkit.parallel.Layout``: the rank grid the
@@ -53,6 +66,7 @@ SCHEDULES = ("1f1b", "interleaved", "gpipe")
 # parallelize.py, _save_list): keeps the attention kernel's output and every other matmul's output,
 # recomputes the rest in backward; searched by plan only when pinned
 RECOMPUTE = (*formulas.RECOMPUTE, "op")
+CP_ATTENTION = ("ring", "all-gather", "ulysses")  # how context-parallel ranks exchange keys and values
 
 
 @dataclass(frozen=True)
@@ -61,7 +75,9 @@ class Transformer:
     ``kv_heads``: key/value heads (fewer than ``heads`` = grouped-query attention);
     ``gated``: SwiGLU-style MLP (three matrices); ``bias``/``dropout``: GPT-style linear biases
     and dropout masks; ``tied``: output layer shares the embedding; ``learned_positions``: a
-    position-embedding table (GPT) rather than rotary/ALiBi."""
+    position-embedding table (GPT) rather than rotary/ALiBi. ``experts`` > 1: a mixture of experts
+    in every ``moe_every``-th layer's MLP, each token routed to ``top_k`` of them (a router of
+    hidden x experts weights); a layer's price is the average over dense and MoE layers."""
 
     layers: int
     hidden: int
@@ -76,9 +92,12 @@ class Transformer:
     tied: bool = True
     learned_positions: bool = True
     name: str = ""
+    experts: int = 1
+    top_k: int = 1
+    moe_every: int = 1
 
     def __post_init__(self):
-        for key in ("layers", "hidden", "heads", "seq_len", "vocab"):
+        for key in ("layers", "hidden", "heads", "seq_len", "vocab", "experts", "top_k", "moe_every"):
             whole_number(key, getattr(self, key))
         for key in ("ffn", "kv_heads"):
             if getattr(self, key) is not None:
@@ -88,6 +107,9 @@ class Transformer:
                              f"multiple of heads")
         if self.heads % self.kv:
             raise ValueError(f"kv_heads={self.kv} does not divide heads={self.heads}")
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} is more than experts={self.experts}: a token is routed to top_k of "
+                             f"the experts; choose top_k <= experts")
 
     @cached_property
     def ffn_hidden(self) -> int:
@@ -102,16 +124,39 @@ class Transformer:
         return self.hidden // self.heads * self.kv
 
     @cached_property
-    def layer_weights(self) -> int:
-        """Weights one block multiplies with: q, k, v, output projection and the MLP."""
-        h, f = self.hidden, self.ffn_hidden
-        return h * (h + 2 * self.kv_hidden) + h * h + (3 if self.gated else 2) * h * f
+    def moe_share(self) -> float:
+        """The share of layers whose MLP is a mixture of experts (0 for a dense model)."""
+        return 1 / self.moe_every if self.experts > 1 else 0.0
 
     @cached_property
-    def layer_parameters(self) -> int:
+    def mlp_weights(self) -> int:
+        """One MLP's (one expert's) weights."""
+        return (3 if self.gated else 2) * self.hidden * self.ffn_hidden
+
+    @cached_property
+    def mlp_passes(self) -> float:
+        """MLPs a token runs through per layer, on average: 1 dense, top_k in a MoE layer."""
+        return 1 - self.moe_share + self.moe_share * self.top_k
+
+    @cached_property
+    def layer_weights(self) -> float:
+        """Weights one block multiplies each token with: q, k, v, output projection and the MLP(s)
+        it is routed to (top_k experts in a MoE layer; averaged over the layers)."""
+        h = self.hidden
+        return h * (h + 2 * self.kv_hidden) + h * h + self.mlp_passes * self.mlp_weights
+
+    @cached_property
+    def expert_parameters(self) -> float:
+        """A layer's expert weights (averaged over the layers): what expert parallelism splits."""
+        return self.moe_share * self.experts * self.mlp_weights
+
+    @cached_property
+    def layer_parameters(self) -> float:
         h, f = self.hidden, self.ffn_hidden
         biases = (h + 2 * self.kv_hidden + h + f * (2 if self.gated else 1) + h) if self.bias else 0
-        return self.layer_weights + biases + 4 * h  # two LayerNorms (weight and bias)
+        router = self.moe_share * h * self.experts
+        dense = self.layer_weights - self.mlp_passes * self.mlp_weights + (1 - self.moe_share) * self.mlp_weights
+        return dense + self.expert_parameters + router + biases + 4 * h  # two LayerNorms (weight and bias)
 
     @cached_property
     def embedding_parameters(self) -> int:
@@ -124,13 +169,21 @@ class Transformer:
 
     @cached_property
     def parameters(self) -> int:
-        return self.layers * self.layer_parameters + self.embedding_parameters + self.head_parameters
+        return round(self.layers * self.layer_parameters + self.embedding_parameters + self.head_parameters)
+
+    @cached_property
+    def active_parameters(self) -> int:
+        """The parameters one token uses: all of them for a dense model, top_k experts of each MoE layer."""
+        idle = self.moe_share * (self.experts - self.top_k) * self.mlp_weights
+        return round(self.parameters - self.layers * idle)
 
     def describe(self) -> str:
         label = f"{self.name}: " if self.name else ""
         gqa = f", {self.kv} kv heads" if self.kv != self.heads else ""
+        moe = (f", {self.experts} experts top-{self.top_k}{f' every {self.moe_every} layers' if self.moe_every > 1 else ''}"
+               f", {self.active_parameters / 1e9:,.1f}B active" if self.experts > 1 else "")
         return (f"{label}{self.parameters / 1e9:,.1f}B parameters ({self.layers} layers, hidden {self.hidden}, "
-                f"{self.heads} heads{gqa}, seq {self.seq_len}, vocab {self.vocab})")
+                f"{self.heads} heads{gqa}, seq {self.seq_len}, vocab {self.vocab}{moe})")
 
 
 def whole_number(name, value) -> None:
@@ -152,6 +205,11 @@ MODELS = {
                               dropout=False, tied=False, learned_positions=False, name="Llama 3 70B"),
     "llama3-405b": Transformer(126, 16384, 128, 8192, 128256, ffn=53248, kv_heads=8, gated=True, bias=False,
                                dropout=False, tied=False, learned_positions=False, name="Llama 3 405B"),
+    # Jiang et al. 2024 (Mixtral of Experts), Table 1: dim 4096, 32 layers, head dim 128, hidden 14336,
+    # 32 heads, 8 kv heads, context 32768, vocab 32000, 8 experts, top-2, in every layer
+    "mixtral-8x7b": Transformer(32, 4096, 32, 32768, 32000, ffn=14336, kv_heads=8, gated=True, bias=False,
+                                dropout=False, tied=False, learned_positions=False, experts=8, top_k=2,
+                                name="Mixtral 8x7B"),
 }
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT]?)\s*$")
@@ -214,7 +272,7 @@ def activation_bytes(model: Transformer, t: int, sequence_parallel: bool, recomp
         return 2 * h / (t if sequence_parallel else 1) + 2 * h / t + 2 * kept
     masks = 2 * h if model.dropout else 0
     replicated = 4 * h + masks + 4 * h
-    split = 2 * h + 4 * model.kv_hidden + 2 * h + (4 * f if model.gated else 2 * f) + 2 * f
+    split = 2 * h + 4 * model.kv_hidden + 2 * h + ((4 * f if model.gated else 2 * f) + 2 * f) * model.mlp_passes
     scores = 0 if (flash or recompute == "selective") else a * s * (5 if model.dropout else 2)
     return (replicated / (t if sequence_parallel else 1)) + (split + scores) / t
 
@@ -240,7 +298,7 @@ def memory_bound_bytes(model: Transformer, t: int, sequence_parallel: bool, flas
     outgoing one)."""
     h, f = model.hidden, model.ffn_hidden
     adds = 2 * ((7 if model.dropout else 6) * h)
-    act = (6 if model.gated else 4) * f
+    act = (6 if model.gated else 4) * f * model.mlp_passes
     local = (8 * h + adds) / (t if sequence_parallel else 1) + act / t
     attention = 0.0 if flash else model.heads * model.seq_len * (9 if model.dropout else 4) / t
     return local, attention
@@ -263,7 +321,9 @@ class Setup:
     gradient shards once per step (0: over the whole DP group). ``reshard_after_forward``
     (ZeRO-3 only, FSDP2's option of that name): False keeps each micro-batch's gathered weights
     from forward to backward, so backward gathers nothing, for a whole stage of bf16 weights held.
-    ``fp8``: the blocks' matmuls in FP8, ``FP8_MATMUL_SPEEDUP`` times faster (Hopper only)."""
+    ``fp8``: the blocks' matmuls in FP8, ``FP8_MATMUL_SPEEDUP`` times faster (Hopper only).
+    ``attention``: how context parallel ranks exchange keys and values when ``layout.cp`` > 1:
+    "ring", "all-gather" or "ulysses" (``CP_ATTENTION``)."""
 
     layout: Layout
     micro_batch: int = 1
@@ -277,6 +337,7 @@ class Setup:
     shard: int = 0
     reshard_after_forward: bool = True
     fp8: bool = False
+    attention: str = "ring"
 
     def describe(self, micro_batches: int, lang: str = "en") -> str:
         sched = "" if self.layout.pp == 1 else (
@@ -285,6 +346,8 @@ class Setup:
         hybrid = t("plan_hsdp", lang, shard=self.shard) if 0 < self.shard < self.layout.dp else ""
         hybrid += t("plan_keep_params", lang) if self.zero == 3 and not self.reshard_after_forward else ""
         hybrid += ", FP8" if self.fp8 else ""
+        hybrid += t("plan_cp_setup", lang, cp=self.layout.cp, kind=self.attention) if self.layout.cp > 1 else ""
+        hybrid += t("plan_ep_setup", lang, ep=self.layout.ep) if self.layout.ep > 1 else ""
         return t("plan_setup", lang, dp=self.layout.dp, pp=self.layout.pp, tp=self.layout.tp, m=micro_batches,
                  b=self.micro_batch, schedule=sched, zero=self.zero, recompute=self.recompute) + hybrid + order
 
@@ -330,9 +393,10 @@ class Estimate:
 
     @property
     def model_flops_per_token(self) -> float:
-        """6 per parameter (2 forward, 4 backward) + the attention scores, 12·L·s·h (PaLM's count,
+        """6 per parameter a token uses (2 forward, 4 backward; the routed experts only in a MoE
+        layer) + the attention scores, 12·L·s·h (PaLM's count,
         Chowdhery et al. 2022, App. B): what the model needs, however it is run."""
-        return 6 * self.model.parameters + 12 * self.model.layers * self.model.seq_len * self.model.hidden
+        return 6 * self.model.active_parameters + 12 * self.model.layers * self.model.seq_len * self.model.hidden
 
     @property
     def hardware_flops_per_token(self) -> float:
@@ -441,15 +505,15 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     priced by its fullest stage)."""
     model = transformer(model)
     lay = setup.layout
-    dp, pp, tp = lay.dp, lay.pp, lay.tp
+    dp, pp, tp, cp = lay.dp, lay.pp, lay.tp, lay.cp
     b, s, h, V = setup.micro_batch, model.seq_len, model.hidden, model.vocab
     m = global_batch // (dp * b)
-    tokens = b * s
+    tokens = b * s // cp  # this rank's share of the micro-batch's tokens
     per_node = hw.devices_per_node
     sp = setup.sequence_parallel and tp > 1
     rate, mem_bw = hw.flops * hw.mfu, hw.mem_bw
     fused = hw.flops * (hw.attention or hw.mfu) if setup.flash else rate  # the attention kernels' rate
-    spans = {dim: _span(lay, dim, per_node) for dim in ("tp", "pp", "dp")}
+    spans = {dim: _span(lay, dim, per_node) for dim in ("tp", "pp", "dp", "cp")}
 
     # compute of one layer for one micro-batch, forward and backward (recomputation included)
     gemm = 2 * tokens * model.layer_weights / tp
@@ -471,6 +535,10 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     tp_bytes = tokens * h * BYTES
     tp_calls = 4 + (2 if setup.recompute == "full" else 0)
     tp_layer = tp_calls * _allreduce(hw, tp_bytes, spans["tp"]) if tp > 1 else 0.0
+    cp_layer, cp_bytes = _context_parallel(model, hw, setup, tokens, spans["cp"], scores / fused)
+    tp_layer += cp_layer  # exposed like TP's: inside every layer, between dependent kernels
+    ep_layer, ep_bytes = _expert_parallel(model, hw, lay, tokens / (tp if sp else 1), per_node, setup.recompute)
+    tp_layer += ep_layer
 
     # the logit layer and its fp32 cross-entropy on the last stage
     logits = 3 * 2 * tokens * V * h / tp / rate + 5 * 4 * tokens * V / tp / mem_bw
@@ -494,16 +562,18 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
 
     # data parallel and ZeRO: this rank's share of the fullest stage (the first holds the
     # embedding; the last the output layer, or a copy of the tied embedding when pp > 1)
-    psi_layers = layers * model.layer_parameters
+    psi_layers = layers * (model.layer_parameters - model.expert_parameters * (1 - 1 / lay.ep))  # experts split ep ways
     psi_first = psi_layers + model.embedding_parameters + (model.head_parameters if pp == 1 else 0)
     psi_last = psi_layers + model.head_parameters + (model.vocab * h if model.tied else 0)
     psi = (psi_first if pp == 1 else max(psi_first, psi_last)) / tp
     grads = psi * BYTES
     dp_time = 0.0
-    shard = setup.shard if 0 < setup.shard < dp and setup.zero >= 1 else dp  # HSDP: ZeRO within groups of shard
-    if dp > 1:
+    # the gradients are reduced (and ZeRO shards) over the dp·cp ranks that hold the same weights
+    shard = setup.shard if 0 < setup.shard < dp and setup.zero >= 1 else dp * cp  # HSDP: ZeRO within shard groups
+    if dp * cp > 1:
         stride = lay.rank(dp=1) - lay.rank()
-        span = _strided_span(shard, stride, per_node)
+        span = (_strided_span(shard, stride, per_node) if cp == 1 or shard < dp * cp else
+                (spans["cp"][0] * spans["dp"][0], spans["cp"][1] * spans["dp"][1]))
         if setup.zero <= 1:  # once per step, after the last micro-batch's backward
             reduce = _allreduce(hw, grads, span) if setup.zero == 0 else 2 * _reduce_scatter(hw, grads, span)
             last_backward = layers * bwd
@@ -517,7 +587,7 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
             else:
                 exposed = max(0.0, unit - layers * bwd)
             dp_time = m * exposed + (unit if setup.zero == 2 else 0.0)  # ZeRO-2: all-gather the new weights once
-        if shard < dp:  # HSDP: the replicas of each shard all-reduce it once per step, behind the last backward
+        if shard < dp * cp:  # HSDP: the replicas of each shard all-reduce it once per step, behind the last backward
             replicas = _allreduce(hw, grads / shard, _strided_span(dp // shard, stride * shard, per_node))
             dp_time += max(0.0, replicas - layers * bwd) if setup.overlap_dp else replicas
     optimizer = psi / (shard if setup.zero >= 1 else 1) * ADAM_BYTES / mem_bw
@@ -527,34 +597,93 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     time = {"compute": compute, "tp": tp_exposed, "pp": pp_exposed,
             "bubble": max(pipeline - compute - tp_exposed - pp_exposed, 0.0), "dp": dp_time, "optimizer": optimizer}
 
-    # memory of the fullest rank: model states, then the activations it holds at once
-    states = formulas.zero_memory(max(psi, 1.0), shard, setup.zero)
+    # memory of the fullest rank: each candidate stage's model states and the activations it holds
+    # at once (stage 0: the embedding and the most micro-batches in flight; the last: the logits)
     per_layer = tokens * activation_bytes(model, tp, sp, setup.recompute, setup.flash)
     transient = 0.0
     if setup.recompute == "full":  # the layer being recomputed holds its full activations for a moment
         transient = tokens * activation_bytes(model, tp, sp, "none", setup.flash)
-    chunk = layers / v
     logit_bytes = 2 * 4 * tokens * V / tp  # fp32 logits and their gradient
     if pp == 1:
-        activations = layers * per_layer + transient + logit_bytes
+        stages = [(psi, layers * per_layer + logit_bytes)]
     else:
-        first = formulas.inflight_activations(setup.schedule, pp, m, 0, v) * chunk * per_layer
-        last = formulas.inflight_activations(setup.schedule, pp, m, pp - 1, v) * chunk * per_layer + logit_bytes
-        activations = max(first, last) + transient
-    if setup.zero == 3 and shard > 1:  # FSDP holds two layers' gathered weights and one layer's full gradient
-        # (or, keeping them after forward, the whole stage's until its backward)
-        states["parameters"] += (2 * model.layer_parameters / tp if setup.reshard_after_forward else psi) * BYTES
-        states["gradients"] += model.layer_parameters / tp * BYTES
-    memory = {**states, "activations": activations}
+        def stage(r, n, extra):  # stage r holding n layers (in v chunks) and ``extra`` parameters
+            held = formulas.inflight_activations(setup.schedule, pp, m, r, v) * n / v * per_layer
+            return (n * per_layer_params + extra) / tp, held + (logit_bytes if r == pp - 1 else 0.0)
+        per_layer_params = psi_layers / layers
+        head = model.head_parameters + (model.vocab * h if model.tied else 0)
+        light = pp * layers - model.layers
+        # an uneven split gives its lighter stages (one layer fewer) to the ends first, as Llama 3 does
+        # (Dubey et al. 2024 §3.3.2): stage 0, the last, then stage 1, ...; stages 0 .. heavy-1 are light
+        heavy = (light + 1) // 2
+        stages = [stage(0, layers - (light > 0), model.embedding_parameters), stage(pp - 1, layers - (light > 1), head)]
+        if 0 < heavy < pp - 1:
+            stages.append(stage(heavy, layers, 0.0))
 
-    links = {"tp": _link_name(spans["tp"]), "pp": _link_name(spans["pp"]), "dp": _link_name(spans["dp"])}
-    comm = {"tp": tp_bytes, "pp": hop_bytes, "dp": grads}
+    def rank_memory(stage_psi, activations):
+        states = formulas.zero_memory(max(stage_psi, 1.0), shard, setup.zero)
+        if setup.zero == 3 and shard > 1:  # FSDP holds two layers' gathered weights and one layer's full
+            # gradient (or, keeping them after forward, the whole stage's until its backward)
+            states["parameters"] += (2 * model.layer_parameters / tp if setup.reshard_after_forward
+                                     else stage_psi) * BYTES
+            states["gradients"] += model.layer_parameters / tp * BYTES
+        return {**states, "activations": activations + transient}
+
+    memory = max((rank_memory(*st) for st in stages), key=lambda mem: sum(mem.values()))
+
+    links = {dim: _link_name(spans[dim]) for dim in ("tp", "pp", "dp", "cp")}
+    links["ep"] = _link_name(_ep_span(lay, per_node))
+    comm = {"tp": tp_bytes, "pp": hop_bytes, "dp": grads, "cp": cp_bytes, "ep": ep_bytes}
+    time["cp"], time["ep"] = m * layers * cp_layer, m * layers * ep_layer  # shown apart; already in "tp"
+    time["tp"] -= time["cp"] + time["ep"]
     return Estimate(model, hw, setup, global_batch, m, time, memory, links, comm)
+
+
+def _context_parallel(model, hw, setup, tokens, span, attention_seconds) -> tuple[float, float]:
+    """(exposed seconds per layer per micro-batch, forward and backward, bytes of this rank's K/V
+    block) of context parallelism's key/value exchange (module docstring)."""
+    cp = setup.layout.cp
+    kv = 2 * tokens * model.kv_hidden / setup.layout.tp * BYTES
+    if cp == 1:
+        return 0.0, 0.0
+    passes = 3 if setup.recompute == "full" else 2  # the forward's exchange again when recomputing
+    if setup.attention == "ring":
+        link = hw.inter_node if span[1] > 1 and hw.inter_node is not None else hw.p2p
+        step = (cp - 1) * link.time(kv)
+        fwd = max(0.0, step - attention_seconds)
+        bwd = max(0.0, 2 * step - 2.5 * attention_seconds)
+        return (passes - 1) * fwd + bwd, kv
+    if setup.attention == "all-gather":
+        return passes * _reduce_scatter(hw, kv * cp, span), kv
+    qkvo = 2 * tokens * (model.hidden + model.kv_hidden) / setup.layout.tp * BYTES  # ulysses: q, k, v in, output out
+    return 2 * passes * _all_to_all(hw, qkvo, cp, span), kv
+
+
+def _all_to_all(hw, S, n, span) -> float:
+    """An all-to-all of S bytes per rank over n ranks: (n-1)/n of it leaves each rank, over the
+    slowest link the group spans, in n-1 messages."""
+    link = hw.inter_node if span[1] > 1 and hw.inter_node is not None else hw.collective
+    return (n - 1) * link.alpha + S * (n - 1) / n * link.beta
+
+
+def _ep_span(lay: Layout, per_node: int) -> tuple[int, int]:
+    """(ranks per node, nodes) of an expert-parallel group: ep neighbouring DP ranks."""
+    return _strided_span(lay.ep, lay.rank(dp=1) - lay.rank(), per_node) if lay.dp > 1 else (1, 1)
+
+
+def _expert_parallel(model, hw, lay, tokens, per_node, recompute) -> tuple[float, float]:
+    """(seconds per layer per micro-batch, averaged over the layers, forward and backward, bytes
+    per all-to-all) of the experts' dispatch and combine: tokens·hidden·top_k bytes each way."""
+    if lay.ep == 1 or model.moe_share == 0:
+        return 0.0, 0.0
+    S = tokens * model.hidden * model.top_k * BYTES
+    passes = 3 if recompute == "full" else 2
+    return model.moe_share * 2 * passes * _all_to_all(hw, S, lay.ep, _ep_span(lay, per_node)), S
 
 
 def _link_name(span) -> str:
     return "none" if span == (1, 1) else ("intra" if span[1] == 1 else "inter")
 
 
-__all__ = ["Transformer", "MODELS", "transformer", "Setup", "Estimate", "estimate", "activation_bytes", "RECOMPUTE",
+__all__ = ["Transformer", "MODELS", "transformer", "Setup", "Estimate", "estimate", "activation_bytes", "RECOMPUTE", "CP_ATTENTION",
            "memory_bound_bytes", "aligned", "whole_number", "SCHEDULES", "USABLE_MEMORY"]

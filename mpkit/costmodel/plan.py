@@ -9,7 +9,10 @@ a TP, PP or DP group uses comes from ``mpkit.parallel.Layout``, the same rank gr
 picotron, PP outermost as Megatron-LM); the table and the explanation say which won. The table
 also states what it assumed of the training software (sequence parallelism, flash attention,
 overlapped DP reduction) and shows MFU beside HFU. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
-on the link between nodes: the explanation compares the winner with such a layout.
+on the link between nodes: the explanation compares the winner with such a layout. Context
+parallelism (``cp``, with the K/V exchange ``attention``) and expert parallelism (``ep``, for
+mixture-of-experts models) are explicit options, 1 unless asked for (a size, a list of sizes or
+"search"); the header states them and the explanation says what each costs.
 
 Any knob can be pinned (``tp=8, pp=8, recompute="full"``); the others are searched. Inputs are
 checked first and the search is arithmetic only (no per-rank loops), so even ``gpus=10**6``
@@ -27,7 +30,8 @@ from dataclasses import dataclass, field, replace
 from mpkit.i18n import check_lang, t
 from mpkit.layout import ORDERS, Layout
 from mpkit.simulator import formulas
-from mpkit.costmodel.analytic import RECOMPUTE, SCHEDULES, Estimate, Setup, Transformer, aligned, estimate, transformer, whole_number
+from mpkit.costmodel.analytic import (CP_ATTENTION, RECOMPUTE, SCHEDULES, Estimate, Setup, Transformer, aligned, estimate,
+                                transformer, whole_number)
 from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, STACKS, Hardware, gpu_model, with_stack
 from mpkit.simulator.machines import get_hardware
 
@@ -37,6 +41,7 @@ VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
 # held 73,000 and took 1.5 s, layers=10**6 153,000 and 2.8 s)
 MAX_CANDIDATES = 50_000
 _PINNABLE = ("dp", "tp", "pp", "micro_batch", "zero", "recompute", "schedule", "virtual", "order", "shard")
+_COMM = ("tp", "pp", "dp", "cp", "ep")  # the exposed communication in Estimate.time
 
 
 def _divisors(n: int, limit: int) -> list[int]:
@@ -103,8 +108,11 @@ class LayoutTable:
         stack = self.pins.get("stack")
         software = (t("plan_stack", lang, name=STACKS[stack].name, mfu=self.hardware.mfu, source=STACKS[stack].source)
                     if stack else t("plan_stack_none", lang, mfu=self.hardware.mfu))
+        cp, ep = self.pins.get("cp", 1), self.pins.get("ep", 1)
+        parallel = "" if cp == 1 and ep == 1 else t("plan_assumes_cp", lang, cp=cp, ep=ep,
+                                                    kind=self.pins.get("attention", "ring"))
         return software + " " + t("plan_assumes", lang, sp=word("sequence_parallel"), flash=word("flash"),
-                                  overlap=word("overlap_dp"), pins=self.pinned_text(lang))
+                                  overlap=word("overlap_dp"), pins=self.pinned_text(lang)) + parallel
 
     def _columns(self, lang):
         return [t("plan_col_rank", lang), "dp x pp x tp", t("plan_col_order", lang), t("plan_col_micro", lang),
@@ -115,9 +123,10 @@ class LayoutTable:
     def _cells(self, i, e: Estimate):
         lay, s = e.setup.layout, e.setup
         sched = "-" if lay.pp == 1 else (s.schedule + (f" v={s.virtual}" if s.schedule == "interleaved" else ""))
-        comm = (e.time["tp"] + e.time["pp"] + e.time["dp"]) / e.step_time
+        comm = sum(e.time.get(k, 0.0) for k in _COMM) / e.step_time
         outer = "-" if lay.dp == 1 or lay.pp == 1 else lay.dims[0]
-        return [str(i), f"{lay.dp} x {lay.pp} x {lay.tp}", outer, f"{e.micro_batches} x {s.micro_batch}", sched,
+        more = (f", cp {lay.cp}" if lay.cp > 1 else "") + (f", ep {lay.ep}" if lay.ep > 1 else "")
+        return [str(i), f"{lay.dp} x {lay.pp} x {lay.tp}{more}", outer, f"{e.micro_batches} x {s.micro_batch}", sched,
                 str(s.zero), s.recompute, f"{e.step_time:.3g}", f"{e.tokens_per_second:,.0f}", f"{e.mfu:.0%}",
                 f"{e.hfu:.0%}",
                 f"{e.bubble_share:.0%}", f"{comm:.0%}", f"{e.memory_total / 1e9:.1f}"]
@@ -194,6 +203,8 @@ class LayoutTable:
         out.append(self._explain_tp(best, lang, per_node))
         out.append(self._explain_pp(best, lang))
         out.append(self._explain_dp(best, lang))
+        out.append(self._explain_cp(best, lang))
+        out.append(self._explain_ep(best, lang))
         out.append(self._explain_memory(best, lang))
         out.append(self._footer(lang))
         return "\n\n".join(p for p in out if p)
@@ -203,6 +214,7 @@ class LayoutTable:
         both dp and pp exceed 1 do the orders differ)."""
         lay = best.setup.layout
         text = t("plan_order_pp" if lay.order == "pp-dp-tp" else "plan_order_dp", lang)
+        text += " " + t("plan_order_cp", lang) if lay.cp > 1 else ""
         if lay.dp == 1 or lay.pp == 1:
             return text
         other = self._best_where(lambda e: e.setup.layout.order != lay.order and e.setup.layout.dp > 1
@@ -213,6 +225,16 @@ class LayoutTable:
                             ratio=other.step_time / best.step_time, pp_link=self._link_text(other.links["pp"], lang),
                             dp_link=self._link_text(other.links["dp"], lang))
         return text
+
+    def simplest(self, within: float) -> Estimate | None:
+        """The layout with the fewest parallel dimensions among those priced within ``within``
+        (0.05: 5 %) of the fastest: no pipeline before a pipeline, then no TP before TP, the faster
+        where equally simple. A model that errs by ~``within`` cannot tell such layouts apart, and the
+        simpler one is the safer bet (fewer groups, no bubble)."""
+        if not self.rows:
+            return None
+        close = [e for e in self.rows if e.step_time <= self.rows[0].step_time * (1 + within)]
+        return min(close, key=lambda e: (e.setup.layout.pp > 1, e.setup.layout.tp > 1, e.step_time))
 
     def _best_where(self, keep) -> Estimate | None:
         return next((e for e in self.rows if keep(e)), None)
@@ -298,6 +320,34 @@ class LayoutTable:
         return t("plan_dp", lang, dp=lay.dp, link=self._link_text(best.links["dp"], lang),
                  gb=best.comm_bytes["dp"] / 1e9, how=how, share=best.time["dp"] / best.step_time)
 
+    def _explain_cp(self, best, lang):
+        """Context parallelism, where it was asked for or the model's sequences are split."""
+        lay = best.setup.layout
+        if lay.cp == 1 and self.pins.get("cp", 1) == 1:
+            return ""
+        if lay.cp == 1:
+            return t("plan_cp_none", lang)
+        text = t("plan_cp", lang, cp=lay.cp, link=self._link_text(best.links["cp"], lang), s=self.model.seq_len,
+                 local=self.model.seq_len // lay.cp, kind=best.setup.attention, kb=best.comm_bytes["cp"] / 1e3,
+                 share=best.time["cp"] / best.step_time)
+        flat = self._best_where(lambda e: e.setup.layout.cp == 1)
+        if flat is not None:
+            return text + " " + t("plan_cp_flat", lang, layout=flat.setup.describe(flat.micro_batches, lang),
+                                  step=flat.step_time, ratio=flat.step_time / best.step_time)
+        tried = self.pins.get("cp") in ("search",) or (isinstance(self.pins.get("cp"), (list, tuple))
+                                                          and 1 in self.pins["cp"])
+        return text + (" " + t("plan_cp_needed", lang) if tried else "")
+
+    def _explain_ep(self, best, lang):
+        """Expert parallelism, for a mixture-of-experts model."""
+        lay, experts = best.setup.layout, self.model.experts
+        if experts == 1:
+            return ""
+        if lay.ep == 1:
+            return t("plan_ep_none", lang, experts=experts)
+        return t("plan_ep", lang, ep=lay.ep, link=self._link_text(best.links["ep"], lang), experts=experts,
+                 per=experts / lay.ep, mb=best.comm_bytes["ep"] / 1e6, share=best.time["ep"] / best.step_time)
+
     def _explain_memory(self, best, lang):
         s = best.setup
         parts = []
@@ -316,6 +366,37 @@ class LayoutTable:
         if not parts:
             parts.append(t("plan_plain_fits", lang, gb=best.memory_total / 1e9, cap=best.capacity / 1e9))
         return " ".join(parts)
+
+
+def _sizes(name, value, limit) -> list[int]:
+    """The sizes a cp or ep option asks for: a whole number, a list of them, or "search" (every
+    divisor of ``limit``: the GPUs for cp, what divides both the GPUs and the experts for ep)."""
+    if isinstance(value, str):
+        if value != "search":
+            raise ValueError(f"{name}={value!r} is unknown; use a whole number, a list of them or 'search'")
+        return _divisors(limit, limit)
+    values = list(value) if isinstance(value, (list, tuple, range)) else [value]
+    if not values:
+        raise ValueError(f"{name}={value!r} is empty; give at least one size (1: none)")
+    for v in values:
+        whole_number(name, v)
+    return sorted({int(v) for v in values})
+
+
+def _check_cp_ep(model, gpus, cps, eps, attention):
+    _choice("attention", attention, CP_ATTENTION)
+    if not any(gpus % cp == 0 for cp in cps):
+        raise ValueError(f"cp={cps} divides no part of gpus={gpus}; choose cp dividing the GPUs")
+    if len(cps) == 1 and cps[0] > 1 and model.seq_len % (cps[0] if attention == "ulysses" else 2 * cps[0]):
+        parts = "cp" if attention == "ulysses" else "2·cp (the load-balanced causal split)"
+        raise ValueError(f"seq_len={model.seq_len} is not divisible by {parts} = "
+                         f"{cps[0] if attention == 'ulysses' else 2 * cps[0]}; choose cp so that it is")
+    if max(eps) > 1 and model.experts == 1:
+        raise ValueError(f"ep={max(eps)} splits experts, but {model.name or 'the model'} is dense (experts=1); give "
+                         f"the model experts=N, top_k=K or leave ep=1")
+    if len(eps) == 1 and model.experts % eps[0]:
+        raise ValueError(f"ep={eps[0]} does not divide experts={model.experts}: each rank holds an equal share of "
+                         f"the experts; choose ep dividing the experts")
 
 
 def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top):
@@ -338,11 +419,16 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
     _choice("schedule", pinned["schedule"], SCHEDULES)
     _choice("order", pinned["order"], tuple(ORDERS))
     dims = {d: pinned[d] for d in ("dp", "tp", "pp") if pinned[d] is not None}
+    cp = pinned["cps"][0] if len(pinned["cps"]) == 1 else 1
+    if cp > 1:
+        dims["cp"] = cp
     if gpus % math.prod(dims.values()):
         given = ", ".join(f"{d}={v}" for d, v in dims.items())
-        raise ValueError(f"dp*tp*pp must equal gpus={gpus}; the pinned sizes ({given}) do not divide it")
-    if len(dims) == 3 and math.prod(dims.values()) != gpus:
-        raise ValueError(f"dp*tp*pp = {math.prod(dims.values())} but gpus={gpus}; choose sizes whose product is gpus")
+        raise ValueError(f"dp*tp*pp{'*cp' if cp > 1 else ''} must equal gpus={gpus}; the pinned sizes ({given}) do "
+                         f"not divide it")
+    if len(dims) - (cp > 1) == 3 and math.prod(dims.values()) != gpus:
+        raise ValueError(f"dp*tp*pp{'*cp' if cp > 1 else ''} = {math.prod(dims.values())} but gpus={gpus}; choose "
+                         f"sizes whose product is gpus")
     if pinned["tp"] is not None and (model.heads % pinned["tp"] or model.kv % pinned["tp"]):
         raise ValueError(f"tp={pinned['tp']} does not divide heads={model.heads} (key/value heads {model.kv}); "
                          f"tensor parallel splits whole heads")
@@ -368,8 +454,8 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
 
 def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=None, tp=None, pp=None,
          micro_batch=None, zero=None, recompute=None, schedule=None, virtual=None, order=None, sequence_parallel=True,
-         flash=True, overlap_dp=True, stack=None, shard=None, reshard_after_forward=True, fp8=False, max_micro_batch=16,
-         lang="en", top=10) -> LayoutTable:
+         flash=True, overlap_dp=True, stack=None, shard=None, reshard_after_forward=True, fp8=False, cp=1, ep=1,
+         attention="ring", max_micro_batch=16, lang="en", top=10) -> LayoutTable:
     """The layouts of ``gpus`` GPUs of ``hardware`` that train ``model`` with ``global_batch``
     sequences per step, fastest first, with the ones that do not fit and why.
 
@@ -388,8 +474,12 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     ``flash`` (fused causal attention) and ``overlap_dp`` (gradient reduction hidden behind
     backward) describe the training software; ``stack`` ("megatron", "deepspeed", "torchtitan",
     "llm-foundry", "llama3", "generic"; ``mpkit.simulator.hardware.STACKS``) prices matmuls at the rate
-    that software's published runs imply on this GPU (None: the hardware's own). The table's header
-    states every one of these."""
+    that software's published runs imply on this GPU (None: the hardware's own). ``cp``: context
+    parallel ranks per sequence (1: none; a size, a list of sizes or "search": the divisors of the
+    GPUs), sitting just outside TP in either rank order; ``attention``: how they exchange keys and
+    values ("ring", "all-gather" as Llama 3, "ulysses"); ``ep``: expert parallel ranks, carved out
+    of DP as in Megatron-Core (a size, a list or "search"; mixture-of-experts models only).
+    The table's header states every one of these."""
     start = time.perf_counter()
     model = transformer(model)
     hw = get_hardware(hardware)
@@ -406,7 +496,10 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
                   schedule=schedule, virtual=virtual, order=order, shard=shard)
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp,
                     reshard_after_forward=reshard_after_forward, fp8=fp8)
-    _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top)
+    whole_number("gpus", gpus)
+    cps, eps = _sizes("cp", cp, int(gpus)), _sizes("ep", ep, math.gcd(int(gpus), model.experts))
+    _check_cp_ep(model, gpus, cps, eps, attention)
+    _check(model, hw, gpus, global_batch, dict(pinned, cps=cps), max_micro_batch, software, top)
     family = (gpu_model(hw) or "").split("-")[0]
     if software["fp8"] and family not in FP8_MATMUL_SPEEDUP:
         raise ValueError(f"fp8=True needs FP8 tensor cores with a measured speed-up ({', '.join(FP8_MATMUL_SPEEDUP)} "
@@ -416,8 +509,11 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     pinned = {k: v if v is None or isinstance(v, str) else int(v) for k, v in pinned.items()}
     software = {k: bool(v) for k, v in software.items()}
     table = LayoutTable(model, hw, gpus, global_batch, lang=lang, top=top,
-                        pins=dict(pinned, **software, stack=stack, max_micro_batch=max_micro_batch))
+                        pins=dict(pinned, **software, stack=stack, max_micro_batch=max_micro_batch, cp=cp, ep=ep,
+                                  attention=attention))
     per_node = hw.devices_per_node
+    pinned.update(cps=cps, eps=eps)
+    software["attention"] = attention
     for setup in list(_candidates(model, gpus, global_batch, pinned, max_micro_batch, software, table.skipped,
                                   per_node)):
         e = estimate(model, hw, setup, global_batch)
@@ -437,13 +533,21 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
     tps = [pinned["tp"]] if pinned["tp"] else [d for d in _divisors(per_node, per_node) if gpus % d == 0
                                                and model.heads % d == 0 and model.kv % d == 0]
     count = 0
-    for tp in tps:
-        pps = [pinned["pp"]] if pinned["pp"] else _divisors(gpus // tp, model.layers)
-        for pp in pps:
-            if gpus % (tp * pp):
+    for tp, cp in itertools.product(tps, pinned["cps"]):
+        if gpus % (tp * cp):
+            continue
+        if cp > 1 and not _cp_splits(model, tp, cp, software["attention"]):
+            skipped["plan_skip_cp", cp] += 1
+            continue
+        pps = [pinned["pp"]] if pinned["pp"] else _divisors(gpus // (tp * cp), model.layers)
+        for pp, ep in itertools.product(pps, pinned["eps"]):
+            if gpus % (tp * pp * cp):
                 continue
-            dp = gpus // (tp * pp)
+            dp = gpus // (tp * pp * cp)
             if pinned["dp"] and dp != pinned["dp"]:
+                continue
+            if dp % ep or model.experts % ep:
+                skipped["plan_skip_ep", ep] += 1
                 continue
             if global_batch % dp:
                 skipped["plan_skip_dp", global_batch] += 1
@@ -454,7 +558,7 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
                 continue
             orders = [pinned["order"]] if pinned["order"] else (
                 list(ORDERS) if dp > 1 and pp > 1 else ["dp-pp-tp"])  # one dimension of 1: the same grid
-            layouts = [Layout(dp, pp, tp, order) for order in orders]
+            layouts = [Layout(dp, pp, tp, order, cp, ep) for order in orders]
             straddle = [lay for lay in layouts if not aligned(lay, per_node)]
             if straddle:
                 skipped["plan_skip_aligned", per_node] += len(straddle)
@@ -463,7 +567,7 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
                     continue
             per_replica = global_batch // dp
             zeros = [pinned["zero"]] if pinned["zero"] is not None else (
-                (range(1 if shard else 0, 4)) if dp > 1 else (0,))
+                (range(1 if shard else 0, 4)) if dp * cp > 1 else (0,))
             micro = [pinned["micro_batch"]] if pinned["micro_batch"] else _divisors(per_replica, max_micro_batch)
             for b in micro:
                 if per_replica % b:
@@ -476,6 +580,14 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
                             raise ValueError(f"more than {MAX_CANDIDATES:,} layouts to price for gpus={gpus}; "
                                              f"pin some of dp, tp, pp or micro_batch")
                         yield Setup(lay, b, z, rec, sched, v, **software, shard=shard)
+
+
+def _cp_splits(model, tp, cp, attention) -> bool:
+    """Whether cp ranks can share each sequence: 2·cp equal chunks for the load-balanced causal
+    split (ring, all-gather), or cp equal parts and whole heads of a TP slice (Ulysses)."""
+    if attention == "ulysses":
+        return model.seq_len % cp == 0 and (model.heads // tp) % cp == 0 and (model.kv // tp) % cp == 0
+    return model.seq_len % (2 * cp) == 0
 
 
 def _schedules(model, pp, m, pinned, skipped):

@@ -1,5 +1,6 @@
 """``mpkit.sim.planner``: the layout planner as a widget (model, hardware, GPUs, global batch,
-pins of tp / ZeRO / recomputation, and the software's sequence parallelism and flash attention ->
+pins of tp / ZeRO / recomputation / context and expert parallelism, and the software's sequence
+parallelism, flash attention and CP's K/V exchange ->
 the ranked table, what it assumed, and the explanation), for lab 10.
 
 The logic lives in ``Planner`` (control values in, ``LayoutTable`` out) so tests drive it headlessly
@@ -14,7 +15,7 @@ import html
 import ipywidgets as w
 
 from mpkit.i18n import LANG_LABELS, LANGS, t
-from mpkit.costmodel.analytic import MODELS, RECOMPUTE
+from mpkit.costmodel.analytic import CP_ATTENTION, MODELS, RECOMPUTE
 from mpkit.simulator.formulas import ZERO_STAGES
 from mpkit.simulator.hardware import STACKS
 from mpkit.simulator.hardware import GPU_PRESETS, MULTI_NODE
@@ -23,6 +24,7 @@ from mpkit.costmodel.plan import plan
 MODEL_CHOICES = (*MODELS, "7B", "13B", "70B")
 HARDWARE_CHOICES = (*GPU_PRESETS, *MULTI_NODE)
 PINS = {"tp": (1, 2, 4, 8, 16, 32), "zero": ZERO_STAGES, "recompute": RECOMPUTE,  # None: searched
+        "cp": (1, 2, 4, 8, 16, 32), "ep": (1, 2, 4, 8, 16, 32),  # None: plan's "search"
         "stack": tuple(STACKS)}  # None: the hardware's own matmul efficiency
 
 
@@ -30,9 +32,10 @@ class Planner:
     """Controls -> ``plan`` -> table and explanation. ``result`` is the latest good LayoutTable."""
 
     def __init__(self, model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8,
-                 tp=None, zero=None, recompute=None, sequence_parallel=True, flash=True, stack=None):
+                 tp=None, zero=None, recompute=None, sequence_parallel=True, flash=True, stack=None, cp=1, ep=1,
+                 attention="ring"):
         self.top = top
-        pins = dict(tp=tp, zero=zero, recompute=recompute, stack=stack)
+        pins = dict(tp=tp, zero=zero, recompute=recompute, cp=cp, ep=ep, stack=stack)
         for key, value in pins.items():
             if value is not None and (isinstance(value, bool) or value not in PINS[key]):
                 raise ValueError(f"{key}={value!r}: the widget offers {', '.join(map(repr, PINS[key]))} or None "
@@ -46,6 +49,7 @@ class Planner:
                for key, value in pins.items()},
             "sequence_parallel": w.Checkbox(value=bool(sequence_parallel)),
             "flash": w.Checkbox(value=bool(flash)),
+            "attention": w.Dropdown(options=list(CP_ATTENTION), value=attention),
             "lang": w.ToggleButtons(options=[(LANG_LABELS[code], code) for code in LANGS], value=lang),
         }
         self.status = w.HTML()
@@ -59,8 +63,8 @@ class Planner:
 
     def _label(self):
         lang = self.controls["lang"].value
-        for key in ("model", "hardware", "gpus", "global_batch", "tp", "zero", "recompute", "stack",
-                    "sequence_parallel", "flash"):
+        for key in ("model", "hardware", "gpus", "global_batch", "tp", "zero", "recompute", "cp", "ep", "stack",
+                    "sequence_parallel", "flash", "attention"):
             self.controls[key].description = t(f"plan_w_{key}", lang)
         for key in PINS:  # "auto" reads as "search" in the chosen language (new options reset the value)
             control = self.controls[key]
@@ -75,9 +79,10 @@ class Planner:
 
     def arguments(self) -> dict:
         c = self.controls
-        return dict(model=c["model"].value.strip(), hardware=c["hardware"].value.strip(), gpus=c["gpus"].value,
+        args = dict(model=c["model"].value.strip(), hardware=c["hardware"].value.strip(), gpus=c["gpus"].value,
                     global_batch=c["global_batch"].value, lang=c["lang"].value, top=self.top,
-                    **{key: c[key].value for key in (*PINS, "sequence_parallel", "flash")})
+                    **{key: c[key].value for key in (*PINS, "sequence_parallel", "flash", "attention")})
+        return {**args, **{key: "search" for key in ("cp", "ep") if args[key] is None}}
 
     def update(self):
         """Plan from the controls and redraw; returns the LayoutTable (None if refused)."""
@@ -99,19 +104,21 @@ class Planner:
     def widget(self) -> w.Widget:
         c = self.controls
         return w.VBox([w.HBox([c["model"], c["hardware"]]), w.HBox([c["gpus"], c["global_batch"], c["lang"]]),
-                       w.HBox([c["tp"], c["zero"], c["recompute"]]),
+                       w.HBox([c["tp"], c["zero"], c["recompute"]]), w.HBox([c["cp"], c["ep"], c["attention"]]),
                        w.HBox([c["stack"], c["sequence_parallel"], c["flash"]]),
                        self.status, self.table, self.explanation])
 
 
 def planner(model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8, *, tp=None,
-            zero=None, recompute=None, sequence_parallel=True, flash=True, stack=None) -> w.Widget:
-    """The planner widget; the ``Planner`` behind it is ``widget.planner``. ``tp``, ``zero`` and
-    ``recompute`` start pinned where given (None: searched), ``stack`` names the training software
-    (None: the hardware's own matmul rate), ``sequence_parallel`` and ``flash`` on or off; each is
-    a control."""
+            zero=None, recompute=None, sequence_parallel=True, flash=True, stack=None, cp=1, ep=1,
+            attention="ring") -> w.Widget:
+    """The planner widget; the ``Planner`` behind it is ``widget.planner``. ``tp``, ``zero``,
+    ``recompute``, ``cp`` and ``ep`` start pinned where given (None: searched; cp and ep are 1
+    unless given), ``stack`` names the training software (None: the hardware's own matmul rate),
+    ``sequence_parallel`` and ``flash`` on or off, ``attention`` CP's K/V exchange; each is a
+    control."""
     state = Planner(model, hardware, gpus, global_batch, lang, top, tp=tp, zero=zero, recompute=recompute,
-                    sequence_parallel=sequence_parallel, flash=flash, stack=stack)
+                    sequence_parallel=sequence_parallel, flash=flash, stack=stack, cp=cp, ep=ep, attention=attention)
     box = state.widget
     box.planner = state
     return box
