@@ -97,7 +97,8 @@ class Prediction:
             return ""
         worst = max(self.memory, key=lambda m: m.peak_total)
         return (f"does not fit: rank {worst.rank} needs {self.peak_memory / 1e9:,.1f} GB, the device has "
-                f"{self.hardware.memory_bytes / 1e9:,.0f} GB, {self.hardware.usable_memory / 1e9:,.1f} GB usable "
+                f"{self.hardware.memory_bytes / 2**30:,.0f} GiB ({self.hardware.memory_bytes / 1e9:,.1f} GB), "
+                f"{self.hardware.usable_memory / 1e9:,.1f} GB usable "
                 f"({self.hardware.name}); a real run would fail with "
                 f"out-of-memory — shard more (zero1, fsdp, tp, pp) or use more ranks")
 

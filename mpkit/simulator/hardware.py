@@ -377,14 +377,20 @@ class _Gpu:
     source: str
 
 
+# Memory as the driver reports it (nvidia-smi's total; "80GB" is 80 GiB less what the driver
+# keeps): A100 80GB 81,920 MiB, A100 40GB 40,960 MiB, H100 80GB HBM3 81,559 MiB (modal-labs/
+# modal-client#2797 lists the three; NVIDIA/nccl#1264 shows the H100's). USABLE_MEMORY of it is
+# what a rank can fill.
+MiB = 2 ** 20
+
 _GPUS = {
-    "A100": _Gpu(312e12, 2.039e12, 80e9, MATMUL_SUSTAINED["A100"], _FLASH["A100"], _NVLINK3, _IB_HDR,
+    "A100": _Gpu(312e12, 2.039e12, 81920 * MiB, MATMUL_SUSTAINED["A100"], _FLASH["A100"], _NVLINK3, _IB_HDR,
                  "NVIDIA A100 datasheet: SXM4 80GB, 312 TFLOPS bf16 dense, 2,039 GB/s HBM2e, NVLink 3 600 GB/s; "
                  "DGX A100: 8 GPUs, one 200 Gb/s HDR InfiniBand NIC per GPU"),
-    "A100-40GB": _Gpu(312e12, 1.555e12, 40e9, MATMUL_SUSTAINED["A100"], _FLASH["A100"], _NVLINK3, _IB_HDR,
+    "A100-40GB": _Gpu(312e12, 1.555e12, 40960 * MiB, MATMUL_SUSTAINED["A100"], _FLASH["A100"], _NVLINK3, _IB_HDR,
                       "NVIDIA A100 datasheet: SXM4 40GB, 312 TFLOPS bf16 dense, 1,555 GB/s HBM2, NVLink 3 "
                       "600 GB/s; one 200 Gb/s HDR InfiniBand NIC per GPU"),
-    "H100": _Gpu(989e12, 3.35e12, 80e9, MATMUL_SUSTAINED["H100"], _FLASH["H100"], _NVLINK4, _IB_NDR,
+    "H100": _Gpu(989e12, 3.35e12, 81559 * MiB, MATMUL_SUSTAINED["H100"], _FLASH["H100"], _NVLINK4, _IB_NDR,
                  "NVIDIA H100 datasheet: SXM5 80GB, 989 TFLOPS bf16 dense, 3.35 TB/s HBM3, NVLink 4 900 GB/s; "
                  "DGX H100: 8 GPUs, one 400 Gb/s NDR InfiniBand NIC (ConnectX-7) per GPU"),
     # Meta's Grand Teton H100s (torchtitan benchmarks/llama3_h100_202412_torchtitan.md): 96GB HBM2e at
