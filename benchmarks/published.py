@@ -56,7 +56,8 @@ DEEPSPEED_MTNLG = dict(sequence_parallel=False, flash=False, overlap_dp=False, r
 # last pipeline stages one layer lighter (the analytic model's rule for an uneven split), context
 # parallelism by all-gathering K and V. Its pipeline schedule (interleaved, with a tunable number N of
 # consecutive micro-batches between depth- and breadth-first) is left to the planner: the model knows
-# Megatron's interleaving (N = PP), whose warm-up holds more activations than 80 GB at 8K tokens
+# Megatron's interleaving (N = PP), whose warm-up at 32 micro-batches (the 8,192-GPU row) holds more
+# activations than an H100 fits without checkpointing
 LLAMA3 = dict(sequence_parallel=True, flash=True, overlap_dp=True, zero=3, reshard_after_forward=False,
               attention="all-gather")
 MOSAIC = dict(sequence_parallel=False, flash=True, overlap_dp=True, zero=3, tp=1, pp=1)  # FSDP: no TP/PP support

@@ -28,7 +28,9 @@ Expert parallelism (``ep``) is no dimension of its own: as in Megatron-Core, who
 ``initialize_model_parallel`` requires the data-parallel size to be divisible by the expert-parallel
 size, the experts are split over groups of ``ep`` neighbouring DP ranks, which still hold the same
 attention weights and see different data. So ``world_size = dp * pp * cp * tp``, and ``ep``
-divides ``dp``.
+divides ``dp``. Only the planner prices ``Layout(cp=...)``: the runnable ``3d`` strategy keeps its
+grid dp x pp x tp and folds cp into dp (``Layout(dp=dp * cp, ...)``, the cp ranks between dp and
+pp), so its CP groups are cp neighbouring dp coordinates, not the ranks just outside TP.
 """
 from __future__ import annotations
 

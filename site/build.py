@@ -65,7 +65,8 @@ def github_repository(config: dict, given: str | None) -> str:
         return f"https://github.com/{found.group(1)}"
     if config["repository"].get("url"):
         return check_repository(config["repository"]["url"], "repository.url in site/_config.yml")
-    raise ValueError(f"no GitHub repository for the Binder links: this checkout's origin is {origin or 'not set'!r}; "
+    where = f"origin is {origin!r}, not GitHub" if origin else "has no origin"
+    raise ValueError(f"no GitHub repository for the Binder links: this checkout {where}; "
                      "pass --repository https://github.com/OWNER/NAME (where the labs are published)")
 
 

@@ -133,8 +133,14 @@ def test_the_widget_has_cp_ep_and_attention_controls():
                     attention="all-gather", lang="en")
     assert state.result.best.setup.layout.cp == 2 and state.result.best.setup.attention == "all-gather"
     state.controls["cp"].value = None  # "search"
-    assert state.result.pins["cp"] == "search" and state.controls["cp"].description == "cp pinned"
+    assert state.result.pins["cp"] == "search" and state.controls["cp"].description == "pin cp"
     state.controls["model"].value = "mixtral-8x7b"
     state.controls["gpus"].value, state.controls["global_batch"].value = 64, 256
     state.controls["ep"].value = 8
     assert state.result.best.setup.layout.ep == 8 and "Expert parallelism spans 8" in state.explanation.value
+
+
+def test_the_widget_refuses_an_unknown_attention_kind_by_name():
+    from mpkit.widgets.planwidget import Planner
+    with pytest.raises(ValueError, match="attention='flash2': give one of 'ring'"):
+        Planner(attention="flash2")

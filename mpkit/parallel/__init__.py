@@ -16,7 +16,7 @@ classes: one implementation per mechanism.
 - ``expert_parallel``: a mixture of experts spread over ranks, all-to-all dispatch and combine.
 - ``MixedPrecision``, ``LossScaler``, ``autocast_layers``: bf16/fp16 compute with fp32 master weights,
   fp16's dynamic loss scaling; ``recompute_layers``: full or selective recomputation.
-- ``Layout``: the dp x pp x tp rank grid of 3D parallelism; ``ring_all_reduce``: a collective by hand.
+- ``Layout``: the dp x pp x tp rank grid of 3D parallelism (and the planner's cp dimension); ``ring_all_reduce``: a collective by hand.
 """
 from mpkit.parallel.collectives import ring_all_reduce
 from mpkit.parallel.buckets import plan_buckets

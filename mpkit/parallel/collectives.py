@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from mpkit.observe import active
+from mpkit.parallel.checks import global_rank, require_process_group
 
 RING_OPS = ("sum", "avg")
 COLLECTIVES = ("broadcast", "reduce", "all_reduce", "reduce_scatter", "all_gather", "all_to_all")
@@ -181,7 +182,7 @@ class Ring:
         self.comm = active.comm()
 
     def global_rank(self, group_rank: int) -> int:
-        return dist.get_global_rank(self.group or dist.group.WORLD, group_rank)
+        return global_rank(self.group, group_rank)
 
     def chain_from(self, root: int) -> list[int]:
         """The group ranks in ring order, starting at ``root`` (a group rank)."""
@@ -333,9 +334,7 @@ def _check_all_reduce(tensor, op, wire_dtype):
 
 
 def _check_group(group):
-    if not dist.is_initialized():
-        raise RuntimeError("the hand-written collectives need a process group: run inside mpkit.launch, torchrun, "
-                           "or after torch.distributed.init_process_group(...)")
+    require_process_group("a hand-written collective")
     if dist.get_rank(group) < 0:
         raise ValueError(f"rank {dist.get_rank()} is not a member of the group it passed; call a collective only "
                          f"on the ranks of its group")

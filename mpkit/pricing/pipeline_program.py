@@ -11,22 +11,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mpkit.parallel.pipeline.schedules import (COMM, Backward, BackwardWeight, Forward, SendAct, SendGrad, computation,
+from mpkit.parallel.pipeline.schedules import (Backward, BackwardWeight, Forward, SendAct, SendGrad, computation,
                                                engine_instructions, message)
 from mpkit.simulator.engine import Compute
 
 
-def engine_program(program, rank, forward, backward, message_cost, optimizer=None, peers=None, last=None,
-                   weight=None):
+def engine_program(program, rank, forward, backward, message_cost, optimizer, peers, last=None, weight=None):
     """One rank's schedule list as the simulator's instructions, priced.
 
     ``forward(stage, mb)``/``backward(stage, mb)`` -> seconds, or a list of instructions (see
     ``_phase``); ``weight(stage, mb)``: the W part of a split backward (its B costs backward - W;
     default: half the backward); ``message_cost(kind 'act'|'grad', stage it feeds, src, dst)`` ->
     (bytes, seconds); ``optimizer(rank)`` -> seconds or a list of instructions (None: no optimizer
-    step); ``peers[r]``: the global rank of pipeline rank r (default: r); ``last``: the last stage."""
-    peers = peers or list(range(max(rank + 1, 1 + max((getattr(i, "to", getattr(i, "frm", 0)) for i in program
-                                                        if isinstance(i, COMM)), default=0))))
+    step); ``peers[r]``: the global rank of pipeline rank r; ``last``: the last stage."""
     if weight is None:
         def weight(s, mb):
             return backward(s, mb) / 2

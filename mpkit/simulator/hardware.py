@@ -377,10 +377,11 @@ class _Gpu:
     source: str
 
 
-# Memory as the driver reports it (nvidia-smi's total; "80GB" is 80 GiB less what the driver
-# keeps): A100 80GB 81,920 MiB, A100 40GB 40,960 MiB, H100 80GB HBM3 81,559 MiB (modal-labs/
-# modal-client#2797 lists the three; NVIDIA/nccl#1264 shows the H100's). USABLE_MEMORY of it is
-# what a rank can fill.
+# Memory as the driver reports it (nvidia-smi's total; a datasheet's "80GB" is 80 GiB, of which the
+# A100 reports all and the H100 a little less): A100 80GB 81,920 MiB, A100 40GB 40,960 MiB, H100
+# 80GB HBM3 81,559 MiB (modal-labs/modal-client#2797 lists the three; NVIDIA/nccl#1264 shows the
+# H100's). USABLE_MEMORY of it is what a rank can fill. The 96 GB H100 has no published driver
+# total; it keeps its datasheet figure in decimal bytes, the smaller reading.
 MiB = 2 ** 20
 
 _GPUS = {

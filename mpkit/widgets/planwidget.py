@@ -40,6 +40,9 @@ class Planner:
             if value is not None and (isinstance(value, bool) or value not in PINS[key]):
                 raise ValueError(f"{key}={value!r}: the widget offers {', '.join(map(repr, PINS[key]))} or None "
                                  f"(searched); for other values call mpkit.sim.plan")
+        if attention not in CP_ATTENTION:
+            raise ValueError(f"attention={attention!r}: give one of {', '.join(map(repr, CP_ATTENTION))} (how the "
+                             f"context-parallel ranks exchange keys and values)")
         self.controls = {
             "model": w.Combobox(value=str(model), options=list(MODEL_CHOICES), ensure_option=False),
             "hardware": w.Combobox(value=str(hardware), options=list(HARDWARE_CHOICES), ensure_option=False),
