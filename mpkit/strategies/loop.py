@@ -98,12 +98,14 @@ def optimizer_step(ctx, optimizer, set_to_none: bool = True, mp: MixedPrecision 
         optimizer.zero_grad(set_to_none=set_to_none)
 
 
-def plain_step(ctx, cfg: TrainConfig, model, optimizer, mp: MixedPrecision | None = None):
+def plain_step(ctx, cfg: TrainConfig, model, optimizer, mp: MixedPrecision | None = None, group=None):
     """``step`` for a strategy whose communication lives inside the model (DDP's hooks, FSDP's
-    units, tensor-parallel layers) or that has none (single): forward, backward, optimizer."""
+    units, tensor-parallel layers) or that has none (single): forward, backward, optimizer.
+    ``group``: the ranks holding different gradients (shards, slices), which agree on an fp16
+    overflow (see ``optimizer_step``)."""
     def step(x, y):
         loss = forward_backward(ctx, cfg, model, x, y, mp)
-        optimizer_step(ctx, optimizer, mp=mp, params=model.parameters())
+        optimizer_step(ctx, optimizer, mp=mp, params=model.parameters(), group=group)
         return loss.item()
     return step
 

@@ -1,0 +1,89 @@
+"""precision= and recompute= on the strategies beyond single/dp/zero1/pp (those are in
+``tests/test_strategy_precision.py``, whose tolerances and reference this file reuses): each against
+``single`` with the same precision, on 2 and 4 ranks; an fp16 overflow skipped on every rank alike
+(ranks holding different slices or shards ask each other); recomputation equal to none while it
+keeps fewer activations; the cost model pricing both; and the strategies that still refuse say why."""
+import pytest
+
+import mpkit
+from test_precision_cost_model import GPT as PRICED, _backward_seconds
+from test_strategy_precision import GPT, TOL, _close, reference
+
+CASES = [("tp", 2), ("tp", 4), ("fsdp", 2), ("fsdp", 4), ("ddp", 2), ("mp", 2), ("mp", 4)]
+
+
+def _activations(run):
+    return max(m["activations"] for m in run.memory_by_category())
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy, world", CASES, ids=[f"{s}-{n}" for s, n in CASES])
+def test_bf16_matches_single_bf16(strategy, world):
+    run = mpkit.train(strategy, world, precision="bf16", **GPT)
+    # TOL (test_strategy_precision.py): bf16's 8 bits over other summation orders. tp adds one: its
+    # row-parallel partial sums are rounded to bf16 before the all-reduce (Megatron's too); seen <= 1.2e-4
+    _close(run, reference("bf16"), TOL["bf16"])
+    assert all(e["precision"] == "bf16" for e in run.extra)
+    fp32 = mpkit.train(strategy, world, **GPT)  # autocast ran on these ranks: 2-byte saved matmul inputs
+    assert _activations(run) < _activations(fp32)
+    assert max(abs(a - b) for a, b in zip(run.losses, fp32.losses)) > 1e-5  # bf16 rounding shows in the loss
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy, world", [("tp", 4), ("fsdp", 4), ("ddp", 2)])
+def test_fp16_matches_single_fp16(strategy, world):
+    """fp16 with the default first scale 2**16: no overflow here, the same steps as single."""
+    run = mpkit.train(strategy, world, precision="fp16", **GPT)
+    ref = reference("fp16")
+    assert ref.extra[0]["skipped_steps"] == [] and all(e["skipped_steps"] == [] for e in run.extra)
+    _close(run, ref, TOL["fp16"])
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy, world", [("tp", 2), ("fsdp", 2), ("mp", 2)])
+def test_fp16_overflow_skipped_on_every_rank_as_in_single(strategy, world):
+    """A first scale of 2**22 overflows: tp's and fsdp's ranks each hold a slice or a shard of the
+    gradients, mp's a stage's, and an overflow in any one skips the step on all, as single skips it."""
+    run = mpkit.train(strategy, world, precision="fp16", loss_scale=2.0**22, **GPT)
+    ref = reference("fp16", loss_scale=2.0**22)
+    assert ref.extra[0]["skipped_steps"] == [0, 1]
+    for extra in run.extra:
+        assert extra["skipped_steps"] == [0, 1] and extra["loss_scale"] == ref.extra[0]["loss_scale"]
+    _close(run, ref, TOL["fp16"])
+
+
+def test_fp16_without_a_scaler_is_refused_as_everywhere():
+    from mpkit.parallel.precision import MixedPrecision
+    with pytest.raises(ValueError, match="precision='fp16' needs dynamic loss scaling"):
+        MixedPrecision("fp16")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy, world", [("tp", 2), ("fsdp", 2), ("mp", 2), ("tp", 4)])
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_recompute_equals_none_with_fewer_activations(strategy, world, mode):
+    """As in test_strategy_precision.py: the same ops again (tp's recomputed forward all-reduces
+    again; fsdp's runs after the unit's pre-backward all-gather), so fp32 results equal to 1e-5."""
+    plain = mpkit.train(strategy, world, **GPT)
+    run = mpkit.train(strategy, world, recompute=mode, **GPT)
+    assert max(abs(a - b) for a, b in zip(run.losses, plain.losses)) <= 1e-5
+    assert all((run.params[k] - plain.params[k]).abs().max() <= 1e-5 for k in plain.params)
+    acts = [_activations(r) for r in (plain, run)]
+    assert acts[1] < 0.6 * acts[0] if mode == "full" else acts[1] <= acts[0], acts
+    if strategy == "tp" and mode == "full":  # the recomputed forward all-reduces again (its g, in the backward);
+        # not every one: torch's non-reentrant checkpoint stops a recomputation after the last tensor it needs
+        assert run.extra[0]["all_reduces_per_step"]["forward"] > plain.extra[0]["all_reduces_per_step"]["forward"]
+
+
+@pytest.mark.parametrize("strategy, world", [("tp", 2), ("fsdp", 2), ("mp", 2), ("ddp", 2)])
+def test_cost_model_prices_recompute_and_precision(strategy, world):
+    plain = mpkit.sim.predict(strategy, world_size=world, **PRICED)
+    full = mpkit.sim.predict(strategy, world_size=world, recompute="full", **PRICED)
+    selective = mpkit.sim.predict(strategy, world_size=world, recompute="selective", **PRICED)
+    act = [max(m["activations"] for m in p.memory_by_category()) for p in (plain, selective, full)]
+    assert act[2] < act[1] <= act[0]
+    assert _backward_seconds(plain) < _backward_seconds(selective) < _backward_seconds(full)
+    # autocast keeps fp32 master weights, gradients and moments: the model states as fp32's
+    bf16 = mpkit.sim.predict(strategy, world_size=world, precision="bf16", **PRICED).memory_by_category()[0]
+    states = ("parameters", "gradients", "optimizer")
+    assert {k: bf16[k] for k in states} == {k: plain.memory_by_category()[0][k] for k in states}
