@@ -119,6 +119,12 @@ def all_reduce_counts(events, step=0) -> dict:
             "backward": sum(n.startswith("f backward") for n in names)}
 
 
+def slice_group(group):
+    """The ranks that hold other slices of the gradients (``group``; None: the world), which
+    agree on an fp16 overflow: one slice's inf skips the step on all."""
+    return dist.group.WORLD if group is None else group
+
+
 def run_rank(ctx, cfg):
     model = cfg.model.build(cfg.seed)
     if cfg.model.builtin:
@@ -133,7 +139,7 @@ def run_rank(ctx, cfg):
     opt = make_optimizer(model.parameters(), cfg)
 
     # each rank holds other slices' gradients: an fp16 overflow in one slice skips the step on all
-    step = plain_step(ctx, cfg, model, opt, mp, group=dist.group.WORLD)
+    step = plain_step(ctx, cfg, model, opt, mp, group=slice_group(None))
     losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
     return RankOutput(losses=losses, params=full_parameters(model), extra={
         "parameters_per_rank": sum(p.numel() for p in model.parameters()),
