@@ -127,3 +127,23 @@ def test_cost_model_prices_recompute_and_precision(strategy, world):
     bf16 = mpkit.sim.predict(strategy, world_size=world, precision="bf16", **kw).memory_by_category()[0]
     states = ("parameters", "gradients", "optimizer")
     assert {k: bf16[k] for k in states} == {k: plain.memory_by_category()[0][k] for k in states}
+
+
+def _comm_bytes(events, step):
+    kinds = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv")
+    return sum(e.bytes or 0 for e in events if e.rank == 0 and e.step == step and e.kind in kinds)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy", ["tp", "cp"])
+def test_cost_model_prices_autocast_messages_as_fp32_an_upper_bound(strategy):
+    """The profile counts fp32 bytes (it runs on the meta device, where CPU autocast does not
+    apply): exact for an fp32 run; a bf16 run sends its autocast outputs (tp's forward partial
+    sums, cp's K/V) in bf16 and its gradients' messages partly in fp32, so fewer bytes than priced."""
+    from test_program_matches_run import MACHINE
+    kw = dict(model="gpt", steps=2)
+    predicted = _comm_bytes(mpkit.sim.predict(strategy, hardware=MACHINE, world_size=2, model="gpt",
+                                              precision="bf16").trace.events, 0)
+    fp32 = _comm_bytes(mpkit.train(strategy, 2, **kw).trace.events, 1)
+    bf16 = _comm_bytes(mpkit.train(strategy, 2, precision="bf16", **kw).trace.events, 1)
+    assert predicted == fp32 and fp32 / 2 <= bf16 < fp32, (predicted, fp32, bf16)
