@@ -97,10 +97,12 @@ def test_pp_matches_single(world_size, model, sizes, optimizer):
 
 # ---- torch's V-shaped case (test_schedule_multiproc.py's ZBV/DualPipeV test) through the adapter ----
 
-@pytest.mark.timeout(150)
-def test_torch_case_on_2_ranks_from_a_whole_nn_sequential():
-    # pipeline() cuts an ordinary nn.Sequential of 4 MLP blocks and keeps this rank's V: stages 0 and 3, 1 and 2
-    run_case(2, "ScheduleDualPipeV", {0: [0, 3], 1: [1, 2]}, m=4, whole_model=True)
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_torch_case_from_a_whole_nn_sequential(world_size):
+    # pipeline() cuts an ordinary nn.Sequential of 2p MLP blocks and keeps this rank's V (2 ranks: stages 0 and 3, 1 and 2)
+    p = world_size
+    run_case(p, "ScheduleDualPipeV", {r: [r, 2 * p - 1 - r] for r in range(p)}, m=2 * p, whole_model=True)
 
 
 @pytest.mark.timeout(200)
