@@ -116,5 +116,5 @@ def program(pricer):
     return programs
 
 
-STRATEGY = Strategy("cp", OPTIONS, validate, run_rank, program, dim="dp", model_defaults=lambda world_size: {"model": "gpt"},
-                    takes_precision=True)
+STRATEGY = Strategy("cp", OPTIONS, validate, run_rank, program, dim="dp",
+                    model_defaults=lambda world_size: {"model": "gpt"}, takes_precision=True)

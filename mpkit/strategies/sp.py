@@ -111,5 +111,5 @@ def program(pricer):
     return [[*forward, *backward, grads, optimizer(pricer, prof)] for _ in group]
 
 
-STRATEGY = Strategy("sp", OPTIONS, validate, run_rank, program, dim="tp", model_defaults=lambda world_size: {"model": "gpt"},
-                    takes_precision=True)
+STRATEGY = Strategy("sp", OPTIONS, validate, run_rank, program, dim="tp",
+                    model_defaults=lambda world_size: {"model": "gpt"}, takes_precision=True)

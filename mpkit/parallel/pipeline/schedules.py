@@ -9,10 +9,11 @@ the cost model: on a machine's prices), drawn by the labs, and run for real by
 Stages are numbered globally: with ``p`` ranks and ``v`` virtual stages (model chunks) per rank
 there are ``p·v`` stages and stage ``s`` lives on rank ``s % p`` (Megatron's interleaving:
 rank 0 holds stages 0, p, 2p, ...). Without interleaving (v = 1) stage = rank. ``zbv`` and
-``dualpipev`` place their two chunks per rank in a V (``placement``). Zero-bubble lists split a stage's ``Backward`` into
-``BackwardInput`` (B) and ``BackwardWeight`` (W); their order comes from playing the F/B order on
-unit costs with W filling the waits (``_play``, ``_zbv``), deadlock-free by construction and
-checked again by ``simulate``. ``dualpipev``'s order is DeepSeek's, as torch builds it (``_dualpipev``).
+``dualpipev`` place their two chunks per rank in a V (``placement``). Zero-bubble lists split a
+stage's ``Backward`` into ``BackwardInput`` (B) and ``BackwardWeight`` (W); their order comes from
+playing the F/B order on unit costs with W filling the waits (``_play``, ``_zbv``), deadlock-free
+by construction and checked again by ``simulate``. ``dualpipev``'s order is DeepSeek's, as torch
+builds it (``_dualpipev``).
 
 Communication semantics (what the executor does and the simulator models): the communication
 instructions between two computations form one *batch*, posted together (isend/irecv), like
@@ -112,9 +113,9 @@ def chunks_per_rank(name, virtual=1) -> int:
 
 
 def placement(name, ranks, virtual=1) -> list[int]:
-    """The rank of each stage: round robin (stage s on rank s % p), or a V for ``zbv``/``dualpipev`` (rank r
-    holds stages r and 2p-1-r, so the first and the last stage share rank 0 and the middle two
-    share rank p-1, where an activation passes without a message)."""
+    """The rank of each stage: round robin (stage s on rank s % p), or a V for ``zbv`` and
+    ``dualpipev`` (rank r holds stages r and 2p-1-r, so the first and the last stage share rank 0
+    and the middle two share rank p-1, where an activation passes without a message)."""
     count = ranks * chunks_per_rank(name, virtual)
     if name in V_SHAPED:
         return [s if s < ranks else count - 1 - s for s in range(count)]
@@ -303,7 +304,7 @@ def _dualpipev(p, m, rank):
         b(c1, True)
         w()
         f(c1)
-    for i in range(m - 2 * p + rank + 1):  # 4: the main phase, F0 with B1 then F1 with B0 (each an overlapped pair)
+    for _ in range(m - 2 * p + rank + 1):  # 4: the main phase, F0 with B1 then F1 with B0 (each an overlapped pair)
         f(c0)  # torch: a plain F then B on the last rank's first round, an OVERLAP_F_B pair elsewhere
         b(c1)
         f(c1)
