@@ -20,9 +20,8 @@ from mpkit.sim.engine import Compute
 from mpkit.sim.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
 from mpkit.strategies.loop import (forward_backward, group_mean, local_batch, mixed_precision, optimizer_step,
-                                   prepare_layers, run_steps)
+                                   prepare_layers, run_steps, slice_group)
 from mpkit.strategies.sp import require_gpt
-from mpkit.strategies.tp import slice_group
 
 OPTIONS = {}
 

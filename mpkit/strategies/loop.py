@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 from mpkit.config import TrainConfig
 from mpkit.parallel.precision import LossScaler, MixedPrecision
@@ -96,6 +97,12 @@ def optimizer_step(ctx, optimizer, set_to_none: bool = True, mp: MixedPrecision 
         else:
             mp.step(optimizer, params, group)
         optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def slice_group(group=None):
+    """The ranks holding other slices, shards or stages of the gradients (``group``; None: the
+    world), which agree on an fp16 overflow: one rank's inf skips the step on all."""
+    return dist.group.WORLD if group is None else group
 
 
 def plain_step(ctx, cfg: TrainConfig, model, optimizer, mp: MixedPrecision | None = None, group=None):

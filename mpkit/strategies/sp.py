@@ -21,8 +21,7 @@ from mpkit.parallel.tensor_parallel import full_parameters
 from mpkit.strategies import tp as tensor_strategy
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
 from mpkit.strategies.loop import (forward_backward, full_batch, mixed_precision, optimizer_step, prepare_layers,
-                                   run_steps)
-from mpkit.strategies.tp import slice_group
+                                   run_steps, slice_group)
 
 OPTIONS = {}
 

@@ -20,15 +20,13 @@ layer whose output stays split needs a row layer, a row layer a column layer; a 
 """
 from __future__ import annotations
 
-import torch.distributed as dist
-
 from mpkit.models import Block
 from mpkit.parallel.tensor_parallel import (Split, full_parameters, head_split, plan_targets, sharded_layers, slices,
                                            tensor_parallel, unpaired_columns)
 from mpkit.sim.engine import Compute
 from mpkit.sim.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
-from mpkit.strategies.loop import full_batch, mixed_precision, plain_step, prepare_layers, run_steps
+from mpkit.strategies.loop import full_batch, mixed_precision, plain_step, prepare_layers, run_steps, slice_group
 
 OPTIONS = {"plan": None}
 
@@ -117,12 +115,6 @@ def all_reduce_counts(events, step=0) -> dict:
     names = [e.name for e in events if e.kind == "all_reduce" and e.step == step]
     return {"forward": sum(n.startswith("g forward") for n in names),
             "backward": sum(n.startswith("f backward") for n in names)}
-
-
-def slice_group(group):
-    """The ranks that hold other slices of the gradients (``group``; None: the world), which
-    agree on an fp16 overflow: one slice's inf skips the step on all."""
-    return dist.group.WORLD if group is None else group
 
 
 def run_rank(ctx, cfg):
