@@ -16,7 +16,8 @@ autocast, FSDP's parameters, gathers, reduce-scatters and Adam all fp32. torch's
 ``fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32))`` differs: it
 casts the shards to bf16 *before* the all-gather (half the bytes gathered) and runs the whole unit in
 bf16 (LayerNorm and softmax too, where autocast keeps fp32), then reduce-scatters in fp32; its
-sharded fp32 parameters are the master weights as here. ``recompute``: the layers are checkpointed
+sharded fp32 parameters are the master weights as here. Both land within bf16's rounding of
+``single`` at bf16 (``tests/test_precision_strategies.py`` runs torch's next to ours). ``recompute``: the layers are checkpointed
 before they become units (as torch's recipe: activation checkpointing, then ``fully_shard``); the
 recomputation runs after FSDP's pre-backward all-gather, on the unsharded parameters.
 """
