@@ -13,10 +13,12 @@ Measured bubble: share of rank-time not in forward/backward over one step's wind
 ``mpkit.parallel.schedule``'s lists on the simulator (forward 1, backward 2, W 1 of it). "formula":
 the paper's closed form where there is one: (p-1)/(m+p-1) (GPipe, 1F1B), (p-1)/(v·m+p-1)
 (interleaved, looped BFS), (p-1)/(3m+p-1) (ZB-H1: (p-1)(F+B-W) idle per rank); ZB-V's is ~0 for
-m >= 2p. Step time: median over steps after the first, of the median over runs taking turns with
-torch's schedule class on the same stages (``benchmarks/turns.py``).
+m >= 2p; DualPipeV's has none here (its point, overlapping a forward with another micro-batch's
+backward, needs two streams that CPU ranks do not have). Step time: median over steps after the
+first, of the median over runs taking turns with torch's schedule class on the same stages
+(``benchmarks/turns.py``).
 
-    python benchmarks/pp_schedules.py [--runs 3] [--steps 4]
+    python benchmarks/pp_schedules.py [--runs 3] [--steps 4] [--only zbv dualpipev]
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ WORLD, M, LAYERS, HIDDEN, BATCH, LAYER_MS = 4, 8, 8, 32, 64, 10.0
 SCHEDULES = [("gpipe", 1, "ScheduleGPipe"), ("1f1b", 1, "Schedule1F1B"),
              ("interleaved", 2, "ScheduleInterleaved1F1B"), ("looped_bfs", 2, "ScheduleLoopedBFS"),
              ("interleaved_zb", 1, "ScheduleInterleavedZeroBubble"),
-             ("interleaved_zb", 2, "ScheduleInterleavedZeroBubble"), ("zbv", 2, "ScheduleZBVZeroBubble")]
+             ("interleaved_zb", 2, "ScheduleInterleavedZeroBubble"), ("zbv", 2, "ScheduleZBVZeroBubble"),
+             ("dualpipev", 2, "ScheduleDualPipeV")]
 
 
 class _Sleep(torch.autograd.Function):
@@ -137,9 +140,11 @@ def measure(fn, args, steps, bubble=False):
     return time_
 
 
-def rows(runs=3, steps=4) -> list[dict]:
+def rows(runs=3, steps=4, only=None) -> list[dict]:
     out = []
     for name, v, torch_name in SCHEDULES:
+        if only and name not in only:
+            continue
         bubbles = []
 
         def ours_time(name=name, v=v, bubbles=bubbles):
@@ -159,13 +164,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--only", nargs="+", choices=sorted({n for n, *_ in SCHEDULES}), help="these schedules only")
     args = parser.parse_args(argv)
     print(f"p={WORLD} ranks on {len(os.sched_getaffinity(0))} CPU cores, m={M}, {LAYERS} layers x "
           f"{LAYER_MS:g} ms for each of F, B, W (slept); median over {args.runs} alternating runs of the median "
           f"of steps 2..{args.steps}")
     print(f"{'schedule':<18} {'measured':>9} {'lists':>7} {'formula':>8} {'ours ms':>8} {'torch ms':>9} {'ratio':>6}  "
           f"torch class")
-    for r in rows(args.runs, args.steps):
+    for r in rows(args.runs, args.steps, args.only):
         f = "-" if r["formula"] is None else f"{r['formula']:.1%}"
         label = r["schedule"] + (f" v={r['v']}" if r["v"] > 1 or r["schedule"] == "interleaved_zb" else "")
         print(f"{label:<18} {r['measured']:>9.1%} {r['lists']:>7.1%} {f:>8} {r['ours_ms']:>8.0f} "

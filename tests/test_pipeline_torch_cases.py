@@ -9,7 +9,7 @@ Each case checks what torch's checks: the last stage's output and the sum of the
 losses against a plain run of the whole model, and every rank's gradients against it
 (rtol 1e-5, atol 4e-5: torch's own tolerances). Each also runs the same case with torch's own
 schedule class and asserts that its gradients equal ours (the cross-check of each schedule).
-Not ported: ``ScheduleDualPipeV`` (mpkit has no DualPipeV schedule), the forward-only schedule, the
+``ScheduleDualPipeV``'s case runs in ``tests/test_pp_dualpipev.py`` through this adapter. Not ported: the forward-only schedule, the
 custom-runtime CSV cases and ``dw_builder`` (torch-internal APIs without an mpkit counterpart).
 """
 import copy
@@ -55,7 +55,7 @@ def schedule_class(name):
 OURS = {"ScheduleGPipe": schedule_class("gpipe"), "Schedule1F1B": schedule_class("1f1b"),
         "ScheduleInterleaved1F1B": schedule_class("interleaved"), "ScheduleLoopedBFS": schedule_class("looped_bfs"),
         "ScheduleInterleavedZeroBubble": schedule_class("interleaved_zb"),
-        "ScheduleZBVZeroBubble": schedule_class("zbv")}
+        "ScheduleZBVZeroBubble": schedule_class("zbv"), "ScheduleDualPipeV": schedule_class("dualpipev")}
 
 
 # ---- torch's model_registry.MultiMLP, as its tests build it -----------------------------------

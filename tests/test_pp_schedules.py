@@ -111,7 +111,7 @@ def test_simulator_catches_deadlock_mismatch_and_missing_inputs():
 def test_bad_arguments(args, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
         schedule(*args)
-    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb", "zbv"}
+    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb", "zbv", "dualpipev"}
 
 
 def test_programs_are_plain_data():

@@ -83,8 +83,8 @@ def test_selective_needs_an_attention_core():
 
 
 def test_train_refuses_precision_where_not_taken():
-    with pytest.raises(ValueError, match="single, dp, zero1, pp"):
-        mpkit.train("tp", 2, model="gpt", precision="bf16")
+    with pytest.raises(ValueError, match="strategy='ps' does not take precision=.*single, dp, ddp, zero1, fsdp, mp, tp, pp"):
+        mpkit.train("ps", 3, precision="bf16")
     with pytest.raises(ValueError, match="recompute='half' is unknown"):
         mpkit.train("single", recompute="half")
     with pytest.raises(ValueError, match="loss_scale"):

@@ -7,7 +7,7 @@ from mpkit.sim import predict
 from test_program_matches_run import MACHINE, signature
 
 CASES = [{"schedule": "looped_bfs"}, {"schedule": "interleaved_zb", "virtual_stages": 1},
-         {"schedule": "interleaved_zb"}, {"schedule": "zbv"}]
+         {"schedule": "interleaved_zb"}, {"schedule": "zbv"}, {"schedule": "dualpipev"}]
 
 
 @pytest.mark.timeout(300)

@@ -59,7 +59,8 @@ def autocast_layers(layers, precision: str) -> None:
 
 
 def _grads(params) -> list[torch.Tensor]:
-    return [p.grad for p in params if p.grad is not None]
+    """The gradients this rank holds: a sharded (DTensor) gradient as its local shard."""
+    return [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
 
 
 class LossScaler:

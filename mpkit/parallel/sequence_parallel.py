@@ -132,11 +132,13 @@ class _GatheredLinear(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         dim, group, name = ctx.args
-        full = _gather(x, dim, group, f"sp all-gather again backward {name}")
-        grad_input = _reduce_scatter(grad @ weight, dim, group, f"sp reduce-scatter backward {name}")
+        # under autocast the forward's matmul ran in bf16/fp16 (grad's dtype) on fp32 saved tensors:
+        # the backward's matmuls in that dtype too, each gradient returned in its input's dtype
+        full = _gather(x, dim, group, f"sp all-gather again backward {name}").to(grad.dtype)
+        grad_input = _reduce_scatter(grad @ weight.to(grad.dtype), dim, group, f"sp reduce-scatter backward {name}")
         grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ full.reshape(-1, full.shape[-1])
-        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.has_bias else None
-        return grad_input, grad_weight, grad_bias, None, None, None
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(weight.dtype) if ctx.has_bias else None
+        return grad_input.to(x.dtype), grad_weight.to(weight.dtype), grad_bias, None, None, None
 
 
 class SequenceParallelColumnLinear(ColumnParallelLinear):

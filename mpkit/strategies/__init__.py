@@ -59,8 +59,9 @@ def make_config(strategy, world_size, *, model=STRATEGY_DEFAULT, steps=3, batch_
                        check_finite=check_finite, precision=precision, recompute=recompute, loss_scale=loss_scale)
     if (precision != "fp32" or recompute is not None) and not spec.takes_precision:
         takers = ", ".join(n for n in REGISTRY if get_strategy(n).takes_precision)
-        raise ValueError(f"strategy={strategy!r} does not take precision= or recompute=; the strategies that do: "
-                         f"{takers}")
+        why = f" ({spec.no_precision})" if spec.no_precision else ""
+        raise ValueError(f"strategy={strategy!r} does not take precision= or recompute={why}; the strategies that "
+                         f"do: {takers}")
     if recompute == "selective":  # a model without attention fails here, in the caller
         with torch.device("meta"):
             selective_targets(cfg.model.build(cfg.seed).modules())

@@ -31,6 +31,7 @@ class Strategy:
     # strategy needs another (sp/cp split a transformer's sequence; ep needs its experts)
     model_defaults: Callable[[int], dict] | None = None
     takes_precision: bool = False  # runs precision="bf16"/"fp16" and recompute= (mpkit.parallel.precision)
+    no_precision: str = ""  # where it does not: why, for the error message
 
     def mesh(self, cfg: TrainConfig) -> Layout | None:
         """The run's ranks on the dp x pp x tp grid."""

@@ -20,7 +20,8 @@ from mpkit.strategies.dp import bucket_program
 from mpkit.parallel.context_parallel import ATTENTION, context_parallel_attention, sequence_positions, shard_sequence
 from mpkit.parallel.data_parallel import DataParallel
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
-from mpkit.strategies.loop import forward_backward, full_batch, group_mean, optimizer_step, run_steps
+from mpkit.strategies.loop import (forward_backward, full_batch, group_mean, mixed_precision, optimizer_step,
+                                   prepare_layers, run_steps)
 from mpkit.strategies.sp import require_gpt
 
 OPTIONS = {"attention": "ring"}
@@ -55,19 +56,22 @@ def attach(model, kind: str, group=None):
 
 
 def run_rank(ctx, cfg, group=None):
-    model = attach(cfg.model.build(cfg.seed), cfg.option("attention"), group).to(ctx.device)
+    mp = mixed_precision(cfg)  # ring/Ulysses attention inside the autocast blocks: its K/V messages in bf16/fp16
+    model = attach(cfg.model.build(cfg.seed), cfg.option("attention"), group)
+    prepare_layers(cfg, model, mp)
+    model = model.to(ctx.device)
     dp = DataParallel(model, group=group)
     opt = make_optimizer(model.parameters(), cfg)
 
     def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, shard_sequence(y, group, dim=1))  # x whole: global positions
-        dp.finish_gradient_synchronization()
-        optimizer_step(ctx, opt)
+        loss = forward_backward(ctx, cfg, model, x, shard_sequence(y, group, dim=1), mp)  # x whole: global positions
+        dp.finish_gradient_synchronization()  # averaged: every rank holds the same gradients, sees the same overflow
+        optimizer_step(ctx, opt, mp=mp, params=model.parameters())
         return loss.item()
 
     losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt, *dp.buffers_for_tracking))
     return RankOutput(losses=group_mean(ctx, losses, group), params=state_of(model), extra={
-        "positions": sequence_positions(cfg.model.seq_len, ctx.world_size, ctx.rank).tolist()})
+        "positions": sequence_positions(cfg.model.seq_len, ctx.world_size, ctx.rank).tolist(), **mp.report()})
 
 
 def program(pricer):
@@ -112,4 +116,5 @@ def program(pricer):
     return programs
 
 
-STRATEGY = Strategy("cp", OPTIONS, validate, run_rank, program, dim="dp", model_defaults=lambda world_size: {"model": "gpt"})
+STRATEGY = Strategy("cp", OPTIONS, validate, run_rank, program, dim="dp",
+                    model_defaults=lambda world_size: {"model": "gpt"}, takes_precision=True)

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mpkit.parallel.buckets import FIRST_BUCKET_MB, MiB, check_bucket_mb
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
 from mpkit.strategies.dp import bucket_program, check_flags, validate_batch
-from mpkit.strategies.loop import group_mean, local_batch, plain_step, run_steps
+from mpkit.strategies.loop import build_model, group_mean, local_batch, mixed_precision, plain_step, run_steps
 
 OPTIONS = {"bucket_mb": 25.0, "find_unused_parameters": False}
 
@@ -50,7 +50,8 @@ def traced_allreduce_hook(state, bucket):
 
 
 def run_rank(ctx, cfg):
-    model = cfg.model.build(cfg.seed).to(ctx.device)
+    mp = mixed_precision(cfg)  # DDP all-reduces the fp32 gradients: every rank sees the same overflow
+    model = build_model(ctx, cfg, mp)
     ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                                   bucket_cap_mb=cfg.option("bucket_mb"),
                                   find_unused_parameters=cfg.option("find_unused_parameters"))
@@ -58,9 +59,11 @@ def run_rank(ctx, cfg):
     ddp.register_comm_hook(hook_state, traced_allreduce_hook)
     opt = make_optimizer(ddp.parameters(), cfg)
 
-    losses = group_mean(ctx, run_steps(ctx, cfg, plain_step(ctx, cfg, ddp, opt), local_batch(ctx, cfg), track=(model, opt)))
+    losses = group_mean(ctx, run_steps(ctx, cfg, plain_step(ctx, cfg, ddp, opt, mp), local_batch(ctx, cfg),
+                                       track=(model, opt)))
     buckets = hook_state.bucket_bytes[cfg.steps - 1]  # after DDP's rebuild at the end of step 0
-    extra = {"buckets": len(buckets), "bucket_bytes": buckets, "all_reduce_bytes_per_step": sum(buckets)}
+    extra = {"buckets": len(buckets), "bucket_bytes": buckets, "all_reduce_bytes_per_step": sum(buckets),
+             **mp.report()}
     return RankOutput(losses=losses if ctx.rank == 0 else None, params=state_of(model) if ctx.rank == 0 else {},
                       extra=extra)
 
@@ -71,4 +74,4 @@ def program(pricer):
                           pricer.options["find_unused_parameters"])
 
 
-STRATEGY = Strategy("ddp", OPTIONS, validate, run_rank, program)
+STRATEGY = Strategy("ddp", OPTIONS, validate, run_rank, program, takes_precision=True)

@@ -19,7 +19,8 @@ from mpkit.parallel.expert_parallel import (ExpertParallelMoE, check_expert_spli
 from mpkit.simulator.engine import Compute
 from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
-from mpkit.strategies.loop import forward_backward, group_mean, local_batch, optimizer_step, run_steps
+from mpkit.strategies.loop import (forward_backward, group_mean, local_batch, mixed_precision, optimizer_step,
+                                   prepare_layers, run_steps, slice_group)
 from mpkit.strategies.sp import require_gpt
 
 OPTIONS = {}
@@ -36,21 +37,24 @@ def validate(cfg):
 
 
 def run_rank(ctx, cfg, group=None):
-    model = expert_parallel(cfg.model.build(cfg.seed), group).to(ctx.device)
+    mp = mixed_precision(cfg)  # the dispatch/combine all-to-alls inside the autocast blocks move bf16/fp16
+    model = expert_parallel(cfg.model.build(cfg.seed), group)
+    prepare_layers(cfg, model, mp)
+    model = model.to(ctx.device)
     opt = make_optimizer(model.parameters(), cfg)
     loads = []
 
     def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, y)
+        loss = forward_backward(ctx, cfg, model, x, y, mp)
         loads.append([{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in s.items()} for s in expert_load(model)])
         synchronize_gradients(model, group)
-        optimizer_step(ctx, opt)
+        optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=slice_group(group))  # experts: per rank
         return loss.item()
 
     losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt))
     return RankOutput(losses=group_mean(ctx, losses, group), params=full_expert_parameters(model, group),
-                      extra={"expert_load": loads,
-                                                     "first_expert": [m.first for m in model.modules() if isinstance(m, ExpertParallelMoE)]})
+                      extra={"expert_load": loads, **mp.report(),
+                             "first_expert": [m.first for m in model.modules() if isinstance(m, ExpertParallelMoE)]})
 
 
 def program(pricer):
@@ -88,4 +92,4 @@ def program(pricer):
 
 
 STRATEGY = Strategy("ep", OPTIONS, validate, run_rank, program, dim="dp",
-                    model_defaults=lambda world_size: {"model": "gpt", "experts": 2 * world_size})
+                    model_defaults=lambda world_size: {"model": "gpt", "experts": 2 * world_size}, takes_precision=True)

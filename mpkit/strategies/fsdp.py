@@ -10,6 +10,16 @@ Tracing: FSDP2's public ``set_custom_all_gather`` / ``set_custom_reduce_scatter`
 collectives ourselves, so each one is logged as an event with its bytes: an async all-gather ends
 when its Work's future completes, a blocking reduce-scatter when the call returns. Not traced:
 the all-gathers that ``DTensor.full_tensor()`` does to report full parameters after training.
+
+Precision: the same recipe as every strategy here (``precision.py``): each layer's forward under
+autocast, FSDP's parameters, gathers, reduce-scatters and Adam all fp32. torch's own
+``fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32))`` differs: it
+casts the shards to bf16 *before* the all-gather (half the bytes gathered) and runs the whole unit in
+bf16 (LayerNorm and softmax too, where autocast keeps fp32), then reduce-scatters in fp32; its
+sharded fp32 parameters are the master weights as here. Both land within bf16's rounding of
+``single`` at bf16 (``tests/test_precision_strategies.py`` runs torch's next to ours). ``recompute``: the layers are checkpointed
+before they become units (as torch's recipe: activation checkpointing, then ``fully_shard``); the
+recomputation runs after FSDP's pre-backward all-gather, on the unsharded parameters.
 """
 import math
 
@@ -23,7 +33,7 @@ from mpkit.simulator.engine import Compute, Wait
 from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
 from mpkit.strategies.dp import validate_batch
-from mpkit.strategies.loop import group_mean, local_batch, plain_step, run_steps
+from mpkit.strategies.loop import group_mean, local_batch, mixed_precision, plain_step, prepare_layers, run_steps
 
 OPTIONS = {}
 
@@ -95,15 +105,21 @@ def shard_model(ctx, cfg, model):
 
 
 def run_rank(ctx, cfg):
-    model = shard_model(ctx, cfg, cfg.model.build(cfg.seed).to(ctx.device))
+    mp = mixed_precision(cfg)
+    model = cfg.model.build(cfg.seed)
+    prepare_layers(cfg, model, mp)
+    model = shard_model(ctx, cfg, model.to(ctx.device))
     opt = make_optimizer(model.parameters(), cfg)
 
-    losses = group_mean(ctx, run_steps(ctx, cfg, plain_step(ctx, cfg, model, opt), local_batch(ctx, cfg), track=(model, opt)))
+    # each rank holds its gradient shards: an fp16 overflow in one shard skips the step on all
+    step = plain_step(ctx, cfg, model, opt, mp, group=dist.group.WORLD)
+    losses = group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt)))
     local = {name: p.to_local() for name, p in model.named_parameters()}
     full = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}  # collective
     extra = {"local_numel": sum(t.numel() for t in local.values()),
              "padded_numel": sum(t.untyped_storage().nbytes() // t.element_size() for t in local.values()),
-             "traced": "all_gather and reduce_scatter of every layer (not the final full_tensor gathers)"}
+             "traced": "all_gather and reduce_scatter of every layer (not the final full_tensor gathers)",
+             **mp.report()}
     return RankOutput(losses=losses if ctx.rank == 0 else None, params=full if ctx.rank == 0 else {}, extra=extra)
 
 
@@ -145,4 +161,4 @@ def program(pricer):
     return [list(program) for _ in range(n)]
 
 
-STRATEGY = Strategy("fsdp", OPTIONS, validate, run_rank, program)
+STRATEGY = Strategy("fsdp", OPTIONS, validate, run_rank, program, takes_precision=True)

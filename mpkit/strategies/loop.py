@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 from mpkit.config import TrainConfig
 from mpkit.parallel.precision import LossScaler, MixedPrecision
@@ -98,12 +99,20 @@ def optimizer_step(ctx, optimizer, set_to_none: bool = True, mp: MixedPrecision 
         optimizer.zero_grad(set_to_none=set_to_none)
 
 
-def plain_step(ctx, cfg: TrainConfig, model, optimizer, mp: MixedPrecision | None = None):
+def slice_group(group=None):
+    """The ranks holding other slices, shards or stages of the gradients (``group``; None: the
+    world), which agree on an fp16 overflow: one rank's inf skips the step on all."""
+    return dist.group.WORLD if group is None else group
+
+
+def plain_step(ctx, cfg: TrainConfig, model, optimizer, mp: MixedPrecision | None = None, group=None):
     """``step`` for a strategy whose communication lives inside the model (DDP's hooks, FSDP's
-    units, tensor-parallel layers) or that has none (single): forward, backward, optimizer."""
+    units, tensor-parallel layers) or that has none (single): forward, backward, optimizer.
+    ``group``: the ranks holding different gradients (shards, slices), which agree on an fp16
+    overflow (see ``optimizer_step``)."""
     def step(x, y):
         loss = forward_backward(ctx, cfg, model, x, y, mp)
-        optimizer_step(ctx, optimizer, mp=mp, params=model.parameters())
+        optimizer_step(ctx, optimizer, mp=mp, params=model.parameters(), group=group)
         return loss.item()
     return step
 

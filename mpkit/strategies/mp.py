@@ -20,7 +20,8 @@ def validate(cfg):
 
 def run_rank(ctx, cfg):
     out = train_pipeline(ctx, cfg, "gpipe", 1, 1)
-    out.extra = {"layers": out.extra["layers"][ctx.rank], "parameters": out.extra["parameters"]}
+    precision = {k: v for k, v in out.extra.items() if k in ("precision", "loss_scale", "skipped_steps")}
+    out.extra = {"layers": out.extra["layers"][ctx.rank], "parameters": out.extra["parameters"], **precision}
     return out
 
 
@@ -28,4 +29,4 @@ def program(pricer):
     return pipeline_program(pricer, "gpipe", 1, 1)
 
 
-STRATEGY = Strategy("mp", OPTIONS, validate, run_rank, program, dim='pp')
+STRATEGY = Strategy("mp", OPTIONS, validate, run_rank, program, dim='pp', takes_precision=True)

@@ -1,10 +1,10 @@
 """Pipeline parallel (``mpkit.parallel.pipeline``): the model cut into stages, the batch into
 micro-batches that flow through the stages so that several devices compute at once.
 
-Options: ``schedule`` ("gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb" or "zbv"),
+Options: ``schedule`` ("gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb", "zbv" or "dualpipev"),
 ``micro_batches`` (m; each holds batch_size/m samples, loss scaled by 1/m, gradients accumulated,
 one optimizer step per rank per step), ``virtual_stages`` (v model chunks per rank, read by
-"interleaved", "looped_bfs" and "interleaved_zb"; "zbv" always holds two). Stages of the
+"interleaved", "looped_bfs" and "interleaved_zb"; "zbv" and "dualpipev" always hold two). Stages of the
 built-in models are balanced by parameter count (``stages.py``); a user's ``nn.Sequential`` is
 cut the same way. ``mp`` is this strategy with one micro-batch.
 """
@@ -24,7 +24,7 @@ OPTIONS = {"schedule": "gpipe", "micro_batches": 4, "virtual_stages": 2}
 
 
 def virtual_stages(cfg) -> int:
-    """Model chunks per rank (1 for gpipe and 1f1b, 2 for zbv)."""
+    """Model chunks per rank (1 for gpipe and 1f1b, 2 for zbv and dualpipev)."""
     return chunks_per_rank(cfg.option("schedule"), cfg.option("virtual_stages"))
 
 

@@ -239,4 +239,8 @@ def program(pricer):
     return programs
 
 
-STRATEGY = Strategy("ps", OPTIONS, validate, run_rank, program, dim=None)
+STRATEGY = Strategy("ps", OPTIONS, validate, run_rank, program, dim=None, no_precision=(
+    "its workers push gradients over rpc to a server that steps on them, so fp16's loss scaler would have to "
+    "live on the server and, in mode='async', skip one worker's push while the others' apply: mpkit leaves "
+    "the parameter server in fp32; for mixed precision or recomputation with data parallelism use dp, ddp, "
+    "zero1 or fsdp"))

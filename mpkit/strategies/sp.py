@@ -20,7 +20,8 @@ from mpkit.parallel.sequence_parallel import (all_reduce_sequence_parallel_gradi
 from mpkit.parallel.tensor_parallel import full_parameters
 from mpkit.strategies import tp as tensor_strategy
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
-from mpkit.strategies.loop import forward_backward, full_batch, optimizer_step, run_steps
+from mpkit.strategies.loop import (forward_backward, full_batch, mixed_precision, optimizer_step, prepare_layers,
+                                   run_steps, slice_group)
 
 OPTIONS = {}
 
@@ -56,18 +57,21 @@ def shard(model, rank: int, tp: int, group=None):
 
 
 def run_rank(ctx, cfg, group=None):
-    model = shard(cfg.model.build(cfg.seed), ctx.rank, ctx.world_size, group).to(ctx.device)
+    mp = mixed_precision(cfg)  # as tp: the layers wrapped after the split
+    model = shard(cfg.model.build(cfg.seed), ctx.rank, ctx.world_size, group)
+    prepare_layers(cfg, model, mp)
+    model = model.to(ctx.device)
     opt = make_optimizer(model.parameters(), cfg)
 
     def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, y)
+        loss = forward_backward(ctx, cfg, model, x, y, mp)
         all_reduce_sequence_parallel_gradients(model, group)
-        optimizer_step(ctx, opt)
+        optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=slice_group(group))
         return loss.item()
 
     losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
     return RankOutput(losses=losses, params=full_parameters(model),
-                      extra={"parameters_per_rank": sum(p.numel() for p in model.parameters())})
+                      extra={"parameters_per_rank": sum(p.numel() for p in model.parameters()), **mp.report()})
 
 
 def program(pricer):
@@ -106,4 +110,5 @@ def program(pricer):
     return [[*forward, *backward, grads, optimizer(pricer, prof)] for _ in group]
 
 
-STRATEGY = Strategy("sp", OPTIONS, validate, run_rank, program, dim="tp", model_defaults=lambda world_size: {"model": "gpt"})
+STRATEGY = Strategy("sp", OPTIONS, validate, run_rank, program, dim="tp",
+                    model_defaults=lambda world_size: {"model": "gpt"}, takes_precision=True)

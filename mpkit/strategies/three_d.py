@@ -47,7 +47,7 @@ from mpkit.strategies import tp as tensor_strategy
 from mpkit.strategies.base import (
     RankOutput, Strategy, make_optimizer, optimizer_spec, require_builtin, require_divisible,
 )
-from mpkit.strategies.loop import full_batch, group_mean, optimizer_step, run_steps
+from mpkit.strategies.loop import full_batch, group_mean, mixed_precision, optimizer_step, prepare_layers, run_steps
 
 OPTIONS = {"dp": 1, "tp": 1, "pp": 1, "schedule": "1f1b", "micro_batches": 2, "virtual_stages": 2, "zero": False,
            "cp": 1, "sp": False, "attention": "ring"}
@@ -157,9 +157,17 @@ def run_rank(ctx, cfg):
         sequence_strategy.shard(model, me["tp"], grid.tp, groups["tp"])
     elif grid.tp > 1:
         tensor_strategy.shard(model, me["tp"], grid.tp, groups["tp"])
+    mp = mixed_precision(cfg)  # as tp and pp: the layers wrapped after the split, before the stages are cut
+    prepare_layers(cfg, model, mp)
+    scaler = mp.scaler
+
+    def loss_fn(out, y):  # fp16: each micro-batch's loss scaled before the executor's backward
+        loss = cfg.model.loss(out, y)
+        return loss if scaler is None else scaler.scale(loss)
+
     stages = [Stage([model.layers[i] for i in g], g) for g in split]
     pipe = pipeline(stages, schedule=cfg.option("schedule"), micro_batches=m, group=groups["pp"],
-                    loss_fn=cfg.model.loss, virtual_stages=v).to(ctx.device)
+                    loss_fn=loss_fn, virtual_stages=v).to(ctx.device)
     if cfg.option("zero"):
         cls, kwargs = optimizer_spec(cfg)
         opt = ShardedOptimizer(pipe.parameters(), cls, group=groups["dp"], average_gradients=True, **kwargs)
@@ -172,6 +180,7 @@ def run_rank(ctx, cfg):
             sync, track = dp.finish_gradient_synchronization, (pipe, opt, *dp.buffers_for_tracking)
 
     def step(x, y):
+        scale = 1.0 if scaler is None else scaler.value
         x, y = (t.tensor_split(cfg.option("dp"))[me["dp"] // cp] for t in (x, y))
         if context is not None:
             y = shard_sequence(y, context, dim=1)  # x stays whole: the embedding needs global positions
@@ -181,13 +190,14 @@ def run_rank(ctx, cfg):
         if sync is not None:
             sync()
         if cfg.option("zero"):
-            with ctx.trace.span("optimizer"):
-                opt.update_shard()
+            with ctx.trace.span("optimizer"):  # every rank holds other stages, slices or shards: all agree
+                if mp.unscale_(opt.shard_parameters, group=dist.group.WORLD):
+                    opt.update_shard()
                 opt.zero_grad()
             opt.all_gather_parameters()
         else:
-            optimizer_step(ctx, opt)
-        return loss
+            optimizer_step(ctx, opt, mp=mp, params=pipe.parameters(), group=dist.group.WORLD)
+        return None if loss is None else loss / scale
 
     losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=track)
     if pipe.holds_last_stage:
@@ -200,7 +210,8 @@ def run_rank(ctx, cfg):
     report = me["dp"] == 0 and me["tp"] == 0
     return RankOutput(losses=losses if pipe.holds_last_stage and report else None, params=params if report else {},
                       extra={"coords": me, "stages": sorted(pipe.stages), "parameters": sum(p.numel() for p in pipe.parameters()),
-                             "layers": {s: list(stage.layer_ids) for s, stage in pipe.stages.items()}})
+                             "layers": {s: list(stage.layer_ids) for s, stage in pipe.stages.items()},
+                             **mp.report()})
 
 
 def program(pricer):
@@ -269,4 +280,4 @@ def program(pricer):
     return programs
 
 
-STRATEGY = Strategy("3d", OPTIONS, validate, run_rank, program, layout=layout)
+STRATEGY = Strategy("3d", OPTIONS, validate, run_rank, program, layout=layout, takes_precision=True)

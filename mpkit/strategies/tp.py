@@ -26,7 +26,7 @@ from mpkit.parallel.tensor_parallel import (Split, full_parameters, head_split, 
 from mpkit.simulator.engine import Compute
 from mpkit.pricing.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
-from mpkit.strategies.loop import full_batch, plain_step, run_steps
+from mpkit.strategies.loop import full_batch, mixed_precision, plain_step, prepare_layers, run_steps, slice_group
 
 OPTIONS = {"plan": None}
 
@@ -123,14 +123,20 @@ def run_rank(ctx, cfg):
         shard(model, ctx.rank, ctx.world_size)
     else:
         tensor_parallel(model, cfg.option("plan"))
+    # after the split, so a top-level layer the plan swaps is wrapped as its parallel version. Under
+    # autocast the sliced matmuls give bf16/fp16 partial sums, all-reduced in that dtype (as Megatron does)
+    mp = mixed_precision(cfg)
+    prepare_layers(cfg, model, mp)
     model = model.to(ctx.device)
     opt = make_optimizer(model.parameters(), cfg)
 
-    losses = run_steps(ctx, cfg, plain_step(ctx, cfg, model, opt), full_batch(ctx, cfg), track=(model, opt))
+    # each rank holds other slices' gradients: an fp16 overflow in one slice skips the step on all
+    step = plain_step(ctx, cfg, model, opt, mp, group=slice_group(None))
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
     return RankOutput(losses=losses, params=full_parameters(model), extra={
         "parameters_per_rank": sum(p.numel() for p in model.parameters()),
         "sharded_layers": list(sharded_layers(model)),
-        "all_reduces_per_step": all_reduce_counts(ctx.trace.events),
+        "all_reduces_per_step": all_reduce_counts(ctx.trace.events), **mp.report(),
     })
 
 
@@ -153,4 +159,4 @@ def program(pricer):
     return [list(program) for _ in range(pricer.world)]
 
 
-STRATEGY = Strategy("tp", OPTIONS, validate, run_rank, program, dim='tp')
+STRATEGY = Strategy("tp", OPTIONS, validate, run_rank, program, dim='tp', takes_precision=True)

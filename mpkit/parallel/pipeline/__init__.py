@@ -31,6 +31,11 @@ labs) differ only in the order of those instructions:
   input gradient, which the previous stage waits for) and W (the weight gradients, which nobody
   waits for; ``split_backward.py``), and W fills the slots where 1F1B waits. ``interleaved_zb``
   keeps (interleaved) 1F1B's order (ZB-H1 with v = 1); ``zbv`` folds two chunks per rank in a V.
+- ``dualpipev``: DeepSeek's DualPipe folded in a V (torch's ``ScheduleDualPipeV``): ZB-V's
+  placement, and in the steady state each forward of one chunk paired with a whole backward of the
+  other chunk for another micro-batch (torch's OVERLAP_F_B; on a GPU the pair's compute and
+  communication can overlap, here and in torch's default runtime the two run one after the other);
+  the backward is split into B and W only at the start and the end. Needs m >= 2p.
 
 ``pipeline(...)`` returns a ``Pipeline`` holding this rank's stages: ``loss = pipe.step(x, y)``
 runs forward and backward of every micro-batch (each holds batch/m samples, its loss scaled by
@@ -59,7 +64,7 @@ def pipeline(stages_or_module, split_points=None, schedule="1f1b", micro_batches
     stage starts — or balanced by parameter count), or a list of stage modules (one per stage),
     or — as torch's ``PipelineStage`` — only this rank's stages, ``{global stage index: module}``
     with ``num_stages``, so no rank needs the whole model. Stage s lives on rank ``placement(...)[s]``
-    (s % world_size; ``zbv`` folds them in a V). ``loss_fn(output, target)``: the loss of one
+    (s % world_size; ``zbv`` and ``dualpipev`` fold them in a V). ``loss_fn(output, target)``: the loss of one
     micro-batch, on the rank holding the last stage; ``scale_grads=True`` divides it by m (a mean
     loss: gradients of the batch's mean), False leaves it (a sum loss: the batch's sum, as torch's
     ``scale_grads=False``). ``virtual_stages``: model chunks per rank for ``interleaved``,
@@ -123,7 +128,7 @@ class Pipeline(nn.Module):
     @property
     def stages(self) -> dict:
         """{global stage index: module} held by this rank (see ``placement``: stage s on rank s % p,
-        or in a V for ``zbv``)."""
+        or in a V for ``zbv`` and ``dualpipev``)."""
         return {int(s): module for s, module in self.local.items()}
 
     @property

@@ -8,11 +8,12 @@ the cost model, through ``mpkit.pricing.pipeline_program``: on a machine's price
 
 Stages are numbered globally: with ``p`` ranks and ``v`` virtual stages (model chunks) per rank
 there are ``p·v`` stages and stage ``s`` lives on rank ``s % p`` (Megatron's interleaving:
-rank 0 holds stages 0, p, 2p, ...). Without interleaving (v = 1) stage = rank. ``zbv`` places its
-two chunks per rank in a V (``placement``). Zero-bubble lists split a stage's ``Backward`` into
-``BackwardInput`` (B) and ``BackwardWeight`` (W); their order comes from playing the F/B order on
-unit costs with W filling the waits (``_play``, ``_zbv``), deadlock-free by construction and
-checked again by ``simulate``.
+rank 0 holds stages 0, p, 2p, ...). Without interleaving (v = 1) stage = rank. ``zbv`` and
+``dualpipev`` place their two chunks per rank in a V (``placement``). Zero-bubble lists split a
+stage's ``Backward`` into ``BackwardInput`` (B) and ``BackwardWeight`` (W); their order comes from
+playing the F/B order on unit costs with W filling the waits (``_play``, ``_zbv``), deadlock-free
+by construction and checked again by ``simulate``. ``dualpipev``'s order is DeepSeek's, as torch
+builds it (``_dualpipev``).
 
 Communication semantics (what the executor does and the simulator models): the communication
 instructions between two computations form one *batch*, posted together (isend/irecv), like
@@ -30,9 +31,9 @@ from fractions import Fraction
 from mpkit.simulator.engine import Compute, Msg, P2P, ProgramError, WaitSends
 from mpkit.simulator.engine import simulate as run_programs
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb", "zbv")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")
 MULTI_CHUNK = ("interleaved", "looped_bfs", "interleaved_zb")  # virtual_stages chunks per rank, stage s on rank s % p
-V_SHAPED = ("zbv",)  # two chunks per rank in a V: rank r holds stages r and 2p-1-r
+V_SHAPED = ("zbv", "dualpipev")  # two chunks per rank in a V: rank r holds stages r and 2p-1-r
 SPLIT_BACKWARD = ("interleaved_zb", "zbv")  # backward split into B (input gradient) and W (weight gradient)
 
 
@@ -112,9 +113,9 @@ def chunks_per_rank(name, virtual=1) -> int:
 
 
 def placement(name, ranks, virtual=1) -> list[int]:
-    """The rank of each stage: round robin (stage s on rank s % p), or a V for ``zbv`` (rank r
-    holds stages r and 2p-1-r, so the first and the last stage share rank 0 and the middle two
-    share rank p-1, where an activation passes without a message)."""
+    """The rank of each stage: round robin (stage s on rank s % p), or a V for ``zbv`` and
+    ``dualpipev`` (rank r holds stages r and 2p-1-r, so the first and the last stage share rank 0
+    and the middle two share rank p-1, where an activation passes without a message)."""
     count = ranks * chunks_per_rank(name, virtual)
     if name in V_SHAPED:
         return [s if s < ranks else count - 1 - s for s in range(count)]
@@ -128,6 +129,9 @@ def check_schedule_args(name, stages, micro_batches, virtual=1) -> None:
         raise ValueError(f"micro_batches={micro_batches!r}: pass a whole number >= 1")
     if name in V_SHAPED and stages < 2:
         raise ValueError(f"schedule={name!r} needs world_size >= 2 (its V folds the stages back over the ranks)")
+    if name == "dualpipev" and micro_batches < 2 * stages:
+        raise ValueError(f"schedule='dualpipev' needs micro_batches >= 2*world_size={2 * stages} (at least one "
+                         f"micro-batch per stage, as torch's ScheduleDualPipeV); got micro_batches={micro_batches}")
     if name not in MULTI_CHUNK:
         return
     least = 1 if name == "interleaved_zb" else 2
@@ -261,6 +265,68 @@ def _zbv(p, m):
     return out
 
 
+def _dualpipev(p, m, rank):
+    """One rank's order under DualPipeV (DeepSeek-V3's DualPipe folded in a V), step for step as
+    torch 2.13's ``ScheduleDualPipeV._calculate_single_rank_operations`` builds it. Rank r holds
+    chunk 0 = stage r and chunk 1 = stage 2p-1-r. In its main phase it pairs the forward of one
+    chunk with the whole backward (B and W at once) of the other chunk, for two different
+    micro-batches (torch's OVERLAP_F_B action: here the two in order, as torch's runtime also runs
+    them unless a custom function overlaps their compute and communication). W is split off only
+    at the edges: where a B would otherwise leave the rank idle (after the warm-up and in the
+    cool-down, the pending W filling the waits)."""
+    c0, c1 = rank, 2 * p - 1 - rank
+    nxt, weights, out = {}, [], []  # (stage, kind) -> next micro-batch; pending W, oldest first
+
+    def take(stage, kind):
+        mb = nxt.get((stage, kind), 0)
+        nxt[(stage, kind)] = mb + 1
+        return mb
+
+    def f(stage):
+        out.append(Forward(take(stage, Forward), stage))
+
+    def b(stage, split=False):  # a whole backward, or its B with the W queued
+        mb = take(stage, Backward)
+        out.append(BackwardInput(mb, stage) if split else Backward(mb, stage))
+        if split:
+            weights.append(BackwardWeight(mb, stage))
+
+    def w():
+        if weights:
+            out.append(weights.pop(0))
+
+    for _ in range((p - rank - 1) * 2):  # 1: chunk 0's warm-up forwards
+        f(c0)
+    for _ in range(rank + 1):  # 2: forwards through both chunks
+        f(c0)
+        f(c1)
+    for _ in range(p - rank - 1):  # 3: B, W, F of chunk 1 (zero bubble)
+        b(c1, True)
+        w()
+        f(c1)
+    for _ in range(m - 2 * p + rank + 1):  # 4: the main phase, F0 with B1 then F1 with B0 (each an overlapped pair)
+        f(c0)  # torch: a plain F then B on the last rank's first round, an OVERLAP_F_B pair elsewhere
+        b(c1)
+        f(c1)
+        b(c0)
+    for _ in range(p - rank - 1):  # 5: B of chunk 1, then F1 with B0
+        b(c1)
+        f(c1)
+        b(c0)
+    split = False
+    for i in range(rank + 1):  # 6: backwards of both chunks, split into B and W from the middle on
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 1)
+        b(c1, split)
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 0)
+        b(c0, split)
+    for _ in range(p - rank - 1):  # 7: a pending W, then B of chunk 0
+        w()
+        b(c0, split)
+    for _ in range(rank + 1):  # 8: the W left
+        w()
+    return out
+
+
 def _orders(name, p, m, v):
     return [_compute_order(name, p, m, v, r) for r in range(p)]
 
@@ -269,6 +335,8 @@ def compute_orders(name, ranks, micro_batches, virtual=1) -> list[list]:
     """Every rank's computations in order, without the messages (see ``schedule``)."""
     check_schedule_args(name, ranks, micro_batches, virtual)
     v = chunks_per_rank(name, virtual)
+    if name == "dualpipev":
+        return [_dualpipev(ranks, micro_batches, r) for r in range(ranks)]
     if name in V_SHAPED:
         return _zbv(ranks, micro_batches)
     orders = _orders(name, ranks, micro_batches, v)
