@@ -1,5 +1,35 @@
 """Megatron sequence parallelism (Korthikanti et al. 2022) on top of ``tensor_parallel``.
 
+The mechanism in ~20 lines (a block ``x + down(act(up(norm(x))))`` on N ranks, each holding its
+own slice of the sequence; the code below adds the backward of each collective, other sequence
+dims, the marking of the partial gradients and the checks)::
+
+    def all_gather_seq(x):                                # [b, s/N, h] -> [b, s, h]: every token
+        out = x.new_empty((N * len(x), *x.shape[1:]))     # rank j's block: rows j·b .. (j+1)·b-1
+        dist.all_gather_into_tensor(out, x.contiguous())
+        return torch.cat(out.chunk(N), dim=1)
+
+    def reduce_scatter_seq(y):                            # [b, s, h] partial sums -> [b, s/N, h]
+        send = torch.cat(y.chunk(N, dim=1))               # block j: rank j's tokens
+        out = send.new_empty((len(y), *send.shape[1:]))
+        dist.reduce_scatter_tensor(out, send)             # the full sum, of this rank's tokens only
+        return out
+
+    rows = torch.arange(up.out_features).chunk(N)[r]      # as in tensor parallelism
+    up_w, up_b, down_w = up.weight[rows], up.bias[rows], down.weight[:, rows]
+
+    def block(x_local):                                   # this rank's tokens in, its tokens out
+        h = norm(x_local)                                 # per token: on s/N tokens only
+        h = act(F.linear(all_gather_seq(h), up_w, up_b))  # column layer: needs every token
+        y = reduce_scatter_seq(F.linear(h, down_w))       # row layer: sum, keep this rank's tokens
+        return x_local + y + down.bias                    # residual and bias on s/N tokens
+
+Backward runs each collective's conjugate: the gradient of an all-gather is a reduce-scatter and
+that of a reduce-scatter an all-gather. In the code: ``sequence_parallel(module, plan)`` turns the
+layers of ``tensor_parallel`` into ``SequenceParallelColumnLinear`` (all-gather, matmul) and
+``SequenceParallelRowLinear`` (matmul, reduce-scatter); ``all_reduce_sequence_parallel_gradients``
+sums the partial gradients; then the autograd functions and the helpers they share.
+
 Tensor parallelism splits the matmuls but leaves every rank a full copy of the activations
 *between* them: the LayerNorms, dropouts and residual adds see the whole [b, s, h] tensor on every
 rank (the 10·s·b·h of s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes per layer). Those regions work token by
@@ -36,37 +66,78 @@ from mpkit.parallel.functional import all_reduce_flat
 from mpkit.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, plan_targets, tensor_parallel
 
 
-def _gather(x, dim, group, name):
-    """All ranks' shards of ``x`` concatenated along ``dim`` (rank order)."""
-    n = dist.get_world_size(group)
-    if n == 1:
-        return x
-    moved = x.movedim(dim, 0).contiguous()
-    out = moved.new_empty((n * moved.shape[0], *moved.shape[1:]))
-    active.comm().all_gather_into_tensor(out, moved, group=group, name=name)
-    return out.movedim(0, dim)
+def sequence_parallel(module: nn.Module, plan: dict, group=None, *, seq_dim: int = 1, rank=None,
+                      world_size=None) -> nn.Module:
+    """``tensor_parallel(module, plan)`` with Megatron sequence parallelism, in place; returns ``module``.
+
+    ``module`` is the sequence-parallel region: its input and output are this rank's shard of the
+    sequence along ``seq_dim`` (1 for [batch, seq, hidden]). Column layers all-gather their input,
+    row layers reduce-scatter their output; every other parameter of ``module`` (LayerNorms, row
+    biases) is marked ``param.sequence_parallel = True`` for ``all_reduce_sequence_parallel_gradients``.
+    Everything between the column and row layers must work per token or per head (as for TP);
+    attention sees the whole sequence, since it runs between the gather and the reduce-scatter.
+    """
+    targets = plan_targets(module, plan)
+    if any(split.gather_output for split in targets.values()):
+        raise ValueError("sequence_parallel: a column layer with gather_output=True leaves the region whole; "
+                         "inside a sequence-parallel region every column layer pairs with a row layer")
+    tensor_parallel(module, plan, group, rank=rank, world_size=world_size)
+    for name in targets:
+        layer = module.get_submodule(name)
+        layer.__class__ = _SP_CLASSES[type(layer)]  # same slices, sequence-parallel communication
+        layer.seq_dim = seq_dim
+    sharded = {id(p) for name in targets for p in (module.get_submodule(name).weight,)}
+    sharded |= {id(module.get_submodule(n).bias) for n, s in targets.items()
+                if s.style == "column" and module.get_submodule(n).bias is not None}
+    for p in module.parameters():
+        if id(p) not in sharded:
+            p.sequence_parallel = True
+    return module
 
 
-def _reduce_scatter(x, dim, group, name):
-    """This rank's shard along ``dim`` of the sum of every rank's ``x``."""
-    n = dist.get_world_size(group)
-    if n == 1:
-        return x
-    if x.shape[dim] % n:
-        raise ValueError(f"sequence parallel: a sequence of {x.shape[dim]} tokens cannot be cut into {n} equal "
-                         f"shards; use a sequence length the tp size {n} divides")
-    moved = x.movedim(dim, 0).contiguous()
-    out = moved.new_empty((moved.shape[0] // n, *moved.shape[1:]))
-    active.comm().reduce_scatter_tensor(out, moved, group=group, name=name)
-    return out.movedim(0, dim)
+def sequence_parallel_parameters(module: nn.Module) -> list:
+    return [p for p in module.parameters() if getattr(p, "sequence_parallel", False)]
 
 
-def _split(x, dim, group):
-    n = dist.get_world_size(group)
-    if x.shape[dim] % n:
-        raise ValueError(f"sequence parallel: a sequence of {x.shape[dim]} tokens cannot be cut into {n} equal "
-                         f"shards; use a sequence length the tp size {n} divides")
-    return x.chunk(n, dim)[dist.get_rank(group)].contiguous()
+def all_reduce_sequence_parallel_gradients(module: nn.Module, group=None) -> None:
+    """Sum the gradients of ``module``'s marked parameters over ``group``: each rank's gradient
+    covers its own tokens only. One flat all-reduce (call after backward, before the optimizer)."""
+    all_reduce_flat([p.grad for p in sequence_parallel_parameters(module) if p.grad is not None], group,
+                    "sp layernorm/bias grads")
+
+
+def scatter_to_sequence_parallel_region(x, group=None, seq_dim: int = 1, name: str = "input"):
+    """Enter the region: this rank's shard of the sequence (backward: all-gather)."""
+    return ScatterToSequenceParallelRegion.apply(x, seq_dim, group, name)
+
+
+def gather_from_sequence_parallel_region(x, group=None, seq_dim: int = 1, name: str = "output", to_full: bool = True):
+    """Leave the region: the whole sequence on every rank (backward: this rank's shard of the
+    gradient, ``to_full=True``, for replicated layers after it; reduce-scatter for a TP layer)."""
+    return GatherFromSequenceParallelRegion.apply(x, seq_dim, group, name, to_full)
+
+
+class SequenceParallelColumnLinear(ColumnParallelLinear):
+    """A column-parallel layer whose input is this rank's sequence shard: all-gather, matmul."""
+
+    seq_dim = 1
+
+    def forward(self, x):
+        return _GatheredLinear.apply(x, self.weight, self.bias, self.seq_dim, self.group, self.name)
+
+
+class SequenceParallelRowLinear(RowParallelLinear):
+    """A row-parallel layer whose output is reduce-scattered into this rank's sequence shard; the
+    bias is added to the shard (its gradient is then partial: see the module docstring)."""
+
+    seq_dim = 1
+
+    def forward(self, x):
+        y = ReduceScatterToSequenceParallelRegion.apply(F.linear(x, self.weight), self.seq_dim, self.group, self.name)
+        return y + self.bias if self.bias is not None else y
+
+
+_SP_CLASSES = {ColumnParallelLinear: SequenceParallelColumnLinear, RowParallelLinear: SequenceParallelRowLinear}
 
 
 class ScatterToSequenceParallelRegion(torch.autograd.Function):
@@ -141,78 +212,39 @@ class _GatheredLinear(torch.autograd.Function):
         return grad_input.to(x.dtype), grad_weight.to(weight.dtype), grad_bias, None, None, None
 
 
-class SequenceParallelColumnLinear(ColumnParallelLinear):
-    """A column-parallel layer whose input is this rank's sequence shard: all-gather, matmul."""
-
-    seq_dim = 1
-
-    def forward(self, x):
-        return _GatheredLinear.apply(x, self.weight, self.bias, self.seq_dim, self.group, self.name)
-
-
-class SequenceParallelRowLinear(RowParallelLinear):
-    """A row-parallel layer whose output is reduce-scattered into this rank's sequence shard; the
-    bias is added to the shard (its gradient is then partial: see the module docstring)."""
-
-    seq_dim = 1
-
-    def forward(self, x):
-        y = ReduceScatterToSequenceParallelRegion.apply(F.linear(x, self.weight), self.seq_dim, self.group, self.name)
-        return y + self.bias if self.bias is not None else y
+def _gather(x, dim, group, name):
+    """All ranks' shards of ``x`` concatenated along ``dim`` (rank order)."""
+    n = dist.get_world_size(group)
+    if n == 1:
+        return x
+    moved = x.movedim(dim, 0).contiguous()
+    out = moved.new_empty((n * moved.shape[0], *moved.shape[1:]))
+    active.comm().all_gather_into_tensor(out, moved, group=group, name=name)
+    return out.movedim(0, dim)
 
 
-_SP_CLASSES = {ColumnParallelLinear: SequenceParallelColumnLinear, RowParallelLinear: SequenceParallelRowLinear}
+def _reduce_scatter(x, dim, group, name):
+    """This rank's shard along ``dim`` of the sum of every rank's ``x``."""
+    n = dist.get_world_size(group)
+    if n == 1:
+        return x
+    _check_divides(x, dim, n)
+    moved = x.movedim(dim, 0).contiguous()
+    out = moved.new_empty((moved.shape[0] // n, *moved.shape[1:]))
+    active.comm().reduce_scatter_tensor(out, moved, group=group, name=name)
+    return out.movedim(0, dim)
 
 
-def sequence_parallel(module: nn.Module, plan: dict, group=None, *, seq_dim: int = 1, rank=None,
-                      world_size=None) -> nn.Module:
-    """``tensor_parallel(module, plan)`` with Megatron sequence parallelism, in place; returns ``module``.
-
-    ``module`` is the sequence-parallel region: its input and output are this rank's shard of the
-    sequence along ``seq_dim`` (1 for [batch, seq, hidden]). Column layers all-gather their input,
-    row layers reduce-scatter their output; every other parameter of ``module`` (LayerNorms, row
-    biases) is marked ``param.sequence_parallel = True`` for ``all_reduce_sequence_parallel_gradients``.
-    Everything between the column and row layers must work per token or per head (as for TP);
-    attention sees the whole sequence, since it runs between the gather and the reduce-scatter.
-    """
-    targets = plan_targets(module, plan)
-    if any(split.gather_output for split in targets.values()):
-        raise ValueError("sequence_parallel: a column layer with gather_output=True leaves the region whole; "
-                         "inside a sequence-parallel region every column layer pairs with a row layer")
-    tensor_parallel(module, plan, group, rank=rank, world_size=world_size)
-    for name in targets:
-        layer = module.get_submodule(name)
-        layer.__class__ = _SP_CLASSES[type(layer)]  # same slices, sequence-parallel communication
-        layer.seq_dim = seq_dim
-    sharded = {id(p) for name in targets for p in (module.get_submodule(name).weight,)}
-    sharded |= {id(module.get_submodule(n).bias) for n, s in targets.items()
-                if s.style == "column" and module.get_submodule(n).bias is not None}
-    for p in module.parameters():
-        if id(p) not in sharded:
-            p.sequence_parallel = True
-    return module
+def _split(x, dim, group):
+    n = dist.get_world_size(group)
+    _check_divides(x, dim, n)
+    return x.chunk(n, dim)[dist.get_rank(group)].contiguous()
 
 
-def sequence_parallel_parameters(module: nn.Module) -> list:
-    return [p for p in module.parameters() if getattr(p, "sequence_parallel", False)]
-
-
-def all_reduce_sequence_parallel_gradients(module: nn.Module, group=None) -> None:
-    """Sum the gradients of ``module``'s marked parameters over ``group``: each rank's gradient
-    covers its own tokens only. One flat all-reduce (call after backward, before the optimizer)."""
-    all_reduce_flat([p.grad for p in sequence_parallel_parameters(module) if p.grad is not None], group,
-                    "sp layernorm/bias grads")
-
-
-def scatter_to_sequence_parallel_region(x, group=None, seq_dim: int = 1, name: str = "input"):
-    """Enter the region: this rank's shard of the sequence (backward: all-gather)."""
-    return ScatterToSequenceParallelRegion.apply(x, seq_dim, group, name)
-
-
-def gather_from_sequence_parallel_region(x, group=None, seq_dim: int = 1, name: str = "output", to_full: bool = True):
-    """Leave the region: the whole sequence on every rank (backward: this rank's shard of the
-    gradient, ``to_full=True``, for replicated layers after it; reduce-scatter for a TP layer)."""
-    return GatherFromSequenceParallelRegion.apply(x, seq_dim, group, name, to_full)
+def _check_divides(x, dim, n):
+    if x.shape[dim] % n:
+        raise ValueError(f"sequence parallel: a sequence of {x.shape[dim]} tokens cannot be cut into {n} equal "
+                         f"shards; use a sequence length the tp size {n} divides")
 
 
 __all__ = ["sequence_parallel", "all_reduce_sequence_parallel_gradients", "sequence_parallel_parameters",

