@@ -11,16 +11,19 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import mpkit
 from mpkit.models import MixtureOfExperts
-from mpkit.parallel import expert_parallel, ring_attention, sequence_parallel, ulysses_attention
+from mpkit.parallel import (LossScaler, MixedPrecision, expert_parallel, recompute_layers, ring_attention,
+                            sequence_parallel, ulysses_attention)
 
-from test_parallel_sketches import sketch
+from test_parallel_sketches import mlp, params_after, sketch
 
-# the modules (``sequence_parallel`` is also the name of a function there)
-sp_module, cp_module, ep_module = (importlib.import_module(f"mpkit.parallel.{name}")
-                                   for name in ("sequence_parallel", "context_parallel", "expert_parallel"))
+# the modules (``sequence_parallel`` and ``expert_parallel`` are also the names of functions there)
+sp_module, cp_module, ep_module, precision, recompute = (
+    importlib.import_module(f"mpkit.parallel.{name}")
+    for name in ("sequence_parallel", "context_parallel", "expert_parallel", "precision", "recompute"))
 
 
 class NormMLP(nn.Module):
@@ -112,3 +115,79 @@ def test_expert_parallel_sketch_mixes_the_experts():
     for to_real, to_single, routed in mpkit.launch(_expert_parallel_rank, 2, timeout=100):
         assert to_real <= 1e-6 and to_single <= 1e-6
         assert routed == 4 * 5 * 2  # every (token, choice) was routed, none dropped
+
+
+def _precision_rank(ctx, steps=4):
+    g = torch.Generator().manual_seed(4 + ctx.rank)  # each rank its own data: the ranks hold other gradients
+    batches = [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(steps)]
+    if ctx.rank == 1:
+        batches[0] = (batches[0][0] * 1e5, batches[0][1])  # beyond fp16's 65504: inf on rank 1 only, step 0
+    model, real = mlp(seed=0), mlp(seed=0)
+    names = {"torch": torch, "dist": dist, "model": model, "loss_fn": F.cross_entropy, "scale": 2.0 ** 16,
+             "good": 0, "growth_interval": 2, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
+    mp = MixedPrecision("fp16", LossScaler(2.0 ** 16, growth_interval=2))
+    opt = torch.optim.SGD(real.parameters(), lr=0.1)
+    mp.wrap([real])
+    scales, skips = [], []
+    for x, y in batches:
+        scales.append(names["scale"])
+        names.update(x=x, y=y)
+        exec(sketch(precision), names)  # the names it sets (scale, good, found_inf) carry to the next step
+        skips.append(bool(names["found_inf"].item()))
+        names["optimizer"].zero_grad()
+        mp.backward(F.cross_entropy(real(x), y))
+        mp.step(opt, list(real.parameters()), group=dist.group.WORLD)
+        opt.zero_grad()
+    return (params_after(model) - params_after(real)).abs().max().item(), scales, skips, mp.report(), (
+        params_after(model) - params_after(mlp(seed=0))).abs().max().item()
+
+
+@pytest.mark.timeout(120)
+def test_precision_sketch_scales_skips_and_steps_as_mixed_precision_does():
+    # the same fp16 matmuls, scaling and fp32 steps in the same order: equal in practice; 1e-6 leaves
+    # room for kernel choice, while a step taken or skipped wrongly moves the weights by ~1e-2
+    for difference, scales, skips, report, moved in mpkit.launch(_precision_rank, 2, timeout=100):
+        assert difference <= 1e-6
+        assert scales == report["loss_scale"] == [2.0 ** 16, 2.0 ** 15, 2.0 ** 15, 2.0 ** 16]
+        # step 0 overflowed on rank 1 only, and rank 0 skipped it too; then two good steps grow the scale
+        assert skips == [True, False, False, False] and report["skipped_steps"] == [0]
+        assert moved > 1e-3
+
+
+def blocks_counting(calls):
+    """Three small blocks; each run of a block's forward appends its index to ``calls`` (hooked on
+    the block's first layer: ``recompute_layers`` reruns the block's ``forward``, not its hooks)."""
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(3))
+    for i, block in enumerate(blocks):
+        block[0].register_forward_pre_hook(lambda module, args, i=i: calls.append(i))
+    return blocks
+
+
+def _recompute_rank(ctx):
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(5 + ctx.rank))
+    runs, grads = {}, {}
+    for how in ("sketch", "recompute_layers", "plain"):
+        calls = runs[how] = []
+        blocks = blocks_counting(calls)
+        if how == "sketch":
+            names = {"checkpoint": checkpoint, "blocks": blocks}
+            exec(sketch(recompute), names)
+            forward = names["forward"]
+        else:
+            if how == "recompute_layers":
+                recompute_layers(blocks, "full")
+            forward = nn.Sequential(*blocks)
+        forward(x).square().sum().backward()
+        grads[how] = torch.cat([p.grad.reshape(-1) for p in blocks.parameters()])
+    return ({how: (grads[how] - grads["plain"]).abs().max().item() for how in grads}, runs)
+
+
+@pytest.mark.timeout(120)
+def test_recompute_sketch_runs_each_block_again_for_the_same_gradients():
+    # recomputing a block runs the same float32 operations on the same input again: the same
+    # gradients (1e-6 for kernel choice; a block whose saved input were wrong gives O(0.1))
+    for differences, runs in mpkit.launch(_recompute_rank, 2, timeout=100):
+        assert max(differences.values()) <= 1e-6
+        assert runs["plain"] == [0, 1, 2]
+        assert runs["sketch"] == runs["recompute_layers"] == [0, 1, 2, 2, 1, 0]  # forward, then again in backward

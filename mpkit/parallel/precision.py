@@ -1,5 +1,28 @@
 """Mixed precision, as a mechanism on any ``nn.Module``: low-precision compute, fp32 master weights.
 
+The mechanism in ~20 lines (one fp16 training step with dynamic loss scaling, ``scale`` and
+``good`` carried from step to step; ``MixedPrecision`` and ``LossScaler`` below)::
+
+    with torch.autocast("cpu", dtype=torch.float16):     # 1. matmuls in fp16, weights stay fp32
+        loss = loss_fn(model(x), y)                       #    (autocast runs the loss in fp32)
+    (loss * scale).backward()                             # 2. scaled: small gradients survive fp16
+    grads = [p.grad for p in model.parameters()]
+    for g in grads:
+        g.mul_(1 / scale)                                 # 3. unscale the fp32 gradients
+    found_inf = torch.tensor([float(any(not g.isfinite().all() for g in grads))])
+    dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)      # 4. the ranks holding other gradients agree
+    if found_inf.item():
+        scale, good = scale * 0.5, 0                      # 5. an inf or NaN: skip the step, back off
+    else:
+        optimizer.step()                                  # 6. the step on the fp32 master weights
+        good += 1
+        if good == growth_interval:                       # 7. grow after growth_interval good steps
+            scale, good = scale * 2.0, 0
+
+In the code: ``MixedPrecision.wrap`` (1, per layer: ``autocast_layers``), ``backward`` (2),
+``step`` = ``unscale_`` (3, 4, ``LossScaler.unscale_``) + ``LossScaler.update`` (5, 7) + the
+optimizer's step (6); bf16 skips 2-5 and 7. Then the checks.
+
 ``autocast_layers(layers, "bf16")`` runs each layer's forward under ``torch.autocast`` (matmuls in
 bf16 or fp16, reductions such as the loss in fp32) and hands the next layer an fp32 tensor, so a
 pipeline cut between any two layers sends what the cut-free model computes. The parameters,
@@ -25,42 +48,41 @@ from mpkit.observe import active
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # by config.PRECISIONS
 
 
-def check_precision(precision, scaler=None) -> None:
-    """ValueError for an unknown precision, or fp16 with no loss scaler."""
-    check_precision_name(precision)
-    if precision == "fp16" and scaler is None:
-        raise ValueError("precision='fp16' needs dynamic loss scaling: small gradients underflow to 0 and large "
-                         "ones overflow in fp16. Pass a scaler (MixedPrecision('fp16', scaler=LossScaler())), "
-                         "or use precision='bf16', which has fp32's range and needs none")
+class MixedPrecision:
+    """One rank's precision recipe: ``forward`` under autocast (see ``autocast_layers``),
+    ``backward(loss)`` (scaled for fp16), ``step(optimizer, params)`` (unscaled, or skipped on an
+    overflow; returns whether it stepped). fp32: plain backward and step."""
 
+    def __init__(self, precision: str = "bf16", scaler: LossScaler | None = None):
+        check_precision(precision, scaler)
+        self.precision, self.scaler = precision, scaler
 
-class _AutocastForward:
-    """A module's forward under autocast, its floating outputs returned as fp32."""
+    def wrap(self, layers) -> None:
+        autocast_layers(layers, self.precision)
 
-    def __init__(self, module: nn.Module, dtype):
-        self.module, self.dtype, self.inner = module, dtype, module.forward
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
-    def __call__(self, *args, **kwargs):
-        device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
-        with torch.autocast(device_type=device, dtype=self.dtype):
-            out = self.inner(*args, **kwargs)
-        return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+    def unscale_(self, params, group=None) -> bool:
+        """Gradients ready for the optimizer: True to step, False to skip (an overflow)."""
+        if self.scaler is None:
+            return True
+        ok = self.scaler.unscale_(params, group)
+        self.scaler.update(not ok)
+        return ok
 
+    def step(self, optimizer, params, group=None) -> bool:
+        ok = self.unscale_(params, group)
+        if ok:
+            optimizer.step()
+        return ok
 
-def autocast_layers(layers, precision: str) -> None:
-    """Make each module of ``layers`` compute in ``precision`` ("bf16" or "fp16"; "fp32": unchanged).
-    In place; parameter names do not change."""
-    check_precision(precision, scaler=True)
-    dtype = DTYPES[precision]
-    if dtype is None:
-        return
-    for layer in layers:
-        layer.forward = _AutocastForward(layer, dtype)
-
-
-def _grads(params) -> list[torch.Tensor]:
-    """The gradients this rank holds: a sharded (DTensor) gradient as its local shard."""
-    return [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
+    def report(self) -> dict:
+        """What the lab shows: the recipe, each step's loss scale and the skipped steps."""
+        out = {"precision": self.precision}
+        if self.scaler is not None:
+            out.update(loss_scale=list(self.scaler.history), skipped_steps=list(self.scaler.skipped))
+        return out
 
 
 class LossScaler:
@@ -106,41 +128,42 @@ class LossScaler:
         self.steps += 1
 
 
-class MixedPrecision:
-    """One rank's precision recipe: ``forward`` under autocast (see ``autocast_layers``),
-    ``backward(loss)`` (scaled for fp16), ``step(optimizer, params)`` (unscaled, or skipped on an
-    overflow; returns whether it stepped). fp32: plain backward and step."""
+def autocast_layers(layers, precision: str) -> None:
+    """Make each module of ``layers`` compute in ``precision`` ("bf16" or "fp16"; "fp32": unchanged).
+    In place; parameter names do not change."""
+    check_precision(precision, scaler=True)
+    dtype = DTYPES[precision]
+    if dtype is None:
+        return
+    for layer in layers:
+        layer.forward = _AutocastForward(layer, dtype)
 
-    def __init__(self, precision: str = "bf16", scaler: LossScaler | None = None):
-        check_precision(precision, scaler)
-        self.precision, self.scaler = precision, scaler
 
-    def wrap(self, layers) -> None:
-        autocast_layers(layers, self.precision)
+class _AutocastForward:
+    """A module's forward under autocast, its floating outputs returned as fp32."""
 
-    def backward(self, loss: torch.Tensor) -> None:
-        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+    def __init__(self, module: nn.Module, dtype):
+        self.module, self.dtype, self.inner = module, dtype, module.forward
 
-    def unscale_(self, params, group=None) -> bool:
-        """Gradients ready for the optimizer: True to step, False to skip (an overflow)."""
-        if self.scaler is None:
-            return True
-        ok = self.scaler.unscale_(params, group)
-        self.scaler.update(not ok)
-        return ok
+    def __call__(self, *args, **kwargs):
+        device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+        with torch.autocast(device_type=device, dtype=self.dtype):
+            out = self.inner(*args, **kwargs)
+        return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
 
-    def step(self, optimizer, params, group=None) -> bool:
-        ok = self.unscale_(params, group)
-        if ok:
-            optimizer.step()
-        return ok
 
-    def report(self) -> dict:
-        """What the lab shows: the recipe, each step's loss scale and the skipped steps."""
-        out = {"precision": self.precision}
-        if self.scaler is not None:
-            out.update(loss_scale=list(self.scaler.history), skipped_steps=list(self.scaler.skipped))
-        return out
+def check_precision(precision, scaler=None) -> None:
+    """ValueError for an unknown precision, or fp16 with no loss scaler."""
+    check_precision_name(precision)
+    if precision == "fp16" and scaler is None:
+        raise ValueError("precision='fp16' needs dynamic loss scaling: small gradients underflow to 0 and large "
+                         "ones overflow in fp16. Pass a scaler (MixedPrecision('fp16', scaler=LossScaler())), "
+                         "or use precision='bf16', which has fp32's range and needs none")
+
+
+def _grads(params) -> list[torch.Tensor]:
+    """The gradients this rank holds: a sharded (DTensor) gradient as its local shard."""
+    return [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
 
 
 __all__ = ["DTYPES", "check_precision", "autocast_layers", "LossScaler", "MixedPrecision"]

@@ -1,6 +1,17 @@
 """Recomputation (activation checkpointing): keep fewer activations in forward, recompute them in
 backward, with ``torch.utils.checkpoint`` (non-reentrant).
 
+The mechanism in ~5 lines (``"full"`` on a model that is its ``blocks`` in order; the code below
+adds ``"selective"``, ``checkpoint``'s ``context_fn``, and does it in place on any layers)::
+
+    def forward(x):
+        for block in blocks:                              # keep each block's input only: backward
+            x = checkpoint(block, x, use_reentrant=False)  # runs block(x) again, then its backward
+        return x
+
+In the code: ``recompute_layers(layers, mode)`` wraps each layer's forward (``"full"``) or each
+attention core (``"selective"``, ``selective_targets``) in ``_Checkpointed``.
+
 ``"full"``: each layer keeps only its input; its whole forward runs again during backward (about
 one extra forward per step). ``"selective"`` (Korthikanti et al. 2022): only the attention core,
 whose activations grow with the sequence length squared but cost few FLOPs to redo, is
@@ -16,14 +27,26 @@ from mpkit.config import RECOMPUTE as MODES, check_recompute
 from mpkit.models import SelfAttention
 
 
-class _Checkpointed:
-    """``fn`` run under ``checkpoint``: its intermediate activations are recomputed in backward."""
+def recompute_layers(layers, mode: str | None, context_fn=None) -> None:
+    """Checkpoint each module of ``layers`` (``"full"``) or each attention core inside them
+    (``"selective"``), in place; parameter names do not change. None: unchanged. ``context_fn``:
+    ``checkpoint``'s (the contexts of the forward and of its recomputation)."""
+    check_recompute(mode)
+    if mode == "full":
+        for layer in layers:
+            layer.forward = _Checkpointed(layer.forward, context_fn)
+    elif mode == "selective":
+        for module, name in selective_targets(layers):
+            setattr(module, name, _Checkpointed(getattr(module, name), context_fn))
 
-    def __init__(self, fn, context_fn=None):
-        self.fn, self.context = fn, {} if context_fn is None else {"context_fn": context_fn}
 
-    def __call__(self, *args, **kwargs):
-        return checkpoint(self.fn, *args, use_reentrant=False, **self.context, **kwargs)
+def selective_targets(layers) -> list:
+    """``attention_cores(layers)``, or a ValueError saying what to use when there is none."""
+    cores = attention_cores(layers)
+    if not cores:
+        raise ValueError("recompute='selective' recomputes the attention core, and this model has none "
+                         "(no attention layer); use recompute='full', or model='gpt'")
+    return cores
 
 
 def attention_cores(layers) -> list:
@@ -38,26 +61,14 @@ def attention_cores(layers) -> list:
     return found
 
 
-def selective_targets(layers) -> list:
-    """``attention_cores(layers)``, or a ValueError saying what to use when there is none."""
-    cores = attention_cores(layers)
-    if not cores:
-        raise ValueError("recompute='selective' recomputes the attention core, and this model has none "
-                         "(no attention layer); use recompute='full', or model='gpt'")
-    return cores
+class _Checkpointed:
+    """``fn`` run under ``checkpoint``: its intermediate activations are recomputed in backward."""
 
+    def __init__(self, fn, context_fn=None):
+        self.fn, self.context = fn, {} if context_fn is None else {"context_fn": context_fn}
 
-def recompute_layers(layers, mode: str | None, context_fn=None) -> None:
-    """Checkpoint each module of ``layers`` (``"full"``) or each attention core inside them
-    (``"selective"``), in place; parameter names do not change. None: unchanged. ``context_fn``:
-    ``checkpoint``'s (the contexts of the forward and of its recomputation)."""
-    check_recompute(mode)
-    if mode == "full":
-        for layer in layers:
-            layer.forward = _Checkpointed(layer.forward, context_fn)
-    elif mode == "selective":
-        for module, name in selective_targets(layers):
-            setattr(module, name, _Checkpointed(getattr(module, name), context_fn))
+    def __call__(self, *args, **kwargs):
+        return checkpoint(self.fn, *args, use_reentrant=False, **self.context, **kwargs)
 
 
 __all__ = ["MODES", "check_recompute", "recompute_layers", "attention_cores", "selective_targets"]
