@@ -38,7 +38,7 @@ each TP region becomes its two halves:
 
 - ``gather_from_sequence_parallel_region`` (all-gather along the sequence forward, reduce-scatter of
   the gradient backward) in front of a column-parallel layer: the matmul needs every token.
-- ``reduce_scatter_to_sequence_parallel_region`` (reduce-scatter forward, all-gather backward) after
+- ``ReduceScatterToSequenceParallelRegion`` (reduce-scatter forward, all-gather backward) after
   a row-parallel layer: each rank keeps the full sum of its own tokens only.
 
 Same bytes as the all-reduce (an all-reduce *is* a reduce-scatter then an all-gather), but every
