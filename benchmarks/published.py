@@ -43,7 +43,7 @@ from mpkit.sim import formulas  # noqa: E402
 from mpkit.costmodel.analytic import MODELS, Transformer  # noqa: E402
 from mpkit.simulator.hardware import MATMUL_BEST, MATMUL_SUSTAINED  # noqa: E402
 from mpkit.simulator.machines import get_hardware  # noqa: E402
-from mpkit.costmodel.plan import plan  # noqa: E402
+from mpkit.costmodel.plan import MEDIAN_ERROR, plan  # noqa: E402
 
 # The training software each source describes (what its paper says it used)
 MEGATRON_2021 = dict(sequence_parallel=False, flash=False, overlap_dp=False, recompute="full", zero=0)
@@ -231,6 +231,13 @@ def family(e) -> str:
 
 
 CALIBRATION = {"A100": "7B 2048 x 8 A100-80GB", "H100": "7B 2048 x 8 H100"}  # held out: they fix MATMUL_SUSTAINED
+
+
+def validation_errors() -> list[float]:
+    """|error| of every run but the calibration ones, the published layout priced as pinned: the
+    numbers behind the MAPE and behind the planner's ``MEDIAN_ERROR``."""
+    return [abs(throughput_error(run, metric(run, predict(run).step_time))) for run in RUNS
+            if run.label != CALIBRATION[gpu_of(run)]]
 
 
 def gpu_of(run: Run) -> str:
@@ -442,10 +449,10 @@ def main():
           f"the {len(CALIBRATION)} calibration runs excluded); with the best-case MAMF efficiency instead: "
           f"{statistics.mean(best_case):.1%}. plan picks the published layout family in {sum(same)} of "
           f"{len(same)} runs. {time.time() - start:.0f} s")
-    band = statistics.median(errors)
-    simple = [pub == family(free_table(run).simplest(within=band)) for run, pub in lines]
-    print(f"Within the model's median error ({band:.1%}) of the fastest, the layout with the fewest dimensions "
-          f"(LayoutTable.simplest) has the published family in {sum(simple)} of {len(simple)} runs.")
+    simple = [pub == family(free_table(run).recommended) for run, pub in lines]
+    print(f"The planner's recommendation (LayoutTable.recommended: the layout with the fewest dimensions within "
+          f"MEDIAN_ERROR = {MEDIAN_ERROR:.1%} of the fastest; the median error measured here: "
+          f"{statistics.median(errors):.1%}) has the published family in {sum(simple)} of {len(simple)} runs.")
 
 
 if __name__ == "__main__":
