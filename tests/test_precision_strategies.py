@@ -3,9 +3,15 @@
 ``single`` with the same precision, on 2 and 4 ranks; an fp16 overflow skipped on every rank alike
 (ranks holding different slices or shards ask each other); recomputation equal to none while it
 keeps fewer activations; the cost model pricing both; and the strategies that still refuse say why."""
+import multiprocessing
+
 import pytest
+import torch.distributed as dist
 
 import mpkit
+from mpkit.models import SelfAttention
+from mpkit.parallel.precision import LossScaler, _grads
+from mpkit.strategies import make_config
 from test_precision_cost_model import GPT as PRICED, _backward_seconds
 from test_strategy_precision import GPT, TOL, _close, reference
 
@@ -46,16 +52,36 @@ def test_fp16_matches_single_fp16(strategy, world):
     _close(run, ref, TOL["fp16"])
 
 
+def _inf_on_the_last_rank_at_step_0(monkeypatch):
+    """Before the first unscale, the last rank (single: its one rank) writes inf into one element
+    of the gradients it holds (a slice, a shard, a stage's): the other ranks' gradients stay
+    finite, so only the agreement on found_inf can make them skip the step too. Ranks are
+    forked, so the patch reaches them."""
+    unscale_ = LossScaler.unscale_
+
+    def poisoned(self, params, group=None):
+        params = list(params)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if self.steps == 0 and (dist.get_rank() if dist.is_initialized() else 0) == world - 1:
+            next(g for g in _grads(params) if g.numel()).view(-1)[0] = float("inf")
+        return unscale_(self, params, group)
+
+    monkeypatch.setattr(LossScaler, "unscale_", poisoned)
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("strategy, world", [("tp", 2), ("fsdp", 2), ("mp", 2)])
-def test_fp16_overflow_skipped_on_every_rank_as_in_single(strategy, world):
-    """A first scale of 2**22 overflows: tp's and fsdp's ranks each hold a slice or a shard of the
-    gradients, mp's a stage's, and an overflow in any one skips the step on all, as single skips it."""
-    run = mpkit.train(strategy, world, precision="fp16", loss_scale=2.0**22, **GPT)
-    ref = reference("fp16", loss_scale=2.0**22)
-    assert ref.extra[0]["skipped_steps"] == [0, 1]
+def test_fp16_overflow_on_one_rank_skipped_on_every_rank_as_in_single(strategy, world, monkeypatch):
+    """tp's and fsdp's ranks each hold a slice or a shard of the gradients, mp's a stage's: an inf
+    in one rank's skips step 0 on all (the all-reduce of found_inf), as single skips it. Without
+    the agreement the other rank steps: its skipped_steps is [] and its parameters move by ~1e-2."""
+    _inf_on_the_last_rank_at_step_0(monkeypatch)
+    run = mpkit.train(strategy, world, precision="fp16", **GPT)
+    ref = mpkit.train("single", 1, precision="fp16", **GPT)  # not reference(): this one has the inf too
+    assert ref.extra[0]["skipped_steps"] == [0]
+    assert len(run.extra) == world
     for extra in run.extra:
-        assert extra["skipped_steps"] == [0, 1] and extra["loss_scale"] == ref.extra[0]["loss_scale"]
+        assert extra["skipped_steps"] == [0] and extra["loss_scale"] == ref.extra[0]["loss_scale"]
     _close(run, ref, TOL["fp16"])
 
 
@@ -111,6 +137,29 @@ def test_recompute_equals_none_with_fewer_activations(strategy, world, mode):
     if strategy == "tp" and mode == "full":  # the recomputed forward all-reduces again (its g, in the backward);
         # not every one: torch's non-reentrant checkpoint stops a recomputation after the last tensor it needs
         assert run.extra[0]["all_reduces_per_step"]["forward"] > plain.extra[0]["all_reduces_per_step"]["forward"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy, world", [("tp", 2), ("fsdp", 2)])
+def test_selective_recompute_runs_each_attention_core_twice(strategy, world, monkeypatch):
+    """What the activations cannot show (torch's fused attention saves little, see above): with
+    "selective" backward runs every attention core again, so twice the calls of no recomputation.
+    A shared counter, made before the ranks are forked, counts the calls on every rank."""
+    calls, core = multiprocessing.get_context("fork").Value("i", 0), SelfAttention.core
+
+    def counted(self, *args):
+        with calls.get_lock():
+            calls.value += 1
+        return core(self, *args)
+
+    monkeypatch.setattr(SelfAttention, "core", counted)
+    counts = {}
+    for mode in (None, "selective"):
+        calls.value = 0
+        mpkit.train(strategy, world, recompute=mode, **GPT)
+        counts[mode] = calls.value
+    layers = sum(isinstance(m, SelfAttention) for m in make_config("single", 1, **GPT).model.build(0).modules())
+    assert counts == {None: world * GPT["steps"] * layers, "selective": 2 * world * GPT["steps"] * layers}, counts
 
 
 @pytest.mark.parametrize("strategy, world", [("tp", 2), ("fsdp", 2), ("mp", 2), ("ddp", 2), ("sp", 2), ("cp", 2),
