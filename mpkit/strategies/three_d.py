@@ -101,10 +101,11 @@ def validate(cfg):
     require_divisible(cfg.batch_size, dp, "batch_size", "dp", "every data-parallel replica trains on an "
                       "equal slice of the global batch")
     m = cfg.option("micro_batches")
-    check_schedule_args(cfg.option("schedule"), grid.pp, m, cfg.option("virtual_stages"))
-    if cfg.option("schedule") not in ("gpipe", "1f1b", "interleaved"):
+    if cfg.option("schedule") not in ("gpipe", "1f1b", "interleaved"):  # first: before the schedule's own checks
         raise ValueError(f"schedule={cfg.option('schedule')!r}: 3d runs 'gpipe', '1f1b' or 'interleaved'; the "
-                         f"zero-bubble and looped schedules run under strategy 'pp' or mpkit.parallel.pipeline")
+                         f"zero-bubble, DualPipeV and looped schedules run under strategy 'pp' or "
+                         f"mpkit.parallel.pipeline")
+    check_schedule_args(cfg.option("schedule"), grid.pp, m, cfg.option("virtual_stages"))
     require_divisible(cfg.batch_size // dp, m, "batch_size/dp", "micro_batches",
                       "each replica's batch is cut into micro-batches")
     v = virtual_stages(cfg)
