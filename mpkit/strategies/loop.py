@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
 from mpkit.config import TrainConfig
 from mpkit.parallel.precision import LossScaler, MixedPrecision
