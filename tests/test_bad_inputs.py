@@ -117,6 +117,12 @@ TRAIN = [  # (train keyword arguments, what the error must say)
     (dict(strategy="tp", plan={"2": "row"}, **mine(shallow_net)), "plan splits 2 by rows but no layer by columns"),
     (dict(strategy="ps", world_size=1), "ps needs a server and at least one worker: use world_size>=2"),
     (dict(strategy="ps", mode="eventual"), "mode='eventual' is unknown; use one of sync, async"),
+    # 3d refuses the schedule itself first: not a micro-batch count the schedule would then be refused with
+    (dict(strategy="3d", world_size=4, dp=2, pp=2, schedule="dualpipev", micro_batches=2),
+     "3d runs 'gpipe', '1f1b' or 'interleaved'; the zero-bubble, DualPipeV and looped schedules run under "
+     "strategy 'pp'"),
+    (dict(strategy="pp", world_size=4, schedule="dualpipev", micro_batches=4),
+     "schedule='dualpipev' needs micro_batches >= 2*(pipeline ranks)=8"),
 ]
 
 

@@ -66,9 +66,9 @@ def test_less_bubble_than_1f1b_on_unit_costs(p, m):
 
 
 def test_too_few_micro_batches_say_what_to_change():
-    with pytest.raises(ValueError, match=r"schedule='dualpipev' needs micro_batches >= 2\*world_size=8"):
+    with pytest.raises(ValueError, match=r"schedule='dualpipev' needs micro_batches >= 2\*\(pipeline ranks\)=8"):
         schedule("dualpipev", 4, 6)
-    with pytest.raises(ValueError, match=r"micro_batches >= 2\*world_size=4"):
+    with pytest.raises(ValueError, match=r"micro_batches >= 2\*\(pipeline ranks\)=4"):
         mpkit.train("pp", 2, schedule="dualpipev", micro_batches=2, steps=1)
 
 

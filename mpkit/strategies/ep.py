@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import math
 
+import torch.distributed as dist
+
 from mpkit.parallel.expert_parallel import (ExpertParallelMoE, check_expert_split, expert_load, expert_parallel,
                                             full_expert_parameters, synchronize_gradients)
 from mpkit.simulator.engine import Compute
 from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
 from mpkit.strategies.loop import (forward_backward, group_mean, local_batch, mixed_precision, optimizer_step,
-                                   prepare_layers, run_steps, slice_group)
+                                   prepare_layers, run_steps)
 from mpkit.strategies.sp import require_gpt
 
 OPTIONS = {}
@@ -48,7 +50,7 @@ def run_rank(ctx, cfg, group=None):
         loss = forward_backward(ctx, cfg, model, x, y, mp)
         loads.append([{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in s.items()} for s in expert_load(model)])
         synchronize_gradients(model, group)
-        optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=slice_group(group))  # experts: per rank
+        optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=dist.group.WORLD)  # experts: per rank
         return loss.item()
 
     losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
 from mpkit.config import TrainConfig
 from mpkit.parallel.precision import LossScaler, MixedPrecision
@@ -99,12 +98,6 @@ def optimizer_step(ctx, optimizer, set_to_none: bool = True, mp: MixedPrecision 
         optimizer.zero_grad(set_to_none=set_to_none)
 
 
-def slice_group(group=None):
-    """The ranks holding other slices, shards or stages of the gradients (``group``; None: the
-    world), which agree on an fp16 overflow: one rank's inf skips the step on all."""
-    return dist.group.WORLD if group is None else group
-
-
 def plain_step(ctx, cfg: TrainConfig, model, optimizer, mp: MixedPrecision | None = None, group=None):
     """``step`` for a strategy whose communication lives inside the model (DDP's hooks, FSDP's
     units, tensor-parallel layers) or that has none (single): forward, backward, optimizer.
@@ -123,3 +116,22 @@ def group_mean(ctx, losses, group=None) -> list[float]:
     values = torch.tensor(losses, dtype=torch.float64, device=ctx.device)
     ctx.comm.all_reduce(values, op="avg", group=group, name="losses")
     return values.tolist()
+
+
+class PipelineLoss:
+    """The loss a pipeline's executor runs backward from, for mp, pp and 3d: for fp16 each
+    micro-batch's loss scaled by the loss scale (the executor calls backward itself, so
+    ``MixedPrecision.backward`` cannot); ``step`` returns the pipeline's loss unscaled."""
+
+    def __init__(self, cfg: TrainConfig, mp: MixedPrecision):
+        self.cfg, self.scaler = cfg, mp.scaler
+
+    def __call__(self, out, y):
+        loss = self.cfg.model.loss(out, y)
+        return loss if self.scaler is None else self.scaler.scale(loss)
+
+    def step(self, pipe, x, y):
+        """``pipe.step(x, y)``'s loss (None off the last stage) divided by the scale it was run with."""
+        scale = 1.0 if self.scaler is None else self.scaler.value
+        loss = pipe.step(x, y)
+        return None if loss is None else loss / scale

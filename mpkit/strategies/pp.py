@@ -18,7 +18,7 @@ from mpkit.pricing.pipeline_program import engine_programs
 from mpkit.pricing.profile import Cost
 from mpkit.strategies import stages as builtin
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
-from mpkit.strategies.loop import full_batch, mixed_precision, optimizer_step, prepare_layers, run_steps
+from mpkit.strategies.loop import PipelineLoss, full_batch, mixed_precision, optimizer_step, prepare_layers, run_steps
 
 OPTIONS = {"schedule": "gpipe", "micro_batches": 4, "virtual_stages": 2}
 
@@ -75,23 +75,17 @@ def train_pipeline(ctx, cfg, name, m, v):
     """mp and pp: the stages, the schedule's program on this rank, the one loop; ``RankOutput``."""
     p = ctx.world_size
     mp = mixed_precision(cfg)
-    scaler = mp.scaler
-
-    def loss_fn(out, y):  # fp16: each micro-batch's loss scaled before the executor's backward
-        loss = cfg.model.loss(out, y)
-        return loss if scaler is None else scaler.scale(loss)
-
+    loss_fn = PipelineLoss(cfg, mp)
     pipe = pipeline(all_stages(cfg, p * v, mp), schedule=name, micro_batches=m, loss_fn=loss_fn,
                     virtual_stages=v if name in MULTI_CHUNK else 1)
     pipe.to(ctx.device)
     opt = make_optimizer(pipe.parameters(), cfg)
 
     def step(x, y):
-        scale = 1.0 if scaler is None else scaler.value
-        loss = pipe.step(x, y)
+        loss = loss_fn.step(pipe, x, y)
         # each rank holds its stages' gradients: an overflow on one rank skips the step on all
         optimizer_step(ctx, opt, mp=mp, params=pipe.parameters(), group=dist.group.WORLD)
-        return None if loss is None else loss / scale
+        return loss
 
     losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(pipe, opt))
     prefix = "layers." if cfg.model.builtin else ""

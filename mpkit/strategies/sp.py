@@ -12,6 +12,8 @@ backward one all-reduce of the LayerNorm and row-bias gradients, which cover eac
 """
 from __future__ import annotations
 
+import torch.distributed as dist
+
 from mpkit.models import Block
 from mpkit.simulator.engine import Compute
 from mpkit.pricing.pricing import optimizer
@@ -21,7 +23,7 @@ from mpkit.parallel.tensor_parallel import full_parameters
 from mpkit.strategies import tp as tensor_strategy
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
 from mpkit.strategies.loop import (forward_backward, full_batch, mixed_precision, optimizer_step, prepare_layers,
-                                   run_steps, slice_group)
+                                   run_steps)
 
 OPTIONS = {}
 
@@ -66,7 +68,7 @@ def run_rank(ctx, cfg, group=None):
     def step(x, y):
         loss = forward_backward(ctx, cfg, model, x, y, mp)
         all_reduce_sequence_parallel_gradients(model, group)
-        optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=slice_group(group))
+        optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=dist.group.WORLD)
         return loss.item()
 
     losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))

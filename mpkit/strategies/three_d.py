@@ -47,7 +47,8 @@ from mpkit.strategies import tp as tensor_strategy
 from mpkit.strategies.base import (
     RankOutput, Strategy, make_optimizer, optimizer_spec, require_builtin, require_divisible,
 )
-from mpkit.strategies.loop import full_batch, group_mean, mixed_precision, optimizer_step, prepare_layers, run_steps
+from mpkit.strategies.loop import (PipelineLoss, full_batch, group_mean, mixed_precision, optimizer_step, prepare_layers,
+                                   run_steps)
 
 OPTIONS = {"dp": 1, "tp": 1, "pp": 1, "schedule": "1f1b", "micro_batches": 2, "virtual_stages": 2, "zero": False,
            "cp": 1, "sp": False, "attention": "ring"}
@@ -100,10 +101,11 @@ def validate(cfg):
     require_divisible(cfg.batch_size, dp, "batch_size", "dp", "every data-parallel replica trains on an "
                       "equal slice of the global batch")
     m = cfg.option("micro_batches")
-    check_schedule_args(cfg.option("schedule"), grid.pp, m, cfg.option("virtual_stages"))
-    if cfg.option("schedule") not in ("gpipe", "1f1b", "interleaved"):
+    if cfg.option("schedule") not in ("gpipe", "1f1b", "interleaved"):  # first: before the schedule's own checks
         raise ValueError(f"schedule={cfg.option('schedule')!r}: 3d runs 'gpipe', '1f1b' or 'interleaved'; the "
-                         f"zero-bubble and looped schedules run under strategy 'pp' or mpkit.parallel.pipeline")
+                         f"zero-bubble, DualPipeV and looped schedules run under strategy 'pp' or "
+                         f"mpkit.parallel.pipeline")
+    check_schedule_args(cfg.option("schedule"), grid.pp, m, cfg.option("virtual_stages"))
     require_divisible(cfg.batch_size // dp, m, "batch_size/dp", "micro_batches",
                       "each replica's batch is cut into micro-batches")
     v = virtual_stages(cfg)
@@ -159,12 +161,7 @@ def run_rank(ctx, cfg):
         tensor_strategy.shard(model, me["tp"], grid.tp, groups["tp"])
     mp = mixed_precision(cfg)  # as tp and pp: the layers wrapped after the split, before the stages are cut
     prepare_layers(cfg, model, mp)
-    scaler = mp.scaler
-
-    def loss_fn(out, y):  # fp16: each micro-batch's loss scaled before the executor's backward
-        loss = cfg.model.loss(out, y)
-        return loss if scaler is None else scaler.scale(loss)
-
+    loss_fn = PipelineLoss(cfg, mp)
     stages = [Stage([model.layers[i] for i in g], g) for g in split]
     pipe = pipeline(stages, schedule=cfg.option("schedule"), micro_batches=m, group=groups["pp"],
                     loss_fn=loss_fn, virtual_stages=v).to(ctx.device)
@@ -180,11 +177,10 @@ def run_rank(ctx, cfg):
             sync, track = dp.finish_gradient_synchronization, (pipe, opt, *dp.buffers_for_tracking)
 
     def step(x, y):
-        scale = 1.0 if scaler is None else scaler.value
         x, y = (t.tensor_split(cfg.option("dp"))[me["dp"] // cp] for t in (x, y))
         if context is not None:
             y = shard_sequence(y, context, dim=1)  # x stays whole: the embedding needs global positions
-        loss = pipe.step(x, y)
+        loss = loss_fn.step(pipe, x, y)
         if sp:
             all_reduce_sequence_parallel_gradients(pipe, groups["tp"])
         if sync is not None:
@@ -197,7 +193,7 @@ def run_rank(ctx, cfg):
             opt.all_gather_parameters()
         else:
             optimizer_step(ctx, opt, mp=mp, params=pipe.parameters(), group=dist.group.WORLD)
-        return None if loss is None else loss / scale
+        return loss
 
     losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=track)
     if pipe.holds_last_stage:

@@ -20,13 +20,15 @@ layer whose output stays split needs a row layer, a row layer a column layer; a 
 """
 from __future__ import annotations
 
+import torch.distributed as dist
+
 from mpkit.models import Block
 from mpkit.parallel.tensor_parallel import (Split, full_parameters, head_split, plan_targets, sharded_layers, slices,
                                            tensor_parallel, unpaired_columns)
 from mpkit.simulator.engine import Compute
 from mpkit.pricing.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
-from mpkit.strategies.loop import full_batch, mixed_precision, plain_step, prepare_layers, run_steps, slice_group
+from mpkit.strategies.loop import full_batch, mixed_precision, plain_step, prepare_layers, run_steps
 
 OPTIONS = {"plan": None}
 
@@ -131,7 +133,7 @@ def run_rank(ctx, cfg):
     opt = make_optimizer(model.parameters(), cfg)
 
     # each rank holds other slices' gradients: an fp16 overflow in one slice skips the step on all
-    step = plain_step(ctx, cfg, model, opt, mp, group=slice_group(None))
+    step = plain_step(ctx, cfg, model, opt, mp, group=dist.group.WORLD)
     losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
     return RankOutput(losses=losses, params=full_parameters(model), extra={
         "parameters_per_rank": sum(p.numel() for p in model.parameters()),

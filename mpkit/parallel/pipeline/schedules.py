@@ -130,7 +130,7 @@ def check_schedule_args(name, stages, micro_batches, virtual=1) -> None:
     if name in V_SHAPED and stages < 2:
         raise ValueError(f"schedule={name!r} needs world_size >= 2 (its V folds the stages back over the ranks)")
     if name == "dualpipev" and micro_batches < 2 * stages:
-        raise ValueError(f"schedule='dualpipev' needs micro_batches >= 2*world_size={2 * stages} (at least one "
+        raise ValueError(f"schedule='dualpipev' needs micro_batches >= 2*(pipeline ranks)={2 * stages} (at least one "
                          f"micro-batch per stage, as torch's ScheduleDualPipeV); got micro_batches={micro_batches}")
     if name not in MULTI_CHUNK:
         return
