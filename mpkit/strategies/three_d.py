@@ -26,6 +26,7 @@ import math
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from mpkit.parallel.buckets import DEFAULT_BUCKET_MB, bucket_caps, plan_buckets
@@ -168,7 +169,8 @@ def run_rank(ctx, cfg):
     if cfg.option("zero"):
         cls, kwargs = optimizer_spec(cfg)
         opt = ShardedOptimizer(pipe.parameters(), cls, group=groups["dp"], average_gradients=True, **kwargs)
-        sync, track = opt.reduce_scatter_gradients, (pipe, opt.inner)
+        shards = nn.ParameterList(opt.shard_parameters)  # a module, as in zero1: their .grad filed as gradients
+        sync, track = opt.reduce_scatter_gradients, (pipe, shards, opt.inner)
     else:
         opt = make_optimizer(pipe.parameters(), cfg)
         sync, track = None, (pipe, opt)
