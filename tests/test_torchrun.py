@@ -1,6 +1,7 @@
 """The same mpkit.launch call under real torchrun: it joins the env:// world instead of forking."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -151,7 +152,9 @@ def test_torchrun_summary_holds_each_failed_ranks_traceback(tmp_path):
     sections = {int(part.split("(local_rank")[0]): part for part in summary.split("rank      : ")[1:]}
     assert sorted(sections) == [0, 1], summary
     assert 'raise RuntimeError("boom on rank 1")' in sections[1] and "RuntimeError: boom on rank 1" in sections[1]
-    assert "Connection closed by peer" in sections[0]  # rank 0 only saw its peer go
+    # rank 0 only saw its peer go: gloo says "Connection closed by peer" when the socket got a FIN and
+    # "Read error ...: Connection reset by peer" when it got an RST (about 1 run in 8 here)
+    assert re.search(r"Connection (closed|reset) by peer", sections[0]), sections[0]
 
 
 SLEEPER = '''
