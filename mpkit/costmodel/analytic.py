@@ -56,7 +56,7 @@ from functools import cached_property, lru_cache
 from mpkit.i18n import t
 from mpkit.layout import Layout
 from mpkit.simulator import formulas
-from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, USABLE_MEMORY, Hardware, gpu_model
+from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, USABLE_MEMORY, Hardware, gpu_family
 from mpkit.whole import is_number
 
 BYTES = 2  # bf16 activations, gradients and the weights the matmuls read
@@ -520,7 +520,7 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     scores = 4 * tokens * s * h / tp * (0.5 if setup.flash else 1.0)
     local, attn_bytes = memory_bound_bytes(model, tp, sp, setup.flash)
     mem_fwd = tokens * (local + attn_bytes) / mem_bw
-    gemm_rate = rate * (FP8_MATMUL_SPEEDUP[gpu_model(hw).split("-")[0]] if setup.fp8 else 1.0)  # plan checks the GPU
+    gemm_rate = rate * (FP8_MATMUL_SPEEDUP[gpu_family(hw)] if setup.fp8 else 1.0)  # plan checks the GPU
     fwd = gemm / gemm_rate + scores / fused + mem_fwd
     bwd = 2 * gemm / gemm_rate + (2.5 if setup.flash else 2.0) * scores / fused + 2 * mem_fwd
     if setup.recompute == "full":
@@ -536,16 +536,15 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     tp_calls = 4 + (2 if setup.recompute == "full" else 0)
     tp_layer = tp_calls * _allreduce(hw, tp_bytes, spans["tp"]) if tp > 1 else 0.0
     cp_layer, cp_bytes = _context_parallel(model, hw, setup, tokens, spans["cp"], scores / fused)
-    tp_layer += cp_layer  # exposed like TP's: inside every layer, between dependent kernels
     ep_layer, ep_bytes = _expert_parallel(model, hw, lay, tokens / (tp if sp else 1), per_node, setup.recompute)
-    tp_layer += ep_layer
+    layer_comm = tp_layer + cp_layer + ep_layer  # all exposed alike: inside every layer, between dependent kernels
 
     # the logit layer and its fp32 cross-entropy on the last stage
     logits = 3 * 2 * tokens * V * h / tp / rate + 5 * 4 * tokens * V / tp / mem_bw
     v = setup.virtual if setup.schedule == "interleaved" else 1
     layers = -(-model.layers // (pp * v)) * v  # on the fullest stage (uneven when pp·v does not divide the layers)
     work = layers * (fwd + bwd)  # one micro-batch on one stage
-    tp_stage = layers * tp_layer
+    comm_stage = layers * layer_comm
 
     # pipeline hops: one activation per micro-batch and chunk each way (split over the TP group:
     # Megatron's scatter/gather, or sequence parallel), on the link between neighbouring stages
@@ -556,8 +555,8 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
         hops = 2 * v * link.time(hop_bytes)
     # stages are equal but the last also runs the logits: (m-1)·slowest + every stage once,
     # the fill and drain shrunk v-fold by interleaving
-    slowest = work + tp_stage + hops + logits
-    every_stage = pp * (work + tp_stage + hops) + logits
+    slowest = work + comm_stage + hops + logits
+    every_stage = pp * (work + comm_stage + hops) + logits
     pipeline = m * slowest + (every_stage - slowest) / v
 
     # data parallel and ZeRO: this rank's share of the fullest stage (the first holds the
@@ -593,9 +592,10 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     optimizer = psi / (shard if setup.zero >= 1 else 1) * ADAM_BYTES / mem_bw
 
     compute = m * (work + logits)
-    tp_exposed, pp_exposed = m * tp_stage, m * hops
-    time = {"compute": compute, "tp": tp_exposed, "pp": pp_exposed,
-            "bubble": max(pipeline - compute - tp_exposed - pp_exposed, 0.0), "dp": dp_time, "optimizer": optimizer}
+    comm_exposed, pp_exposed = m * comm_stage, m * hops
+    time = {"compute": compute, "tp": m * (layers * tp_layer), "pp": pp_exposed,
+            "bubble": max(pipeline - compute - comm_exposed - pp_exposed, 0.0), "dp": dp_time, "optimizer": optimizer,
+            "cp": m * layers * cp_layer, "ep": m * layers * ep_layer}
 
     # memory of the fullest rank: each candidate stage's model states and the activations it holds
     # at once (stage 0: the embedding and the most micro-batches in flight; the last: the logits)
@@ -634,8 +634,6 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     links = {dim: _link_name(spans[dim]) for dim in ("tp", "pp", "dp", "cp")}
     links["ep"] = _link_name(_ep_span(lay, per_node))
     comm = {"tp": tp_bytes, "pp": hop_bytes, "dp": grads, "cp": cp_bytes, "ep": ep_bytes}
-    time["cp"], time["ep"] = m * layers * cp_layer, m * layers * ep_layer  # shown apart; already in "tp"
-    time["tp"] -= time["cp"] + time["ep"]
     return Estimate(model, hw, setup, global_batch, m, time, memory, links, comm)
 
 

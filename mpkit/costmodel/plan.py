@@ -32,7 +32,7 @@ from mpkit.layout import ORDERS, Layout
 from mpkit.simulator import formulas
 from mpkit.costmodel.analytic import (CP_ATTENTION, RECOMPUTE, SCHEDULES, Estimate, Setup, Transformer, aligned, estimate,
                                 transformer, whole_number)
-from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, STACKS, Hardware, gpu_model, with_stack
+from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, STACKS, Hardware, gpu_family, with_stack
 from mpkit.simulator.machines import get_hardware
 
 VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
@@ -407,10 +407,10 @@ def _check_cp_ep(model, gpus, cps, eps, attention):
     _choice("attention", attention, CP_ATTENTION)
     if not any(gpus % cp == 0 for cp in cps):
         raise ValueError(f"cp={cps} divides no part of gpus={gpus}; choose cp dividing the GPUs")
-    if len(cps) == 1 and cps[0] > 1 and model.seq_len % (cps[0] if attention == "ulysses" else 2 * cps[0]):
+    if len(cps) == 1 and cps[0] > 1 and model.seq_len % _cp_chunks(cps[0], attention):
         parts = "cp" if attention == "ulysses" else "2·cp (the load-balanced causal split)"
         raise ValueError(f"seq_len={model.seq_len} is not divisible by {parts} = "
-                         f"{cps[0] if attention == 'ulysses' else 2 * cps[0]}; choose cp so that it is")
+                         f"{_cp_chunks(cps[0], attention)}; choose cp so that it is")
     if max(eps) > 1 and model.experts == 1:
         raise ValueError(f"ep={max(eps)} splits experts, but {model.name or 'the model'} is dense (experts=1); give "
                          f"the model experts=N, top_k=K or leave ep=1")
@@ -420,7 +420,6 @@ def _check_cp_ep(model, gpus, cps, eps, attention):
 
 
 def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top):
-    whole_number("gpus", gpus)
     whole_number("global_batch", global_batch)
     whole_number("max_micro_batch", max_micro_batch)
     whole_number("top", top)
@@ -520,8 +519,7 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     cps, eps = _sizes("cp", cp, int(gpus)), _sizes("ep", ep, math.gcd(int(gpus), model.experts))
     _check_cp_ep(model, gpus, cps, eps, attention)
     _check(model, hw, gpus, global_batch, dict(pinned, cps=cps), max_micro_batch, software, top)
-    family = (gpu_model(hw) or "").split("-")[0]
-    if software["fp8"] and family not in FP8_MATMUL_SPEEDUP:
+    if software["fp8"] and gpu_family(hw) not in FP8_MATMUL_SPEEDUP:
         raise ValueError(f"fp8=True needs FP8 tensor cores with a measured speed-up ({', '.join(FP8_MATMUL_SPEEDUP)} "
                          f"presets); hardware={hw.name!r} has none: use fp8=False")
     # numpy's integers (a sweep over np.arange) as Python's: plain arithmetic from here on
@@ -605,9 +603,13 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
 def _cp_splits(model, tp, cp, attention) -> bool:
     """Whether cp ranks can share each sequence: 2·cp equal chunks for the load-balanced causal
     split (ring, all-gather), or cp equal parts and whole heads of a TP slice (Ulysses)."""
-    if attention == "ulysses":
-        return model.seq_len % cp == 0 and (model.heads // tp) % cp == 0 and (model.kv // tp) % cp == 0
-    return model.seq_len % (2 * cp) == 0
+    whole_heads = attention != "ulysses" or ((model.heads // tp) % cp == 0 and (model.kv // tp) % cp == 0)
+    return model.seq_len % _cp_chunks(cp, attention) == 0 and whole_heads
+
+
+def _cp_chunks(cp, attention) -> int:
+    """The parts each sequence is cut into: cp for Ulysses, 2·cp for the load-balanced causal split."""
+    return cp if attention == "ulysses" else 2 * cp
 
 
 def _schedules(model, pp, m, pinned, skipped):

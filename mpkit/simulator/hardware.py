@@ -331,17 +331,22 @@ def gpu_model(hw) -> str | None:
     return match.group(1) if match and match.group(1) in _GPUS else None
 
 
+def gpu_family(hw) -> str | None:
+    """The GPU whose measured rates a preset shares ("A100" for "A100-40GB"); None for other machines."""
+    gpu = gpu_model(hw)
+    return gpu.split("-")[0] if gpu else None
+
+
 def with_stack(hw, stack: str):
     """``hw`` with the matmul efficiency ``stack`` was measured at on its GPU; a ValueError that says
     which stacks have runs on it when this one has none."""
     if stack not in STACKS:
         raise ValueError(f"stack={stack!r} is unknown; use one of {', '.join(map(repr, STACKS))} (or None: the "
                          f"hardware's own efficiency)")
-    gpu = gpu_model(hw)
-    family = gpu.split("-")[0] if gpu else None  # A100-40GB runs at an A100's rate
+    family = gpu_family(hw)  # A100-40GB runs at an A100's rate
     if family not in STACKS[stack].matmul:
         known = [k for k, v in STACKS.items() if family in v.matmul]
-        raise ValueError(f"stack={stack!r} has no published runs on {gpu or hw.name!r}"
+        raise ValueError(f"stack={stack!r} has no published runs on {gpu_model(hw) or hw.name!r}"
                          + (f"; stacks measured on it: {', '.join(map(repr, known))}" if known else "")
                          + "; or pass stack=None to keep the hardware's own matmul efficiency")
     return replace(hw, mfu=STACKS[stack].matmul[family])
