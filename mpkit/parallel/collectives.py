@@ -188,6 +188,12 @@ class Ring:
         """The group ranks in ring order, starting at ``root`` (a group rank)."""
         return [(root + i) % self.size for i in range(self.size)]
 
+    def post(self, send, recv, name) -> list:
+        """Post ``send`` to the right neighbour and ``recv`` from the left one, without waiting (ring
+        attention computes while its next block travels); returns the works."""
+        return [self.comm.isend(send, self.right, group=self.group, name=name),
+                self.comm.irecv(recv, self.left, group=self.group, name=name)]
+
     def exchange(self, send, into, wire, name):
         """Send ``send`` to the right neighbour while receiving a chunk shaped like ``into`` from the
         left one; returns what arrived, in ``into``'s dtype.

@@ -73,8 +73,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mpkit.observe import active
-from mpkit.parallel.checks import global_rank
+from mpkit.parallel.collectives import Ring
 from mpkit.parallel.functional import all_to_all
 
 
@@ -148,7 +147,8 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, positions, parts, causal, group, name):
-        n, me = dist.get_world_size(group), dist.get_rank(group)
+        ring = Ring(group)
+        n, me = ring.size, ring.rank
         scale = 1.0 / math.sqrt(q.shape[-1])
         out = torch.zeros_like(q)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
@@ -158,7 +158,7 @@ class RingAttention(torch.autograd.Function):
             works, incoming = [], None
             if step < n - 1:  # the next block travels while this one is computed
                 incoming = torch.empty_like(kv)
-                works = _post_exchange(kv, incoming, group, f"ring kv {name} hop {step}")
+                works = ring.post(kv, incoming, f"ring kv {name} hop {step}")
             for qs, ks, mask in _pairs(positions[me], positions[owner], parts, causal):
                 s = _scores(q[..., qs, :], kv[0][..., ks, :], mask, scale)
                 block_lse = torch.logsumexp(s, dim=-1)
@@ -179,7 +179,8 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         positions, parts, causal, group, name, scale = ctx.args
-        n, me = dist.get_world_size(group), dist.get_rank(group)
+        ring = Ring(group)
+        n, me = ring.size, ring.rank
         grad_out = grad_out.contiguous()
         delta = (grad_out * out).sum(-1)  # D_i = Σ_j dO_ij · O_ij, FlashAttention's backward term
         dq = torch.zeros_like(q)
@@ -190,7 +191,7 @@ class RingAttention(torch.autograd.Function):
             works, incoming = [], None
             if step < n - 1:
                 incoming = torch.empty_like(kv)
-                works = _post_exchange(kv, incoming, group, f"ring kv {name} backward hop {step}")
+                works = ring.post(kv, incoming, f"ring kv {name} backward hop {step}")
             for qs, ks, mask in _pairs(positions[me], positions[owner], parts, causal):
                 s = _scores(q[..., qs, :], kv[0][..., ks, :], mask, scale)
                 p = torch.exp(s - _finite(lse[..., qs])[..., None])
@@ -200,20 +201,12 @@ class RingAttention(torch.autograd.Function):
                 dkv[0][..., ks, :] += (ds.transpose(-2, -1) @ q[..., qs, :]) * scale
             if n > 1:  # the accumulator moves on with its block; after n hops it is home
                 arriving = torch.empty_like(dkv)
-                works += _post_exchange(dkv, arriving, group, f"ring dkv {name} hop {step}")
+                works += ring.post(dkv, arriving, f"ring dkv {name} hop {step}")
             for work in works:
                 work.wait()
             if n > 1:
                 kv, dkv = (incoming if incoming is not None else kv), arriving
         return dq, dkv[0], dkv[1], None, None, None, None, None
-
-
-def _post_exchange(send, recv, group, name):
-    """Post ``send`` to the right neighbour and ``recv`` from the left one; returns the works."""
-    n, me = dist.get_world_size(group), dist.get_rank(group)
-    comm = active.comm()
-    return [comm.isend(send, global_rank(group, (me + 1) % n), group=group, name=name),
-            comm.irecv(recv, global_rank(group, (me - 1) % n), group=group, name=name)]
 
 
 def _runs(positions: torch.Tensor, parts: int):

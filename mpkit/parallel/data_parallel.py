@@ -146,7 +146,8 @@ class DataParallel(nn.Module):
         step.finished = False
         if not self._sync or p in step.counted:  # inside no_sync(): accumulate locally, send nothing
             return
-        _AWAITING.add(self)
+        if not step.counted:  # this step's first counted gradient: from now on a finish() is owed
+            _AWAITING.add(self)
         step.counted.add(p)
         step.pending[bucket.index] -= 1
         if self.overlap:

@@ -64,7 +64,7 @@ def make_config(strategy, world_size, *, model=STRATEGY_DEFAULT, steps=3, batch_
                          f"do: {takers}")
     if recompute == "selective":  # a model without attention fails here, in the caller
         with torch.device("meta"):
-            selective_targets(cfg.model.build(cfg.seed).modules())
+            selective_targets([cfg.model.build(cfg.seed)])
     spec.validate(cfg)
     return cfg
 

@@ -69,7 +69,7 @@ def run_rank(ctx, cfg, group=None):
         optimizer_step(ctx, opt, mp=mp, params=model.parameters())
         return loss.item()
 
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt, *dp.buffers_for_tracking))
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
     return RankOutput(losses=group_mean(ctx, losses, group), params=state_of(model), extra={
         "positions": sequence_positions(cfg.model.seq_len, ctx.world_size, ctx.rank).tolist(), **mp.report()})
 

@@ -61,7 +61,7 @@ def run_rank(ctx, cfg):
         optimizer_step(ctx, opt, set_to_none=False, mp=mp, params=model.parameters())
         return loss.item()
 
-    losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt, *dp.buffers_for_tracking))
+    losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt))
     bucket_bytes = [b.nbytes for b in dp.buckets]
     extra = {"buckets": len(bucket_bytes), "bucket_bytes": bucket_bytes,
              "all_reduce_bytes_per_step": sum(bucket_bytes), "overlap": cfg.option("overlap"), **mp.report()}

@@ -176,7 +176,7 @@ def run_rank(ctx, cfg):
         sync, track = None, (pipe, opt)
         if grid.dp > 1:  # after the pipeline flush, as Megatron does
             dp = DataParallel(pipe, overlap=False, group=groups["dp"])
-            sync, track = dp.finish_gradient_synchronization, (pipe, opt, *dp.buffers_for_tracking)
+            sync, track = dp.finish_gradient_synchronization, (pipe, opt)
 
     def step(x, y):
         x, y = (t.tensor_split(cfg.option("dp"))[me["dp"] // cp] for t in (x, y))

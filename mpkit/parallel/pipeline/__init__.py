@@ -48,6 +48,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
+from mpkit.parallel.checks import global_rank
 from mpkit.parallel.pipeline.checks import (check_every_rank_trains, check_no_tie_across_ranks, check_pipeline_args,
                                             check_ranks_agree, check_stages_given)
 from mpkit.parallel.pipeline.executor import PipelineExecutor
@@ -113,7 +114,7 @@ class Pipeline(nn.Module):
         self.num_stages, self.scale_grads = num_stages, scale_grads
         self.local = nn.ModuleDict({str(s): module for s, module in stages.items()})
         self.program = schedule(schedule_name, self.world_size, micro_batches, virtual_stages)[self.rank]
-        peers = [dist.get_global_rank(group or dist.group.WORLD, r) for r in range(self.world_size)]
+        peers = [global_rank(group, r) for r in range(self.world_size)]
         where = placement(schedule_name, self.world_size, virtual_stages)
         self.executor = PipelineExecutor(stages, num_stages, micro_batches, loss_fn, peers, group, where, scale_grads)
 
