@@ -165,10 +165,12 @@ RUNS = [
     # 80GB, local batch size 1 (Llama 3) or 2 (Llama 2) per GPU, so global batch 64 or 128; WPS = tokens
     # per second per GPU as published. "selective op" checkpointing keeps the attention output and every
     # other matmul's output and recomputes the rest: recompute="op". The A100 cluster's network is not
-    # stated: priced as HDR InfiniBand, one NIC per GPU.
+    # stated: priced as HDR InfiniBand, one NIC per GPU. Run eagerly (fused=False): the 64-A100 presets
+    # (train_configs/llama2_13b.toml @0c355e6, "a preset for 64 A100 GPUs") set compile = false and
+    # norm_type = "rmsnorm" (the PyTorch-ops RMSNorm, not the fused one)
     *[Run("torchtitan A100", f"{model.name}, {ac} AC, 64 A100", model, "Nx8xA100-ib", 64, 64 * lbs, wps,
           "tokens_gpu", dict(TORCHTITAN_FSDP, micro_batch=lbs,
-                             recompute={"selective op": "op", "full": "full", "no": "none"}[ac]))
+                             recompute={"selective op": "op", "full": "full", "no": "none"}[ac], fused=False))
       for model, lbs, ac, wps in [
           (MODELS["llama3-8b"], 1, "selective op", 2973), (MODELS["llama3-70b"], 1, "full", 331),
           (LLAMA2["13b"], 2, "no", 2162), (LLAMA2["13b"], 2, "selective op", 1904),
@@ -176,10 +178,10 @@ RUNS = [
     # torchtitan, pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3 (the
     # bf16 rows; Float8 rows left out): Llama 3.1 8B, 1D FSDP, local batch 2, selective (op-level)
     # activation checkpointing, on Grand Teton H100s (96GB HBM2e, 500 W cap: the "H100-96GB" preset), 8
-    # and 128 GPUs, eager and torch.compile; TPS/GPU as published
+    # and 128 GPUs, eager (fused=False: one kernel per op) and torch.compile (fused); TPS/GPU as published
     *[Run("torchtitan H100", f"Llama 3.1 8B, {n} H100-96GB{', compiled' if compiled else ''}", MODELS["llama3-8b"],
           "Nx8xH100-96GB-ib" if n > 8 else "8xH100-96GB-nvlink", n, 2 * n, tps, "tokens_gpu",
-          dict(TORCHTITAN_FSDP, micro_batch=2, recompute="op"))
+          dict(TORCHTITAN_FSDP, micro_batch=2, recompute="op", fused=compiled))
       for n, compiled, tps in [(8, False, 5762), (8, True, 6667), (128, False, 5605), (128, True, 6514)]],
     # BLOOM 176B (BigScience): bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm: 48
     # nodes of 8 A100 80GB, TP 4, PP 12 (so DP 8), micro-batch 2, global batch 2048, 70 layers of 14336,

@@ -287,19 +287,32 @@ def _matmuls(model: Transformer, t: int) -> list[tuple[float, float]]:
     return [(h / t, h * h / t), (kv / t, h * kv / t), (kv / t, h * kv / t), (h, h * h / t), *mlp]
 
 
-def memory_bound_bytes(model: Transformer, t: int, sequence_parallel: bool, flash: bool) -> tuple[float, float]:
+def memory_bound_bytes(model: Transformer, t: int, sequence_parallel: bool, flash: bool,
+                       fused: bool = True) -> tuple[float, float]:
     """Bytes the non-matmul ops of one layer read and write per token forward, on one rank:
-    (replicated-unless-sequence-parallel part, attention part). Two LayerNorms (read + write h:
-    8h), two bias-dropout-residual adds (read x and the residual, write the sum and a 1-byte
-    mask: 7h each), the MLP activation (bias-GeLU reads and writes f: 4f; SwiGLU reads 2f, writes
-    f: 6f), and without flash attention the fused scale-mask-softmax and its dropout over the
-    a·s scores of every token (read + write, 2 bytes each, plus the mask: 9·a·s). Backward moves
-    about twice as many (each op reads its saved input and the incoming gradient and writes the
-    outgoing one)."""
-    h, f = model.hidden, model.ffn_hidden
+    (replicated-unless-sequence-parallel part, attention part). Backward moves about twice as many
+    (each op reads its saved input and the incoming gradient and writes the outgoing one).
+
+    ``fused`` (each norm and activation one kernel: Megatron/Transformer Engine, torch.compile, or
+    a library LayerNorm): two LayerNorms (read + write h: 8h), two bias-dropout-residual adds (read
+    x and the residual, write the sum and a 1-byte mask: 7h each), the MLP activation (bias-GeLU
+    reads and writes f: 4f; SwiGLU reads 2f, writes f: 6f). Not fused (a Llama block written in
+    PyTorch ops and run eagerly, one kernel per op, as torchtitan's model without torch.compile):
+    each RMSNorm up-casts to fp32, squares, averages, multiplies and casts back before the weight
+    (36h), the rotary embedding does the same to q and k (20 bytes per element), SwiGLU is SiLU
+    then a product (10f), grouped-query attention copies k and v out to every head, and the
+    attention output is transposed back (4h). Without flash attention, the fused
+    scale-mask-softmax and its dropout over the a·s scores of every token (read + write, 2 bytes
+    each, plus the mask: 9·a·s)."""
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_hidden
     adds = 2 * ((7 if model.dropout else 6) * h)
-    act = (6 if model.gated else 4) * f * model.mlp_passes
-    local = (8 * h + adds) / (t if sequence_parallel else 1) + act / t
+    if fused:
+        norms, act, heads = 2 * 4 * h, (6 if model.gated else 4) * f, 0.0
+    else:
+        norms, act = 2 * 36 * h, (10 if model.gated else 4) * f
+        rotary = 0 if model.learned_positions else 20 * (h + kv)
+        heads = rotary + 2 * (2 * kv + 2 * h) * (kv < h) + 4 * h
+    local = (norms + adds) / (t if sequence_parallel else 1) + (act * model.mlp_passes + heads) / t
     attention = 0.0 if flash else model.heads * model.seq_len * (9 if model.dropout else 4) / t
     return local, attention
 
@@ -323,7 +336,8 @@ class Setup:
     from forward to backward, so backward gathers nothing, for a whole stage of bf16 weights held.
     ``fp8``: the blocks' matmuls in FP8, ``FP8_MATMUL_SPEEDUP`` times faster (Hopper only).
     ``attention``: how context parallel ranks exchange keys and values when ``layout.cp`` > 1:
-    "ring", "all-gather" or "ulysses" (``CP_ATTENTION``)."""
+    "ring", "all-gather" or "ulysses" (``CP_ATTENTION``). ``fused``: each norm and activation runs
+    as one kernel (False: one kernel per PyTorch op, see ``memory_bound_bytes``)."""
 
     layout: Layout
     micro_batch: int = 1
@@ -338,6 +352,7 @@ class Setup:
     reshard_after_forward: bool = True
     fp8: bool = False
     attention: str = "ring"
+    fused: bool = True
 
     def describe(self, micro_batches: int, lang: str = "en") -> str:
         sched = "" if self.layout.pp == 1 else (
@@ -518,7 +533,7 @@ def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
     # compute of one layer for one micro-batch, forward and backward (recomputation included)
     gemm = 2 * tokens * model.layer_weights / tp
     scores = 4 * tokens * s * h / tp * (0.5 if setup.flash else 1.0)
-    local, attn_bytes = memory_bound_bytes(model, tp, sp, setup.flash)
+    local, attn_bytes = memory_bound_bytes(model, tp, sp, setup.flash, setup.fused)
     mem_fwd = tokens * (local + attn_bytes) / mem_bw
     gemm_rate = rate * (FP8_MATMUL_SPEEDUP[gpu_family(hw)] if setup.fp8 else 1.0)  # plan checks the GPU
     fwd = gemm / gemm_rate + scores / fused + mem_fwd

@@ -39,7 +39,7 @@ VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
 # The planner's median error against 40 published training runs it was not fitted to (benchmarks/
 # published.py; BENCHMARKS.md, "Planner against published training runs"; tests/test_published_runs.py
 # keeps the two equal): layouts priced closer than this to the fastest are a tie at this accuracy.
-MEDIAN_ERROR = 0.074
+MEDIAN_ERROR = 0.054
 # Each candidate is priced in ~20 us: 50,000 take about a second, so a larger search is refused at
 # once (the published runs' searches hold 600-5,000; a 1e15-parameter model on 5.8 million GPUs
 # held 73,000 and took 1.5 s, layers=10**6 153,000 and 2.8 s)
@@ -122,7 +122,7 @@ class LayoutTable:
         parallel = "" if cp == 1 and ep == 1 else t("plan_assumes_cp", lang, cp=cp, ep=ep,
                                                     kind=self.pins.get("attention", "ring"))
         return software + " " + t("plan_assumes", lang, sp=word("sequence_parallel"), flash=word("flash"),
-                                  overlap=word("overlap_dp"), pins=self.pinned_text(lang)) + parallel
+                                  fused=word("fused"), overlap=word("overlap_dp"), pins=self.pinned_text(lang)) + parallel
 
     def _columns(self, lang):
         return [t("plan_col_rank", lang), "dp x pp x tp", t("plan_col_order", lang), t("plan_col_micro", lang),
@@ -474,7 +474,7 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
 def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=None, tp=None, pp=None,
          micro_batch=None, zero=None, recompute=None, schedule=None, virtual=None, order=None, sequence_parallel=True,
          flash=True, overlap_dp=True, stack=None, shard=None, reshard_after_forward=True, fp8=False, cp=1, ep=1,
-         attention="ring", max_micro_batch=16, lang="en", top=10) -> LayoutTable:
+         attention="ring", fused=True, max_micro_batch=16, lang="en", top=10) -> LayoutTable:
     """The layouts of ``gpus`` GPUs of ``hardware`` that train ``model`` with ``global_batch``
     sequences per step, fastest first, with the ones that do not fit and why.
 
@@ -490,7 +490,9 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     H100 presets), order (the rank order, outermost first: "dp-pp-tp" as picotron and mpkit's 3d run, or
     "pp-dp-tp" as Megatron-LM; both are searched where dp and pp exceed 1);
     the rest is searched (tp only within a node's GPUs unless pinned). ``sequence_parallel``,
-    ``flash`` (fused causal attention) and ``overlap_dp`` (gradient reduction hidden behind
+    ``flash`` (fused causal attention), ``fused`` (each norm and activation one kernel, as
+    Megatron's kernels or torch.compile give; False: a Llama block run eagerly, one kernel per
+    PyTorch op, as torchtitan without compile) and ``overlap_dp`` (gradient reduction hidden behind
     backward) describe the training software; ``stack`` ("megatron", "deepspeed", "torchtitan",
     "llm-foundry", "llama3", "generic"; ``mpkit.simulator.hardware.STACKS``) prices matmuls at the rate
     that software's published runs imply on this GPU (None: the hardware's own). ``cp``: context
@@ -514,7 +516,7 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     pinned = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, zero=zero, recompute=recompute,
                   schedule=schedule, virtual=virtual, order=order, shard=shard)
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp,
-                    reshard_after_forward=reshard_after_forward, fp8=fp8)
+                    reshard_after_forward=reshard_after_forward, fp8=fp8, fused=fused)
     whole_number("gpus", gpus)
     cps, eps = _sizes("cp", cp, int(gpus)), _sizes("ep", ep, math.gcd(int(gpus), model.experts))
     _check_cp_ep(model, gpus, cps, eps, attention)

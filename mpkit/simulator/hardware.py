@@ -302,7 +302,8 @@ class Stack:
 
 
 # The same GPUs run matmuls at different sustained rates under different training software
-# (kernels, fusion, overlap, launch overheads): fitted per stack and GPU by `python
+# (kernels, overlap, launch overheads; eager one-kernel-per-op norms and activations are priced
+# apart, plan's fused=False): fitted per stack and GPU by `python
 # benchmarks/published.py --stacks` (the grid value 0.30-0.90 with the least mean absolute
 # throughput error over that stack's published rows, never above MATMUL_BEST). In-sample fits; out
 # of sample, Megatron-LM's two papers predict each other within 7-8 %, while DeepSpeed's two
@@ -315,9 +316,9 @@ STACKS = {
                       "Narayanan et al. 2021 Table 1 and Korthikanti et al. 2022 Table 4: 18 runs"),
     "deepspeed": Stack("Megatron-DeepSpeed", {"A100": 0.54},
                        "Smith et al. 2022 §2.4 (MT-NLG 530B, 3 runs) and BigScience's BLOOM 176B (1 run)"),
-    "torchtitan": Stack("torchtitan (FSDP2)", {"A100": 0.58, "H100": 0.42},
-                        "torchtitan docs/performance.md (64 A100s, 5 runs) and benchmarks/"
-                        "llama3_h100_202412_torchtitan.md (500 W H100s, 4 runs)"),
+    "torchtitan": Stack("torchtitan (FSDP2)", {"A100": 0.64, "H100": 0.48},
+                        "torchtitan docs/performance.md (64 A100s, 5 eager runs) and benchmarks/"
+                        "llama3_h100_202412_torchtitan.md (500 W H100s, 2 eager and 2 compiled runs)"),
     "llm-foundry": Stack("MosaicML llm-foundry (FSDP)", {"A100": 0.70, "H100": 0.48},
                          "llm-foundry scripts/train/benchmarking/README.md: 5 A100 and 3 H100 runs"),
     "llama3": Stack("Meta's Llama 3 stack", {"H100": 0.80},

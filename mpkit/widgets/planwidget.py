@@ -1,6 +1,6 @@
 """``mpkit.sim.planner``: the layout planner as a widget (model, hardware, GPUs, global batch,
 pins of tp / ZeRO / recomputation / context and expert parallelism, and the software's sequence
-parallelism, flash attention and CP's K/V exchange ->
+parallelism, flash attention, fused kernels and CP's K/V exchange ->
 the ranked table, what it assumed, and the explanation), for lab 10.
 
 The logic lives in ``Planner`` (control values in, ``LayoutTable`` out) so tests drive it headlessly
@@ -26,14 +26,15 @@ HARDWARE_CHOICES = (*GPU_PRESETS, *MULTI_NODE)
 PINS = {"tp": (1, 2, 4, 8, 16, 32), "zero": ZERO_STAGES, "recompute": RECOMPUTE,  # None: searched
         "cp": (1, 2, 4, 8, 16, 32), "ep": (1, 2, 4, 8, 16, 32),  # None: plan's "search"
         "stack": tuple(STACKS)}  # None: the hardware's own matmul efficiency
+SWITCHES = ("sequence_parallel", "flash", "fused")  # the software's on/off assumptions (plan's keywords)
 
 
 class Planner:
     """Controls -> ``plan`` -> table and explanation. ``result`` is the latest good LayoutTable."""
 
     def __init__(self, model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8,
-                 tp=None, zero=None, recompute=None, sequence_parallel=True, flash=True, stack=None, cp=1, ep=1,
-                 attention="ring"):
+                 tp=None, zero=None, recompute=None, sequence_parallel=True, flash=True, fused=True, stack=None, cp=1,
+                 ep=1, attention="ring"):
         self.top = top
         pins = dict(tp=tp, zero=zero, recompute=recompute, cp=cp, ep=ep, stack=stack)
         for key, value in pins.items():
@@ -50,8 +51,8 @@ class Planner:
             "global_batch": w.BoundedIntText(value=global_batch, min=1, max=10**8),
             **{key: w.Dropdown(options=[("auto", None), *((str(v), v) for v in PINS[key])], value=value)
                for key, value in pins.items()},
-            "sequence_parallel": w.Checkbox(value=bool(sequence_parallel)),
-            "flash": w.Checkbox(value=bool(flash)),
+            **{key: w.Checkbox(value=bool(value))
+               for key, value in zip(SWITCHES, (sequence_parallel, flash, fused))},
             "attention": w.Dropdown(options=list(CP_ATTENTION), value=attention),
             "lang": w.ToggleButtons(options=[(LANG_LABELS[code], code) for code in LANGS], value=lang),
         }
@@ -66,8 +67,7 @@ class Planner:
 
     def _label(self):
         lang = self.controls["lang"].value
-        for key in ("model", "hardware", "gpus", "global_batch", "tp", "zero", "recompute", "cp", "ep", "stack",
-                    "sequence_parallel", "flash", "attention"):
+        for key in ("model", "hardware", "gpus", "global_batch", *PINS, *SWITCHES, "attention"):
             self.controls[key].description = t(f"plan_w_{key}", lang)
         for key in PINS:  # "auto" reads as "search" in the chosen language (new options reset the value)
             control = self.controls[key]
@@ -84,7 +84,7 @@ class Planner:
         c = self.controls
         args = dict(model=c["model"].value.strip(), hardware=c["hardware"].value.strip(), gpus=c["gpus"].value,
                     global_batch=c["global_batch"].value, lang=c["lang"].value, top=self.top,
-                    **{key: c[key].value for key in (*PINS, "sequence_parallel", "flash", "attention")})
+                    **{key: c[key].value for key in (*PINS, *SWITCHES, "attention")})
         return {**args, **{key: "search" for key in ("cp", "ep") if args[key] is None}}
 
     def update(self):
@@ -108,20 +108,21 @@ class Planner:
         c = self.controls
         return w.VBox([w.HBox([c["model"], c["hardware"]]), w.HBox([c["gpus"], c["global_batch"], c["lang"]]),
                        w.HBox([c["tp"], c["zero"], c["recompute"]]), w.HBox([c["cp"], c["ep"], c["attention"]]),
-                       w.HBox([c["stack"], c["sequence_parallel"], c["flash"]]),
+                       w.HBox([c["stack"], *(c[key] for key in SWITCHES)]),
                        self.status, self.table, self.explanation])
 
 
 def planner(model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8, *, tp=None,
-            zero=None, recompute=None, sequence_parallel=True, flash=True, stack=None, cp=1, ep=1,
+            zero=None, recompute=None, sequence_parallel=True, flash=True, fused=True, stack=None, cp=1, ep=1,
             attention="ring") -> w.Widget:
     """The planner widget; the ``Planner`` behind it is ``widget.planner``. ``tp``, ``zero``,
     ``recompute``, ``cp`` and ``ep`` start pinned where given (None: searched; cp and ep are 1
     unless given), ``stack`` names the training software (None: the hardware's own matmul rate),
-    ``sequence_parallel`` and ``flash`` on or off, ``attention`` CP's K/V exchange; each is a
-    control."""
+    ``sequence_parallel``, ``flash`` and ``fused`` (plan's keywords) on or off, ``attention`` CP's
+    K/V exchange; each is a control."""
     state = Planner(model, hardware, gpus, global_batch, lang, top, tp=tp, zero=zero, recompute=recompute,
-                    sequence_parallel=sequence_parallel, flash=flash, stack=stack, cp=cp, ep=ep, attention=attention)
+                    sequence_parallel=sequence_parallel, flash=flash, fused=fused, stack=stack, cp=cp, ep=ep,
+                    attention=attention)
     box = state.widget
     box.planner = state
     return box
