@@ -9,7 +9,8 @@ layouts in a fraction of a second. Per rank and micro-batch of its pipeline stag
   the attention scores, 4·s·h per token, the same way, or under a causal flash-attention kernel
   half of them (2.5 times that backward: it recomputes the scores) at ``hw.flops × hw.attention``;
 - memory-bound ops (LayerNorm, GeLU, dropout, residual adds, unfused softmax) by the bytes they
-  read and write, at ``hw.mem_bw``;
+  read and write, at ``hw.mem_bw``: one kernel each where the software fuses them, one per PyTorch
+  op where it runs eagerly (``Setup.fused``, ``memory_bound_bytes``);
 - tensor parallel: 2 all-reduces (or reduce-scatter + all-gather under sequence parallelism) of
   the layer's activations forward, 2 backward, 2 more when full recomputation reruns the
   forward, on the link the TP group spans; never hidden (Megatron-LM issues them between
