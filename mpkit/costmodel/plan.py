@@ -122,7 +122,8 @@ class LayoutTable:
         parallel = "" if cp == 1 and ep == 1 else t("plan_assumes_cp", lang, cp=cp, ep=ep,
                                                     kind=self.pins.get("attention", "ring"))
         return software + " " + t("plan_assumes", lang, sp=word("sequence_parallel"), flash=word("flash"),
-                                  fused=word("fused"), overlap=word("overlap_dp"), pins=self.pinned_text(lang)) + parallel
+                                  fused=word("fused"), overlap=word("overlap_dp"),
+                                  pins=self.pinned_text(lang)) + parallel
 
     def _columns(self, lang):
         return [t("plan_col_rank", lang), "dp x pp x tp", t("plan_col_order", lang), t("plan_col_micro", lang),
