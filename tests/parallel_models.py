@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+import mpkit
 from mpkit.parallel import DataParallel, ShardedOptimizer
 
 ATOL = 1e-5
@@ -198,3 +199,10 @@ def raised(make) -> str:
     except (ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return "accepted"
+
+
+def assert_every_rank_raises(bad_input_rank, case, message, world_size=2):
+    """Run ``bad_input_rank(ctx, case)`` (which returns ``raised(...)``) on every rank of a fresh
+    world and check each rank's reply carries ``message``."""
+    for reply in mpkit.launch(bad_input_rank, world_size, args=(case,), timeout=50):
+        assert message in reply, reply

@@ -9,7 +9,7 @@ import pytest
 
 import mpkit
 from mpkit.parallel import DataParallel, ShardedOptimizer
-from parallel_models import (ATOL, STEPS, assert_matches_single, batch, data_parallel_rank, deep_net, half_and_full,
+from parallel_models import (assert_every_rank_raises, ATOL, STEPS, assert_matches_single, batch, data_parallel_rank, deep_net, half_and_full,
                              make_net, param_groups, raised, regression_batch, shard, state, with_buffer)
 
 
@@ -199,5 +199,4 @@ def _bad_input_rank(ctx, case):
                             "has shape (4, 4), dtype float32 on group rank 1, but shape (2, 4)"),
 ])
 def test_bad_input_is_a_clear_error(case, message):
-    for reply in mpkit.launch(_bad_input_rank, 2, args=(case,), timeout=50):
-        assert message in reply, reply
+    assert_every_rank_raises(_bad_input_rank, case, message)

@@ -8,7 +8,7 @@ from torch import nn
 import pytest
 
 import mpkit
-from parallel_models import ATOL, deep_data, deep_net, make_net, raised, single_deep, state, train_deep
+from parallel_models import assert_every_rank_raises, ATOL, deep_data, deep_net, make_net, raised, single_deep, state, train_deep
 
 
 def _tp_rank(ctx):
@@ -211,5 +211,4 @@ def _bad_input_rank(ctx, case):
     ("bad style", "use 'column', 'row'"),
 ])
 def test_bad_input_is_a_clear_error(case, message):
-    for reply in mpkit.launch(_bad_input_rank, 2, args=(case,), timeout=50):
-        assert message in reply, reply
+    assert_every_rank_raises(_bad_input_rank, case, message)
