@@ -100,7 +100,8 @@ class Layout:
         for name in (*DIMS, "ep"):
             value = getattr(self, name)
             if not is_whole(value) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a whole number >= 1")
+                raise ValueError(f"{name}={value!r} must be a whole number >= 1: how many ranks the dimension "
+                                 f"has, e.g. {name}=2 (a bool is no size)")
             object.__setattr__(self, name, int(value))  # numpy's integers (a sweep) as plain ints
         object.__setattr__(self, "order", normalize_order(self.order))
         object.__setattr__(self, "dims", tuple(self.order.split("-")))
