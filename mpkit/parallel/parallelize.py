@@ -317,15 +317,24 @@ class Parallelized:
                 children = dict(part.named_children())
             shard_fully(units_of(children), part, mesh)
 
-    def build_optimizer(self, optimizer_cls, **kwargs) -> torch.optim.Optimizer:
-        """The optimizer of this rank's parameters (a ``ShardedOptimizer`` over dp x cp for ZeRO-1)."""
-        params = list(self.model.parameters())
+    def build_optimizer(self, optimizer_cls, param_groups=None, **defaults) -> torch.optim.Optimizer:
+        """The optimizer of this rank's parameters (a ``ShardedOptimizer`` over dp x cp for ZeRO-1),
+        ``optimizer_cls(params, **defaults)``. ``param_groups(named)``: the parameter groups, as a
+        training script makes them, from ``named`` = {name in the single model: parameter} of this
+        rank (e.g. weight decay on matrices only)."""
+        params = list(self.model.parameters()) if param_groups is None else param_groups(self.named_parameters())
         if self.plan.dp == "zero1" and self._replicas > 1:
             self.optimizer = ShardedOptimizer(params, optimizer_cls, group=self.dp_group, average_gradients=True,
-                                              **kwargs)
+                                              **defaults)
         else:
-            self.optimizer = optimizer_cls(params, **kwargs)
+            self.optimizer = optimizer_cls(params, **defaults)
         return self.optimizer
+
+    def named_parameters(self) -> dict:
+        """{name in the single model: parameter} of this rank: its slices, shards and stages (its experts
+        under their local index, 0 .. E/ep-1)."""
+        return {self._original(part, name): p for _, part in sorted(self.stages.items())
+                for name, p in part.named_parameters()}
 
     @property
     def zero(self) -> bool:
