@@ -123,7 +123,11 @@ STRINGS = {
     'group_tp': {"ko": "텐서 병렬 통신 (tp)", "en": "tensor-parallel comm (tp)"},
     'group_pp': {"ko": "파이프라인 통신 (pp)", "en": "pipeline comm (pp)"},
     'group_dp': {"ko": "데이터 병렬 통신 (dp)", "en": "data-parallel comm (dp)"},
-    'rank_coords': {"ko": "랭크 {rank} (dp {dp} · pp {pp} · tp {tp})", "en": "rank {rank} (dp {dp} · pp {pp} · tp {tp})"},
+    'group_cp': {"ko": "컨텍스트 병렬 통신 (cp)", "en": "context-parallel comm (cp)"},
+    'group_dp_cp': {"ko": "dp x cp 그래디언트 평균 (dp_cp)", "en": "gradient average over dp x cp (dp_cp)"},
+    'group_ep': {"ko": "전문가 병렬 통신 (ep)", "en": "expert-parallel comm (ep)"},
+    'group_edp': {"ko": "전문가 그래디언트 평균 (edp)", "en": "experts' gradient average (edp)"},
+    'rank_coords': {"ko": "랭크 {rank} ({coords})", "en": "rank {rank} ({coords})"},
     # ---- plot.collectives ----
     'collectives_title': {"ko": '집합 통신 여섯 가지: 랭크 {n}개가 가진 값, 전과 후 (색 = 값이 온 랭크, 진한 칸 = 모든 랭크의 합)', "en": 'The six collectives: what {n} ranks hold before and after (colour = the rank a value came from, dark = the sum over all ranks)'},
     'before': {"ko": '전', "en": 'before'},

@@ -19,6 +19,7 @@ from torch import nn
 
 import mpkit
 from mpkit.parallel import Layout, Plan, build_mesh, parallelize
+from parallel_models import plain_loop
 
 ATOL = 1e-5
 STEPS, BATCH, LR = 3, 8, 1e-2
@@ -67,14 +68,7 @@ def train_each(ctx, cases):
 def single():
     model = learner_net()
     opt = torch.optim.AdamW(decay_groups(dict(model.named_parameters())), lr=LR)
-    losses = []
-    for k in range(STEPS):
-        x, y = batch(k)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses = plain_loop(model, opt, batch, STEPS)
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 

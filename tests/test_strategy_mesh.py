@@ -32,6 +32,7 @@ EIGHT = {  # name: 3d options on 8 ranks
     "fsdp x pp x tp": dict(dp=2, pp=2, tp=2, fsdp=True),
     "fsdp x cp x tp, ulysses": dict(dp=2, cp=2, tp=2, fsdp=True, attention="ulysses", heads=4),
     "zero1 x cp x pp, PP outermost": dict(dp=2, cp=2, pp=2, zero=True, order="megatron"),
+    "dp x cp x tp with sp, no pipeline": dict(dp=2, cp=2, tp=2, sp=True, micro_batches=1),
 }
 SIZES = ("hidden", "heads", "layers", "seq_len", "vocab", "experts")
 

@@ -58,7 +58,7 @@ from mpkit.parallel.fully_sharded import shard_fully, units_of
 from mpkit.parallel.functional import all_reduce_flat
 from mpkit.parallel.mesh import Mesh
 from mpkit.parallel.pipeline import check_every_rank_trains, check_no_tie_across_ranks, pipeline
-from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, SCHEDULES, chunks_per_rank, placement
+from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, SCHEDULES, SPLIT_BACKWARD, V_SHAPED, chunks_per_rank, placement
 from mpkit.parallel.pipeline.split import Stage, split_layers
 from mpkit.parallel.precision import LossScaler, MixedPrecision
 from mpkit.parallel.recompute import attention_cores, recompute_layers
@@ -68,7 +68,6 @@ from mpkit.parallel.sharded_optimizer import ShardedOptimizer
 from mpkit.parallel.tensor_parallel import Split, plan_targets, sharded_layers, tensor_parallel, unpaired_columns
 
 DP_MODES = ("replicate", "zero1", "fsdp")
-SPLIT_BACKWARD = ("interleaved_zb", "zbv", "dualpipev")  # schedules that run a backward as B and W
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,7 @@ def parallelize(model: nn.Module, mesh: Mesh, plan: Plan) -> Parallelized:
     """Apply the mesh's parallelisms to ``model`` by ``plan`` (the steps of the module docstring),
     in place where they swap modules; returns this rank's ``Parallelized``."""
     lay = mesh.layout
-    check_plan(model, lay, plan)
+    check_plan(lay, plan)
     layers, prefix = stack_of(model)
     targets = tensor_parallel_targets(model, plan) if lay.tp > 1 else {}  # on the whole model: pairs across stages
     pipelined = lay.pp > 1 or plan.micro_batches > 1
@@ -134,10 +133,12 @@ def parallelize(model: nn.Module, mesh: Mesh, plan: Plan) -> Parallelized:
     return Parallelized(mesh, plan, parts, mp, device, prefix if pipelined else None)
 
 
-def check_plan(model: nn.Module, lay, plan: Plan) -> None:
-    """The plan against the mesh: a ValueError saying what to change, on every rank alike."""
+def check_plan(lay, plan: Plan) -> None:
+    """The plan against the mesh's ``Layout``: a ValueError saying what to change, on every rank alike."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a mpkit.parallel.Plan; got {type(plan).__name__}")
+    if plan.schedule not in SCHEDULES:
+        raise ValueError(f"schedule={plan.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
     if plan.dp not in DP_MODES:
         raise ValueError(f"dp={plan.dp!r} is unknown; use one of {', '.join(map(repr, DP_MODES))}")
     if lay.tp > 1 and not plan.tp:
@@ -159,11 +160,9 @@ def check_plan(model: nn.Module, lay, plan: Plan) -> None:
         what = "ep > 1 (experts and the rest average over different groups)" if lay.ep > 1 else \
             "sp=True (its LayerNorm gradients are summed over tp after backward)"
         raise ValueError(f"dp={plan.dp!r} with {what} is not supported: use dp='replicate'")
-    if plan.dp == "fsdp" and plan.schedule in SPLIT_BACKWARD and (lay.pp > 1 or plan.micro_batches > 1):
-        raise ValueError(f"dp='fsdp' reduce-scatters after a whole backward; schedule={plan.schedule!r} splits it "
-                         f"into B and W: use 'gpipe', '1f1b' or 'interleaved'")
-    if plan.schedule not in SCHEDULES:
-        raise ValueError(f"schedule={plan.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
+    if plan.dp == "fsdp" and plan.schedule in (*SPLIT_BACKWARD, *V_SHAPED) and (lay.pp > 1 or plan.micro_batches > 1):
+        raise ValueError(f"dp='fsdp' reduce-scatters after a whole backward; schedule={plan.schedule!r} splits some "
+                         f"backwards into B and W: use 'gpipe', '1f1b', 'interleaved' or 'looped_bfs'")
 
 
 # ---- 1. the pipeline cut ----
@@ -247,6 +246,8 @@ def apply_tensor_parallel(named: nn.Module, targets: dict, mesh: Mesh, plan: Pla
 # ---- 3. context parallel ----
 
 def apply_context_parallel(named: nn.Module, mesh: Mesh, plan: Plan) -> None:
+    """Ring or Ulysses attention over the cp group in every attention module this rank holds, and
+    ``sequence_start``'s output cut to this rank's tokens."""
     group = mesh.group("cp")
     for name in _matching(named, plan.attention_modules):
         named.get_submodule(name).attention = context_parallel_attention(plan.attention, group)
@@ -257,12 +258,9 @@ def apply_context_parallel(named: nn.Module, mesh: Mesh, plan: Plan) -> None:
 # ---- 4. expert parallel ----
 
 def apply_expert_parallel(named: nn.Module, mesh: Mesh) -> None:
-    if any(True for _ in _experts(named)):  # a pipeline stage may hold no mixture of experts
+    """This rank's experts of every mixture of experts it holds (a pipeline stage may hold none)."""
+    if any(isinstance(m, MixtureOfExperts) for m in named.modules()):
         expert_parallel(named, mesh.group("ep"))
-
-
-def _experts(module: nn.Module):
-    return (m for m in module.modules() if isinstance(m, MixtureOfExperts))
 
 
 # ---- 5. precision and recomputation ----
@@ -346,6 +344,15 @@ class Parallelized:
         if self.zero:  # the shards' .grad are a module's gradients, as in zero1
             return self.model, nn.ParameterList(self.optimizer.shard_parameters), self.optimizer.inner
         return self.model, self.optimizer
+
+    @property
+    def layers(self) -> dict:
+        """{stage index: the indices of its layers in the model} this rank holds (unpipelined: every
+        layer of a stack in stage 0; another model: no layer list)."""
+        if self._prefix is not None:
+            return {s: list(stage.layer_ids) for s, stage in self.stages.items()}
+        stack = stack_of(self.stages[0])[0]
+        return {0: list(range(len(stack))) if stack is not None else []}
 
     @property
     def holds_last_stage(self) -> bool:

@@ -25,8 +25,8 @@ def validate(cfg):
 def run_rank(ctx, cfg):
     par = parallelized(ctx, cfg, STRATEGY.mesh(cfg), Plan(**recipe(cfg), schedule="gpipe", micro_batches=1))
     out = train_parallelized(ctx, cfg, par)
-    (stage,) = par.stages.values()
-    out.extra.update(layers=list(stage.layer_ids), parameters=sum(p.numel() for p in par.model.parameters()))
+    (layers,) = par.layers.values()  # one stage per rank
+    out.extra.update(layers=layers, parameters=sum(p.numel() for p in par.model.parameters()))
     return out
 
 

@@ -47,8 +47,7 @@ def run_rank(ctx, cfg):
     par = parallelized(ctx, cfg, STRATEGY.mesh(cfg), plan)
     out = train_parallelized(ctx, cfg, par)  # each rank holds its stages' gradients: an fp16 overflow skips on all
     mine = sorted(par.stages)
-    out.extra.update(schedule=name, micro_batches=m, stages=mine,
-                     layers={s: list(par.stages[s].layer_ids) for s in mine},
+    out.extra.update(schedule=name, micro_batches=m, stages=mine, layers=par.layers,
                      parameters=sum(q.numel() for q in par.model.parameters()), program=par.pipe.program)
     return out
 

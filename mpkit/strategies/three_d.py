@@ -149,7 +149,7 @@ def run_rank(ctx, cfg):
     out = train_parallelized(ctx, cfg, par)
     out.extra.update(coords=par.mesh.coords, stages=sorted(par.stages),
                      parameters=sum(p.numel() for p in par.model.parameters()),
-                     layers={s: list(stage.layer_ids) for s, stage in par.stages.items()})
+                     layers=par.layers)
     return out
 
 
