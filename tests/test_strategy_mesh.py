@@ -109,3 +109,11 @@ def test_llama3_four_d_layout_on_sixteen_ranks_in_the_planners_order():
     groups = {e.group for e in run.trace.filter(step=1).events if e.category == "comm"}
     assert groups == {"tp", "cp", "pp", "dp_cp"}, groups
     assert [e["coords"] for e in run.extra] == [mesh.coords(r) for r in range(16)]
+
+
+@pytest.mark.parametrize("options", [dict(dp=4, fsdp=True), dict(dp=4, ep=2, experts=4), dict(dp=2, cp=2)], ids=str)
+def test_the_cost_model_refuses_what_it_does_not_price(options):
+    from mpkit.sim import predict
+
+    with pytest.raises(ValueError, match="the cost model prices 3d without cp and sp, ep or fsdp"):
+        predict("3d", hardware="8xH100-nvlink", world_size=4, **GPT, **options)

@@ -160,10 +160,10 @@ def program(pricer):
     average over its DP group — buckets (``DataParallel``) or ZeRO-1's reduce-scatter and
     all-gather (``ShardedOptimizer``) — then the optimizer on its parameters."""
     o, grid = pricer.options, layout_of(pricer.options)
-    unpriced = [f"{k}={o[k]!r}" for k in ("cp", "ep", "sp", "fsdp") if o[k] not in (1, False)]
+    unpriced = [f"{k}={o[k]!r}" for k in ("cp", "ep") if o[k] > 1] + [f"{k}=True" for k in ("sp", "fsdp") if o[k]]
     if unpriced:
-        raise ValueError(f"the cost model prices 3d without cp, ep, sp and fsdp ({', '.join(unpriced)}); "
-                         f"sim.predict prices 'cp', 'ep', 'sp' and 'fsdp' on their own")
+        raise ValueError(f"the cost model prices 3d without cp and sp, ep or fsdp ({', '.join(unpriced)}); "
+                         f"sim.predict prices 'cp', 'sp', 'ep' and 'fsdp' on their own")
     v = o["virtual_stages"] if o["schedule"] == "interleaved" else 1
     m, count = o["micro_batches"], grid.pp * v
     split = partition([b // 4 for b in pricer.piece(batch=1).param_bytes.values()], count)
