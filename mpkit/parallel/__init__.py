@@ -12,7 +12,8 @@ classes: one implementation per mechanism.
 - ``pipeline``: GPipe, 1F1B, interleaved, looped BFS and zero-bubble schedules over an ``nn.Sequential``,
   a stage list, or only this rank's stages.
 - ``sequence_parallel``: Megatron sequence parallelism (LayerNorm/residual split along the sequence).
-- ``ring_attention``, ``ulysses_attention``: context parallelism, attention over a split sequence.
+- ``ring_attention``, ``all_gather_attention``, ``ulysses_attention``, ``usp_attention``: context
+  parallelism, attention over a split sequence (fp32 statistics, log-sum-exp, varlen, three splits).
 - ``expert_parallel``: a mixture of experts spread over ranks, all-to-all dispatch and combine.
 - ``MixedPrecision``, ``LossScaler``, ``autocast_layers``: bf16/fp16 compute with fp32 master weights,
   fp16's dynamic loss scaling; ``recompute_layers``: full or selective recomputation.
@@ -32,7 +33,8 @@ from mpkit.parallel.sequence_parallel import (
     sequence_parallel,
 )
 from mpkit.parallel.context_parallel import (
-    context_parallel_attention, ring_attention, ring_work, sequence_positions, shard_sequence, ulysses_attention,
+    all_gather_attention, context_parallel_attention, ring_attention, ring_work, sequence_positions, shard_sequence,
+    ulysses_attention, usp_attention,
 )
 from mpkit.parallel.expert_parallel import expert_load, expert_parallel, expert_parameters, full_expert_parameters
 from mpkit.parallel.functional import all_to_all
@@ -44,7 +46,8 @@ __all__ = ["DataParallel", "ShardedOptimizer", "ColumnParallelLinear", "RowParal
            "tensor_parallel", "full_parameters", "head_split", "pipeline", "Pipeline", "schedule", "simulate",
            "Layout", "plan_buckets", "broadcast_module", "ring_all_reduce",
            "sequence_parallel", "all_reduce_sequence_parallel_gradients", "scatter_to_sequence_parallel_region",
-           "gather_from_sequence_parallel_region", "ring_attention", "ulysses_attention", "sequence_positions",
+           "gather_from_sequence_parallel_region", "ring_attention", "all_gather_attention", "ulysses_attention",
+           "usp_attention", "sequence_positions",
            "shard_sequence", "ring_work", "context_parallel_attention", "expert_parallel", "expert_parameters",
            "full_expert_parameters", "expert_load", "all_to_all",
            "MixedPrecision", "LossScaler", "autocast_layers", "recompute_layers"]
