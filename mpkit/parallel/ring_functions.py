@@ -69,7 +69,7 @@ def options(q, k, v, group, causal, split, balanced, layout, softmax_scale, wind
     local = q4.shape[2] if tokens_per_rank is None else tokens_per_rank
     lengths = (local * n,) if cu_seqlens is None else tuple(lengths_of(cu_seqlens))
     if cu_seqlens is not None and (q4.shape[0] != 1 or sum(lengths) != local * n):
-        raise ValueError(f"{what}: cu_seqlens={list(lengths_of(cu_seqlens))} describes {sum(lengths)} tokens, but this "
+        raise ValueError(f"{what}: cu_seqlens={[int(c) for c in cu_seqlens]} describes {sum(lengths)} tokens, but this "
                          f"rank holds {local} of {n} equal shares ({local * n}): pass layout='thd' tensors holding "
                          f"this rank's share of every sequence (shard_sequence(x, group, dim=0, cu_seqlens=...))")
     scale = 1.0 / math.sqrt(q4.shape[-1]) if softmax_scale is None else float(softmax_scale)
