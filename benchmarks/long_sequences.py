@@ -62,7 +62,7 @@ def sp_block(ctx, which, reps):
     block = mlp_block()
     x = torch.randn(B, S, H).chunk(ctx.world_size, 1)[ctx.rank].contiguous().requires_grad_()
     if which == "ours":
-        sequence_parallel(block, {"up": "column", "down": "row"})
+        sequence_parallel(block, {"up": "column", "down": "row"}, seq_dim=1)
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Shard

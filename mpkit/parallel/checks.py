@@ -198,3 +198,11 @@ def check_same_values(module: nn.Module, group, what: str, fix: str) -> None:
     if differ:
         raise ValueError(f"{what}: the replicas hold different values (group rank {differ[0]} differs from group "
                          f"rank 0), so the ranks would train parts of different models; {fix}")
+
+
+def check_same_shape(x: torch.Tensor, group, what: str, fix: str) -> None:
+    """``check_agree`` on a tensor's dtype and shape (up to 8 dimensions): what a collective over
+    it needs from every rank."""
+    values = {"dtype": _DTYPES.index(x.dtype), "number of dimensions": x.dim()}
+    values.update({f"size of dimension {d}": x.shape[d] if d < x.dim() else -1 for d in range(8)})
+    check_agree(values, group, what, fix, {"dtype": lambda i: str(_DTYPES[i]).removeprefix("torch.")}, x.device)
