@@ -103,11 +103,17 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group=None, n
     """Differentiable all-to-all over ``group`` (see the module docstring). ``scatter_sizes``: the
     rows of ``scatter_dim`` for each rank (default: equal); ``gather_sizes``: the size of
     ``gather_dim`` on each rank (default: all this rank's), which the backward needs after an
-    uneven forward."""
+    uneven forward. With ``scatter_dim == gather_dim`` rows are exchanged (a dropless MoE's
+    tokens): ``gather_sizes`` are then the rows each rank sends to this one."""
     scatter_dim, gather_dim = scatter_dim % x.dim(), gather_dim % x.dim()
     n = dist.get_world_size(group)
     sizes = check_sizes(x, scatter_dim, n, name, scatter_sizes)
-    gathered = [x.shape[gather_dim]] * n if gather_sizes is None else [int(s) for s in gather_sizes]
+    if gather_sizes is not None:
+        gathered = [int(s) for s in gather_sizes]
+    elif scatter_dim == gather_dim:  # every rank sends this one a block of this rank's size
+        gathered = [sizes[dist.get_rank(group)]] * n
+    else:
+        gathered = [x.shape[gather_dim]] * n
     return AllToAll.apply(x, scatter_dim, gather_dim, group, name, sizes, gathered)
 
 
