@@ -167,14 +167,12 @@ def ring_plan(lengths: tuple, cp: int, rank: int, split: str, causal: bool, wind
 
 @functools.lru_cache(maxsize=64)
 def ulysses_plan(lengths: tuple, cp: int, split: str, causal: bool, window: tuple) -> tuple:
-    """The blocks one rank computes after Ulysses' all-to-all: every rank's tokens, gathered in
-    rank order, against themselves (one "owner": the rank itself)."""
+    """The block one rank computes after Ulysses' all-to-all: every rank's tokens, gathered in rank
+    order, against themselves, as one block (one softmax with one mask: ordinary attention on the
+    whole sequence, as any kernel would compute it)."""
     places = [placement(lengths, cp, r, split) for r in range(cp)]
-    runs, offset = [], 0
-    for p in places:
-        runs += [slice(run.start + offset, run.stop + offset) for run in p.runs]
-        offset += len(p.rows)
-    whole = Placement(*(torch.cat([getattr(p, f) for p in places]) for f in ("seq", "pos", "rows")), tuple(runs))
+    seq, pos, rows = (torch.cat([getattr(p, f) for p in places]) for f in ("seq", "pos", "rows"))
+    whole = Placement(seq, pos, rows, (slice(0, len(rows)),))
     return (block_pairs(whole, whole, causal, window),)
 
 
