@@ -154,6 +154,13 @@ def _start(q):
     return q.new_zeros(q.shape, dtype=dtype), q.new_full(q.shape[:-1], float("-inf"), dtype=dtype)
 
 
+def _kept(ctx, q, k, v, out, lse, args):
+    """Save what backward recomputes from (the fp32 output and lse); return (output in q's dtype, lse)."""
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.args = args
+    return out.to(q.dtype), lse
+
+
 def _delta(grad_out, grad_lse, out):
     """FlashAttention's per-query Σ_d dO·O, less the gradient of the returned log-sum-exp."""
     delta = (grad_out.to(out.dtype) * out).sum(-1)
@@ -180,9 +187,7 @@ class RingAttention(torch.autograd.Function):
             for work in works:
                 work.wait()
             kv = incoming if incoming is not None else kv
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (plan, scale, group, name)
-        return out.to(q.dtype), lse
+        return _kept(ctx, q, k, v, out, lse, (plan, scale, group, name))
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
@@ -220,9 +225,7 @@ class AllGatherAttention(torch.autograd.Function):
         out, lse = _start(q)
         for owner, kv in enumerate(every):
             _forward_blocks(q, kv, plan[owner], out, lse, scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (plan, scale, group, name)
-        return out.to(q.dtype), lse
+        return _kept(ctx, q, k, v, out, lse, (plan, scale, group, name))
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):

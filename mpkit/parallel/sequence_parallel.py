@@ -107,7 +107,6 @@ def sequence_parallel(module: nn.Module, plan: dict, group=None, *, seq_dim: int
             p.sequence_parallel = True
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(_UNREDUCED.add)
-    _guard_optimizer_steps()
     if dist.is_initialized():  # a live group (not a plan built without one)
         module.register_forward_pre_hook(functools.partial(_check_region_input, group=group))
     return module
@@ -291,19 +290,11 @@ class _Pending:
 
 
 _UNREDUCED = _Pending()
-_guarded = False
-
-
-def _guard_optimizer_steps() -> None:
-    global _guarded
-    if not _guarded:
-        register_optimizer_step_pre_hook(_step_before_sum)
-        _guarded = True
 
 
 def _step_before_sum(optimizer, args, kwargs) -> None:
-    """A global optimizer step pre-hook: refuse a step on sequence-parallel gradients never summed
-    over the group. Costs one empty test per step when nothing is pending."""
+    """A global optimizer step pre-hook (registered once, below): refuse a step on sequence-parallel
+    gradients never summed over the group. Costs one empty test per step when nothing is pending."""
     if not _UNREDUCED:
         return
     if any(_UNREDUCED.has(p) for group in optimizer.param_groups for p in group["params"]):
@@ -313,6 +304,8 @@ def _step_before_sum(optimizer, args, kwargs) -> None:
                            "all_reduce_sequence_parallel_gradients(module, group) after backward, before "
                            "optimizer.step()")
 
+
+register_optimizer_step_pre_hook(_step_before_sum)
 
 __all__ = ["sequence_parallel", "all_reduce_sequence_parallel_gradients", "sequence_parallel_parameters",
            "SequenceParallelColumnLinear", "SequenceParallelRowLinear", "ScatterToSequenceParallelRegion",
