@@ -4,7 +4,7 @@ class with a bias and a temperature, SwiGLU-style experts, a loop over experts w
 Mixtral's renormalised top-k), inside a larger model, trained for a few SGD steps on 2 and 4
 ranks: dropless it equals the same model trained on one device on the whole batch (losses,
 every parameter). This checks the 1/N too: each rank's loss is the mean over its tokens, so
-without ``synchronize_gradients``' division the experts' gradients would be N times too large (SGD,
+without ``synchronize_expert_gradients``' division the experts' gradients would be N times too large (SGD,
 not Adam: Adam's update hardly changes when a gradient is scaled).
 With a capacity the learner's layer has no single-device twin (it drops nothing); there the
 reference is ``models.capacity_mixture`` on one device with the layer's own router and experts,
@@ -21,8 +21,8 @@ from torch import nn
 
 import mpkit
 from mpkit.models import capacity_mixture, capacity_slots
-from mpkit.parallel import expert_load, expert_parallel, full_expert_parameters
-from mpkit.parallel.expert_parallel import ExpertParallelMoE, synchronize_gradients
+from mpkit.parallel import expert_load, expert_parallel, full_expert_parameters, synchronize_expert_gradients
+from mpkit.parallel.expert_parallel import ExpertParallelMoE
 
 ATOL = 1e-5
 H, E, STEPS, BATCH, SEQ = 8, 4, 3, 8, 6
@@ -121,7 +121,7 @@ def _expert_parallel_rank(ctx, moe):
     def step(model, opt, x, y):
         loss = loss_of(model, x.tensor_split(n)[r], y.tensor_split(n)[r])
         loss.backward()
-        synchronize_gradients(model)  # experts / N, the rest averaged
+        synchronize_expert_gradients(model)  # experts / N, the rest averaged
         opt.step()
         opt.zero_grad()
         mean = loss.detach().clone()

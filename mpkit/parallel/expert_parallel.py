@@ -25,7 +25,7 @@ of each sequence, the rest dropped (they pass only through the residual), and th
 fixed [E, sequences·C, h] buffer cut by expert (GShard; ``models.capacity_mixture``): one
 all-to-all of E·C·h values per sequence each way, whatever the load. In the code:
 ``expert_parallel(module)`` finds every MoE layer and puts an ``ExpertParallelMoE`` in its place,
-which keeps this rank's experts and runs one of the two dispatches; ``synchronize_gradients``
+which keeps this rank's experts and runs one of the two dispatches; ``synchronize_expert_gradients``
 after backward; then the helpers and the checks.
 
 **Any MoE layer** works if it exposes (the contract; ``mpkit.models.MixtureOfExperts`` follows it):
@@ -41,10 +41,11 @@ scale) is refused: move it next to the layer.
 
 Gradients (the 1/N): each rank's loss is the mean over its own tokens. An expert's weights see
 every rank's tokens for it, so the gradient the all-to-all backward brings to them is
-Σ_r ∂L_r/∂W = N × the gradient of the global mean: ``synchronize_gradients`` divides it by N,
+Σ_r ∂L_r/∂W = N × the gradient of the global mean: ``synchronize_expert_gradients`` divides it by N,
 with no communication (Megatron scales expert gradients by 1/DP for the same reason). The router
 and everything outside the experts see only this rank's tokens and are averaged over the group
-with one all-reduce, as in data parallelism (``expert_parameters`` tells them apart).
+with one all-reduce, as in data parallelism (``synchronize_expert_gradients`` does both;
+``expert_parameters`` tells them apart).
 
 At construction, when the group is live, the ranks must have built the same MoE from the same
 seed: one small all-gather of the expert counts, the layout of the parameters
@@ -172,7 +173,7 @@ def moe_layers(module: nn.Module) -> list:
     return found
 
 
-def synchronize_gradients(module: nn.Module, group=None) -> None:
+def synchronize_expert_gradients(module: nn.Module, group=None) -> None:
     """After backward on this rank's share of the batch (loss = its mean): average every
     non-expert gradient over ``group`` (data parallelism) and divide the experts' by the group
     size (they already sum every rank's tokens' gradients: see the module docstring)."""
@@ -247,5 +248,5 @@ def check_same_experts(module: nn.Module, layers: list, group) -> None:
                       "before building it): each rank keeps its share of the experts, and routes with its router")
 
 
-__all__ = ["expert_parallel", "ExpertParallelMoE", "expert_parameters", "synchronize_gradients",
+__all__ = ["expert_parallel", "ExpertParallelMoE", "expert_parameters", "synchronize_expert_gradients",
            "full_expert_parameters", "expert_load", "check_expert_split", "moe_layers"]
