@@ -178,6 +178,7 @@ def test_ulysses_times_ring_equals_attention_on_one_device():
 # ---- refused with the reason (caller side: no rank left waiting) ----
 
 def _refusals(ctx):
+    from mpkit.parallel import all_to_all
     from parallel_models import raised
     q = torch.randn(1, 4, 8, 8)
     return {"dropout": raised(lambda: ring_attention(q, q, q, dropout_p=0.1)),
@@ -188,7 +189,8 @@ def _refusals(ctx):
             "cu_seqlens": raised(lambda: ring_attention(q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1),
                                                         layout="thd", cu_seqlens=[0, 4, 12])),
             "split": raised(lambda: ring_attention(q, q, q, split="zigzag", balanced=False)),
-            "sizes": raised(lambda: ring_attention(q[:, :, :3], q[:, :, :3], q[:, :, :3]))}
+            "sizes": raised(lambda: ring_attention(q[:, :, :3], q[:, :, :3], q[:, :, :3])),
+            "all-to-all": raised(lambda: all_to_all(torch.ones(3, 2), 0, 1))}
 
 
 @pytest.mark.timeout(60)
@@ -203,3 +205,6 @@ def test_unsupported_or_impossible_inputs_are_refused_with_the_fix():
         assert "cu_seqlens=[0, 4, 12] describes 12 tokens, but this rank holds 8 of 2 equal shares" in replies["cu_seqlens"]
         assert "balanced=False contradicts split='zigzag'" in replies["split"]
         assert "seq_len=6 cannot be cut into 4 equal chunks" in replies["sizes"]
+        # once read "all-to-all all-to-all forward: ..."; now it names the uneven sizes that would work
+        assert replies["all-to-all"].startswith("ValueError: all-to-all: dimension 0 of size 3 cannot be cut into 2")
+        assert "scatter_sizes=[2, 1]" in replies["all-to-all"]
