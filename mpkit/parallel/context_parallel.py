@@ -41,9 +41,11 @@ load-balanced split, the other layouts and the checks)::
 
 In the code: ``ring_attention`` (``RingAttention``: the ring above as one autograd function, its
 backward passing the key/value blocks around again), ``all_gather_attention`` (Llama 3),
-``ulysses_attention`` and ``usp_attention`` (Ulysses x ring, in ``parallel/ulysses.py``),
-``context_parallel_attention``; the block numerics are ``parallel/attention_blocks.py``, the
-splits and the blocks a mask leaves to compute ``parallel/sequence_split.py``.
+``ulysses_attention`` (its local attention is the same fp32 block code, one block over the whole
+sequence), ``usp_attention`` (Ulysses x ring), ``context_parallel_attention``. The autograd
+functions and the checks are in ``parallel/ring_functions.py``, the block numerics in
+``parallel/attention_blocks.py``, the splits and the blocks a mask leaves to compute in
+``parallel/sequence_split.py``.
 
 Every layer but attention works token by token, so a long sequence can be cut into CP shards and
 each rank keeps only its own tokens' activations. Attention needs every key for every query; the
@@ -57,8 +59,8 @@ ways to give it them, and what other projects call them:
   partial softmaxes merge by their log-sum-exp, so the result is exact. Backward passes the
   key/value blocks around again, with their gradient accumulators (fp32) travelling along and
   returning to the owner after the last hop. Each rank sends 2·(CP-1)/CP·s·h_kv values per layer.
-- **All-gather K/V** (Llama 3 §3.3.2; torch's default rotate method ``"allgather"``;
-  ring-flash-attention's ``llama3_flash_attn_varlen_func``): one all-gather of every rank's K/V
+- **All-gather K/V** (Llama 3 §3.3.2; Megatron-Core's "allgather"; torch's default rotate method
+  ``"allgather"``; ring-flash-attention's ``llama3_flash_attn_varlen_func``): one all-gather of every rank's K/V
   up front, the same blocks computed, one reduce-scatter of their gradients in backward. Not
   overlapped, but simpler, and small when K/V are small (grouped-query attention).
 - **Ulysses** (Jacobs et al. 2023, DeepSpeed's ``DistributedAttention``): all-to-alls of Q, K and V
@@ -71,8 +73,8 @@ ways to give it them, and what other projects call them:
 Numerics: scores, softmax statistics and output accumulator in fp32 whatever the input dtype,
 cast once at the end (``attention_blocks``); ``return_lse=True`` returns the fp32 log-sum-exp too
 (it has a gradient). Layouts: ``"bhsd"`` ([batch, heads, seq, head_dim], SDPA's), ``"bshd"``
-(flash-attn's and Megatron's per-rank layout) and ``"thd"`` (a packed batch [tokens, heads,
-head_dim] with ``cu_seqlens``, flash-attn's varlen API). ``softmax_scale`` (default
+(flash-attn's and yunchang's) and ``"thd"`` (a packed batch [tokens, heads, head_dim] with
+``cu_seqlens``, flash-attn's varlen API). ``softmax_scale`` (default
 1/√head_dim), ``window_size=(left, right)`` (sliding window, as flash-attn), grouped-query K/V
 (fewer heads). Dropout is refused: the same mask would have to be drawn again for each block in
 backward (ring-flash-attention does not support it either). Every call first checks, in one
