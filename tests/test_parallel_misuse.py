@@ -166,7 +166,8 @@ def _sp_block():
 
 def _long_sequence_misuse(ctx):
     from mpkit.models import MixtureOfExperts
-    from mpkit.parallel import expert_parallel, ring_attention, sequence_parallel, ulysses_attention
+    from mpkit.parallel import (expert_parallel, gather_from_sequence_parallel_region, ring_attention,
+                                sequence_parallel, ulysses_attention)
     from mpkit.parallel.sequence_parallel import all_reduce_sequence_parallel_gradients
     r = ctx.rank
     g = torch.Generator().manual_seed(0)
@@ -191,6 +192,8 @@ def _long_sequence_misuse(ctx):
         "ulysses: another head count": lambda: ulysses_attention(q[:, :4 - 2 * r], q[:, :4 - 2 * r], q[:, :4 - 2 * r]),
         "sequence parallel: another sequence length": lambda: sequence_parallel(
             _sp_block(), {"1": "column", "3": "row"}, seq_dim=1)(torch.randn(2, 4 if r == 0 else 2, 8)),
+        "sequence parallel: a gather of another length": lambda: gather_from_sequence_parallel_region(
+            torch.randn(4 if r == 0 else 2, 8)),
         "sequence parallel: a step without the sum": lambda: sp_step(reduce=False),
         "sequence parallel: a step with the sum": lambda: sp_step(reduce=True),
         "experts: another count": lambda: moe(4 if r == 0 else 8, 0),
@@ -215,6 +218,8 @@ LONG_CASES = {
                                    "has 2",
     "sequence parallel: another sequence length": "sequence_parallel region input: the ranks disagree on the size of "
                                                   "dimension 1: group rank 0 has 4, group rank 1 has 2",
+    "sequence parallel: a gather of another length": "gather_from_sequence_parallel_region: the ranks disagree on the "
+                                                     "size of dimension 0: group rank 0 has 4, group rank 1 has 2",
     "sequence parallel: a step without the sum": "RuntimeError: optimizer.step() before "
                                                  "all_reduce_sequence_parallel_gradients",
     "sequence parallel: a step with the sum": "accepted",
