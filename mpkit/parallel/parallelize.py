@@ -48,12 +48,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from mpkit.config import DEFAULT_LOSS_SCALE
-from mpkit.models import LayerStack, MixtureOfExperts
+from mpkit.models import LayerStack
 from mpkit.observe import active
 from mpkit.parallel.buckets import DEFAULT_BUCKET_MB
 from mpkit.parallel.context_parallel import context_parallel_attention, shard_sequence
 from mpkit.parallel.data_parallel import DataParallel
-from mpkit.parallel.expert_parallel import ExpertParallelMoE, expert_parallel, expert_parameters
+from mpkit.parallel.expert_parallel import ExpertParallelMoE, expert_parallel, expert_parameters, moe_layers
 from mpkit.parallel.fully_sharded import shard_fully, units_of
 from mpkit.parallel.functional import all_reduce_flat
 from mpkit.parallel.mesh import Mesh
@@ -62,8 +62,8 @@ from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, SCHEDULES, SPLIT_BACK
 from mpkit.parallel.pipeline.split import Stage, split_layers
 from mpkit.parallel.precision import LossScaler, MixedPrecision
 from mpkit.parallel.recompute import attention_cores, recompute_layers
-from mpkit.parallel.sequence_parallel import (all_reduce_sequence_parallel_gradients, gather_from_sequence_parallel_region,
-                                              scatter_to_sequence_parallel_region, sequence_parallel)
+from mpkit.parallel.mappings import gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region
+from mpkit.parallel.sequence_parallel import all_reduce_sequence_parallel_gradients, sequence_parallel
 from mpkit.parallel.sharded_optimizer import ShardedOptimizer
 from mpkit.parallel.tensor_parallel import Split, plan_targets, sharded_layers, tensor_parallel, unpaired_columns
 
@@ -79,7 +79,9 @@ class Plan:
     "row" | ``Split``}, Megatron's plan; needed when tp > 1); ``blocks`` (the sequence-parallel
     regions); ``attention_modules`` (modules whose ``attention`` core context parallelism swaps,
     as ``mpkit.models.SelfAttention``); ``sequence_start`` / ``sequence_end`` (the modules whose
-    output starts and whose input ends the [batch, seq, hidden] part the sequence is split in).
+    output starts and whose input ends the part the sequence is split in); ``seq_dim`` (the
+    sequence's dimension there and in the targets: 1 for [batch, seq, hidden], 0 for Megatron's
+    [seq, batch, hidden]).
 
     The recipe: ``sp`` (sequence parallelism in the tp groups), ``attention`` ("ring" or "ulysses",
     cp > 1), ``schedule``, ``micro_batches``, ``virtual_stages``, ``split_points`` (the pipeline),
@@ -93,6 +95,7 @@ class Plan:
     attention_modules: tuple = ()
     sequence_start: str | None = None
     sequence_end: str | None = None
+    seq_dim: int = 1
     sp: bool = False
     attention: str = "ring"
     schedule: str = "1f1b"
@@ -233,12 +236,14 @@ def apply_tensor_parallel(named: nn.Module, targets: dict, mesh: Mesh, plan: Pla
     if plan.sp:
         for block in _matching(named, plan.blocks):
             inner = {n[len(block) + 1:]: s for n, s in targets.items() if n.startswith(block + ".")}
-            sequence_parallel(named.get_submodule(block), inner, group)
+            sequence_parallel(named.get_submodule(block), inner, group, seq_dim=plan.seq_dim)
             targets = {n: s for n, s in targets.items() if not n.startswith(block + ".")}
-        _hook_output(named, plan.sequence_start, lambda out: scatter_to_sequence_parallel_region(out, group, name="embedding"))
-        if plan.sequence_end in here:
+        _hook_output(named, plan.sequence_start,
+                     lambda out: scatter_to_sequence_parallel_region(out, group, seq_dim=plan.seq_dim, name="embedding"))
+        if plan.sequence_end in here:  # the layers after it are replicated: backward keeps this rank's shard
             named.get_submodule(plan.sequence_end).register_forward_pre_hook(
-                lambda _m, args: (gather_from_sequence_parallel_region(args[0], group, name="head"), *args[1:]))
+                lambda _m, args: (gather_from_sequence_parallel_region(args[0], False, group, seq_dim=plan.seq_dim,
+                                                                       name="head"), *args[1:]))
     if targets:
         tensor_parallel(named, targets, group)
 
@@ -252,14 +257,14 @@ def apply_context_parallel(named: nn.Module, mesh: Mesh, plan: Plan) -> None:
     for name in _matching(named, plan.attention_modules):
         named.get_submodule(name).attention = context_parallel_attention(plan.attention, group)
     # prepend: the sequence is cut over cp before sequence parallelism scatters this rank's part over tp
-    _hook_output(named, plan.sequence_start, lambda out: shard_sequence(out, group, dim=1), prepend=True)
+    _hook_output(named, plan.sequence_start, lambda out: shard_sequence(out, group, dim=plan.seq_dim), prepend=True)
 
 
 # ---- 4. expert parallel ----
 
 def apply_expert_parallel(named: nn.Module, mesh: Mesh) -> None:
     """This rank's experts of every mixture of experts it holds (a pipeline stage may hold none)."""
-    if any(isinstance(m, MixtureOfExperts) for m in named.modules()):
+    if moe_layers(named):
         expert_parallel(named, mesh.group("ep"))
 
 
@@ -364,7 +369,7 @@ class Parallelized:
         lay, c = self.mesh.layout, self.mesh.coords
         x, y = (t.tensor_split(lay.dp)[c["dp"]].to(self.device) for t in (x, y))
         if lay.cp > 1:
-            y = shard_sequence(y, self.mesh.group("cp"), dim=1)
+            y = shard_sequence(y, self.mesh.group("cp"), dim=self.plan.seq_dim)
         return x, y
 
     def step(self, x, y) -> float | None:

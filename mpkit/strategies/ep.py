@@ -6,8 +6,8 @@ block the router picks experts for this rank's tokens, an all-to-all dispatches 
 ranks that own those experts, and a second all-to-all brings the outputs back
 (``mpkit.parallel.expert_parallel``). After backward the router, attention, LayerNorms,
 embedding and head are averaged over the ranks like data-parallel gradients, and the experts'
-gradients, which already hold every rank's tokens, are divided by the world size
-(``synchronize_gradients``). Capacity is per sequence, so the dropped tokens are the ones a
+gradients, which already hold every rank's tokens, are divided by the world size (what
+``synchronize_expert_gradients`` does; ``parallelize`` the same over the mesh's groups). Capacity is per sequence, so the dropped tokens are the ones a
 single device drops. The run is ``mpkit.parallel.parallelize`` on a mesh of ``dp = ep = world_size``.
 """
 from __future__ import annotations
