@@ -20,7 +20,8 @@ from mpkit.observe.memory import CATEGORIES
 from mpkit.simulator import formulas
 from mpkit.layout import Layout
 from mpkit.parallel.expert_parallel import expert_parallel
-from mpkit.parallel.pipeline.schedules import chunks_per_rank, placement, schedule, simulate
+from mpkit.parallel.pipeline.schedules import chunks_per_rank, placement, schedule
+from mpkit.parallel.pipeline.simulation import simulate
 from mpkit.parallel.pipeline.split import partition
 from mpkit.parallel.sharded_optimizer import shard_numel
 from mpkit.pricing.pricing import Pricer

@@ -16,8 +16,9 @@ The mechanism in ~20 lines: ``pipeline(...)`` cuts the model and keeps this rank
         RecvGrad(mb, s):   irecv(grad[mb]) from the rank holding stage s+1
         OptimizerStep():   wait for the last sends; the caller then steps its optimizer
 
-The schedules (``schedules.py``: one list per rank, checked by ``validate`` and drawn by the
-labs) differ only in the order of those instructions:
+The schedules (``schedules.py``: one list per rank, written in the instructions of
+``instructions.py``, checked by ``validate`` in ``simulation.py`` and drawn by the labs) differ
+only in the order of those instructions:
 
 - ``gpipe``: all forwards, then all backwards; every rank keeps m micro-batches of activations.
 - ``1f1b``: rank r runs p-1-r warm-up forwards, then alternates one forward / one backward; at
@@ -53,7 +54,8 @@ from mpkit.parallel.pipeline.checks import (check_every_rank_trains, check_no_ti
                                             check_ranks_agree, check_stages_given)
 from mpkit.parallel.pipeline.executor import PipelineExecutor
 from mpkit.parallel.pipeline.schedules import (MULTI_CHUNK, SCHEDULES, check_schedule_args, chunks_per_rank, placement,
-                                               schedule, simulate, validate)
+                                               schedule)
+from mpkit.parallel.pipeline.simulation import simulate, validate
 from mpkit.parallel.pipeline.split import Stage, partition, split_layers
 
 
