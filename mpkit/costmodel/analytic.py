@@ -62,11 +62,6 @@ from mpkit.whole import is_number
 
 BYTES = 2  # bf16 activations, gradients and the weights the matmuls read
 ADAM_BYTES = 28  # per parameter: read fp32 master, m, v (12) + bf16 grad (2); write master, m, v + bf16 weight (14)
-SCHEDULES = ("1f1b", "interleaved", "gpipe")
-# "op": torchtitan's op-level selective activation checkpointing (torchtitan/models/llama3/infra/
-# parallelize.py, _save_list): keeps the attention kernel's output and every other matmul's output,
-# recomputes the rest in backward; searched by plan only when pinned
-RECOMPUTE = (*formulas.RECOMPUTE, "op")
 CP_ATTENTION = ("ring", "all-gather", "ulysses")  # how context-parallel ranks exchange keys and values
 
 
@@ -699,5 +694,5 @@ def _link_name(span) -> str:
     return "none" if span == (1, 1) else ("intra" if span[1] == 1 else "inter")
 
 
-__all__ = ["Transformer", "MODELS", "transformer", "Setup", "Estimate", "estimate", "activation_bytes", "RECOMPUTE", "CP_ATTENTION",
-           "memory_bound_bytes", "aligned", "whole_number", "SCHEDULES", "USABLE_MEMORY"]
+__all__ = ["Transformer", "MODELS", "transformer", "Setup", "Estimate", "estimate", "activation_bytes", "CP_ATTENTION",
+           "memory_bound_bytes", "aligned", "whole_number", "USABLE_MEMORY"]

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field, replace
 from mpkit.i18n import check_lang, t
 from mpkit.layout import ORDERS, Layout
 from mpkit.simulator import formulas
-from mpkit.costmodel.analytic import (CP_ATTENTION, RECOMPUTE, SCHEDULES, Estimate, Setup, Transformer, aligned, estimate,
-                                transformer, whole_number)
+from mpkit.costmodel.analytic import (CP_ATTENTION, Estimate, Setup, Transformer, aligned, estimate, transformer,
+                                      whole_number)
 from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, STACKS, Hardware, gpu_family, with_stack
 from mpkit.simulator.machines import get_hardware
+from mpkit.vocabulary import CLOSED_FORM_SCHEDULES, RECOMPUTE
 
 VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
 # The planner's median error against 40 published training runs it was not fitted to (benchmarks/
@@ -436,7 +437,7 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
             whole_number(name, pinned[name])
     _choice("zero", pinned["zero"], formulas.ZERO_STAGES)
     _choice("recompute", pinned["recompute"], RECOMPUTE)
-    _choice("schedule", pinned["schedule"], SCHEDULES)
+    _choice("schedule", pinned["schedule"], CLOSED_FORM_SCHEDULES)
     _choice("order", pinned["order"], tuple(ORDERS))
     dims = {d: pinned[d] for d in ("dp", "tp", "pp") if pinned[d] is not None}
     cp = pinned["cps"][0] if len(pinned["cps"]) == 1 else 1

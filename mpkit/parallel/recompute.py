@@ -23,7 +23,7 @@ from __future__ import annotations
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mpkit.config import RECOMPUTE as MODES, check_recompute
+from mpkit.config import check_recompute
 from mpkit.models import SelfAttention
 
 
@@ -71,4 +71,4 @@ class _Checkpointed:
         return checkpoint(self.fn, *args, use_reentrant=False, **self.context, **kwargs)
 
 
-__all__ = ["MODES", "check_recompute", "recompute_layers", "attention_cores", "selective_targets"]
+__all__ = ["check_recompute", "recompute_layers", "attention_cores", "selective_targets"]

@@ -38,8 +38,8 @@ from mpkit.parallel.pipeline.instructions import (COMM, COMPUTE, Backward, Backw
 from mpkit.parallel.pipeline.players import play_orders, play_zbv
 from mpkit.parallel.pipeline.simulation import (ScheduleError, Simulation, computation, dataflow, engine_instructions,
                                                 message, simulate, validate)
+from mpkit.vocabulary import SCHEDULES  # every schedule below has an entry in ORDERS
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")
 MULTI_CHUNK = ("interleaved", "looped_bfs", "interleaved_zb")  # virtual_stages chunks per rank, stage s on rank s % p
 V_SHAPED = ("zbv", "dualpipev")  # two chunks per rank in a V: rank r holds stages r and 2p-1-r
 SPLIT_BACKWARD = ("interleaved_zb", "zbv")  # backward split into B (input gradient) and W (weight gradient)
