@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 from mpkit.i18n import check_lang, t
 from mpkit.layout import ORDERS, Layout
 from mpkit.simulator import formulas
-from mpkit.costmodel.analytic import (CP_ATTENTION, Estimate, Setup, Transformer, aligned, estimate, transformer,
-                                      whole_number)
+from mpkit.costmodel.analytic import CP_ATTENTION, Estimate, Setup, aligned, estimate
+from mpkit.costmodel.shapes import Transformer, transformer, whole_number
 from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, STACKS, Hardware, gpu_family, with_stack
 from mpkit.simulator.machines import get_hardware
 from mpkit.vocabulary import CLOSED_FORM_SCHEDULES, RECOMPUTE
