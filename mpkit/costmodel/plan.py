@@ -1,5 +1,16 @@
 """``mpkit.sim.plan``: which dp x pp x tp layout to train a large transformer with, and why.
 
+The search in ~10 lines (``plan``, ``_candidates``, ``LayoutTable``)::
+
+    for tp in divisors of a node's GPUs dividing the heads:     # TP inside a node unless pinned
+        for cp, pp, ep, rank order:                             # dp = gpus / (tp·pp·cp), ep inside dp
+            for micro_batch dividing the global batch / dp:
+                for schedule, virtual, recompute, ZeRO stage:
+                    e = estimate(model, hw, Setup(...), global_batch)   # analytic.py: one step, closed form
+                    (rows if e.fits else dropped).append(e)
+    rows.sort(key=(step time, memory))                          # fastest first
+    table.explain(): why this TP, PP, DP, CP and EP; what memory it needs
+
 Enumerates every layout of ``gpus`` GPUs (dp·pp·tp = gpus, tp dividing the attention and
 key/value heads and a node's GPUs, pp at most the layers), every micro-batch size, pipeline
 schedule, ZeRO stage and activation recomputation; drops what does not fit in GPU memory (with

@@ -25,7 +25,10 @@ optimizer's step (6); bf16 skips 2-5 and 7. Then the checks.
 
 ``autocast_layers(layers, "bf16")`` runs each layer's forward under ``torch.autocast`` (matmuls in
 bf16 or fp16, reductions such as the loss in fp32) and hands the next layer an fp32 tensor, so a
-pipeline cut between any two layers sends what the cut-free model computes. The parameters,
+pipeline cut between any two layers sends what the cut-free model computes. It wraps each layer's
+``forward`` on the instance, as torch's own docs apply ``torch.autocast`` as a decorator on
+``forward``: the parameter names and the module's hooks stay as they were (a wrapper module would
+rename every parameter), and ``nn.Module.__call__`` calls the wrapped forward like the original. The parameters,
 their gradients and the optimizer stay fp32 (the "master weights"): autocast only makes
 short-lived low-precision copies of the weights for the matmuls.
 

@@ -10,7 +10,10 @@ adds ``"selective"``, ``checkpoint``'s ``context_fn``, and does it in place on a
         return x
 
 In the code: ``recompute_layers(layers, mode)`` wraps each layer's forward (``"full"``) or each
-attention core (``"selective"``, ``selective_targets``) in ``_Checkpointed``.
+attention core (``"selective"``, ``selective_targets``) in ``_Checkpointed``, on the instance:
+``torch.utils.checkpoint`` wraps a function, and wrapping the bound ``forward`` (or the attention
+core, a method, which no module wrapper could reach) keeps every parameter name, as torch's
+composable ``checkpoint(module)`` does in place.
 
 ``"full"``: each layer keeps only its input; its whole forward runs again during backward (about
 one extra forward per step). ``"selective"`` (Korthikanti et al. 2022): only the attention core,
