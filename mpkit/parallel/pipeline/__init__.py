@@ -49,7 +49,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
-from mpkit.parallel.checks import global_rank
+from mpkit.parallel.checks import global_rank, mark_split_gradients
 from mpkit.parallel.pipeline.checks import (check_every_rank_trains, check_no_tie_across_ranks, check_pipeline_args,
                                             check_ranks_agree, check_stages_given)
 from mpkit.parallel.pipeline.executor import PipelineExecutor
@@ -119,6 +119,7 @@ class Pipeline(nn.Module):
         peers = [global_rank(group, r) for r in range(self.world_size)]
         where = placement(schedule_name, self.world_size, virtual_stages)
         self.executor = PipelineExecutor(stages, num_stages, micro_batches, loss_fn, peers, group, where, scale_grads)
+        mark_split_gradients(self.parameters(), self.world_size)  # fp16's overflow check must cover the group
 
     def step(self, x=None, y=None, *, losses=None, outputs=None):
         """Forward and backward of one batch over the micro-batches. ``x``: needed where the first
