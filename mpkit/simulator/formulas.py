@@ -232,8 +232,6 @@ def ring_reduce_scatter_time(S: float, N: int, alpha: float, beta: float) -> flo
     return (N - 1) * (alpha + S / N * beta)
 
 
-ring_all_gather_time = ring_reduce_scatter_time
-
 
 def tree_allreduce_time(S: float, N: int, alpha: float, beta: float) -> float:
     """Binary-tree reduce then broadcast of S bytes: 2·ceil(log2 N) steps of the whole message

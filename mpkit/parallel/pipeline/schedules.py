@@ -42,7 +42,6 @@ from mpkit.vocabulary import SCHEDULES  # every schedule below has an entry in O
 
 MULTI_CHUNK = ("interleaved", "looped_bfs", "interleaved_zb")  # virtual_stages chunks per rank, stage s on rank s % p
 V_SHAPED = ("zbv", "dualpipev")  # two chunks per rank in a V: rank r holds stages r and 2p-1-r
-SPLIT_BACKWARD = ("interleaved_zb", "zbv")  # backward split into B (input gradient) and W (weight gradient)
 
 
 # ---- the schedules: each returns every rank's computations in order (p ranks, m micro-batches, v chunks) --------
@@ -282,7 +281,7 @@ def _producer(recv):
 
 
 __all__ = [  # the schedules and the names labs, exercises and the cost model import from here
-    "SCHEDULES", "MULTI_CHUNK", "V_SHAPED", "SPLIT_BACKWARD", "ORDERS", "gpipe", "one_f_one_b", "interleaved",
+    "SCHEDULES", "MULTI_CHUNK", "V_SHAPED", "ORDERS", "gpipe", "one_f_one_b", "interleaved",
     "looped_bfs", "interleaved_zb", "zbv", "dualpipev", "chunks_per_rank", "placement", "check_schedule_args",
     "compute_orders", "schedule",
     # re-exported: the instructions (instructions.py) and the simulator glue (simulation.py)
