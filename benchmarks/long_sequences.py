@@ -9,7 +9,7 @@ where PyTorch has one.
       ``context_parallel`` shards only CUDA kernels and does not run on CPU (tests/test_parallel_cp.py);
     - the expert-parallel MoE layer against the same layer on one device (torch has no MoE layer).
 (b) Strategies, ``Run.step_times`` (median of steps 2.., median over runs): sp against tp, cp (ring,
-    Ulysses) against single, ep against single. Compared variants take turns (``benchmarks/turns.py``).
+    Ulysses) against single, ep against single. Compared variants take turns (``benchmarks/_common/turns.py``).
 
 Every measurement is taken twice (``--repeat 2``, the default): the spread between the two is the
 noise floor. Memory tracking is off.
@@ -33,7 +33,7 @@ import mpkit
 from mpkit.models import MixtureOfExperts
 from mpkit.parallel import (all_reduce_sequence_parallel_gradients, expert_parallel, ring_attention, sequence_parallel,
                             shard_sequence, ulysses_attention)
-from turns import medians_taking_turns  # benchmarks/turns.py
+from _common.turns import medians_taking_turns
 
 WORLD = 2
 B, S, H, HEADS = 8, 256, 128, 8
