@@ -86,6 +86,16 @@ def _reference(p):
     return out.detach(), grads(block), x.grad
 
 
+def _another_mask(p):
+    """The parameter gradients when the recomputation draws the next dropout mask (RNG not restored)."""
+    block, (x, weights) = _block(p["seed"], p["dropout"], p["frozen"]), _inputs(p["seed"], p["rows"], p["x_grad"])
+    torch.manual_seed(p["seed"] + 2)
+    with torch.no_grad():
+        block(x)
+    (block(x.detach()) * weights).sum().backward()
+    return grads(block)
+
+
 NO_GRAD_OUTPUT = Text("블록의 출력이 그래디언트를 요구하지 않습니다: 입력 x가 requires_grad=False이면(데이터에서 바로 온 첫 블록) "
                       "autograd Function의 출력도 그렇습니다. 블록의 파라미터도 Function의 입력으로 넘기거나, 출력이 파라미터에 "
                       "의존하게 하세요.",
@@ -122,14 +132,15 @@ def _judge(case, fn, timeout):
                            "그래디언트가 쌓입니다.", "after recomputing the block in backward, call "
                            "torch.autograd.backward(output, grad) on it so the parameters get their gradients."))
     problem = compare_grads(case, 0, want_grads, got["grads"], 1)
-    if problem is None and x_grad is not None and not close(x_grad, got["x_grad"]):
-        problem = failed(case, mismatch(Text("x의 그래디언트:", "x's gradient:"), x_grad, got["x_grad"]),
-                         Text("backward는 다시 계산한 순전파의 입력(x.detach().requires_grad_())에 쌓인 그래디언트를 돌려줍니다.",
-                              "backward returns the gradient accumulated in the recomputed forward's input "
-                              "(x.detach().requires_grad_())."))
     if problem:
-        problem.hint = RNG if p["dropout"] else problem.hint
+        if p["dropout"] and compare_grads(case, 0, _another_mask(p), got["grads"], 1) is None:
+            problem.hint = RNG
         return problem
+    if x_grad is not None and not close(x_grad, got["x_grad"]):
+        return failed(case, mismatch(Text("x의 그래디언트:", "x's gradient:"), x_grad, got["x_grad"]),
+                      Text("backward는 다시 계산한 순전파의 입력(x.detach().requires_grad_())에 쌓인 그래디언트를 돌려줍니다.",
+                           "backward returns the gradient accumulated in the recomputed forward's input "
+                           "(x.detach().requires_grad_())."))
     target = p["rows"] * WIDTH * 4
     if got["held"] > target:
         return failed(case, Text(f"순전파와 역전파 사이에 {got['held']} B를 저장했습니다. 목표: 블록의 입력만, {target} B.",

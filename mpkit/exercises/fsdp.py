@@ -127,7 +127,7 @@ def _values(case, outputs, expected, n):
         for rank, output in enumerate(outputs):
             got = output["out"]["steps"][step]
             for u in range(len(want["grads"])):
-                where = Text(f"{step + 1}번째 스텝, 랭크 {rank}, 유닛 {u}의", f"step {step + 1}, rank {rank}, unit {u}'s ")
+                where = Text(f"{step + 1}번째 스텝, 랭크 {rank}, 유닛 {u}의", f"step {step + 1}, rank {rank}, unit {u}'s")
                 have = got["grads"][u]
                 if have is None:
                     return failed(case, where + Text("샤드 그래디언트가 None입니다.", "shard gradient is None."),
@@ -167,27 +167,29 @@ def _cost(case, outputs, n):
                                "backward and loses ZeRO-3's memory saving: save only x and the shard, and all-gather "
                                "again in the backward."))
         for step in range(STEPS):
-            for phase, target, what in ((f"forward {step}", gather, Text("유닛마다 all-gather 한 번", "one all-gather per unit")),
-                                        (f"backward {step}", 2 * gather,
-                                         Text("유닛마다 all-gather 한 번 + reduce-scatter 한 번",
-                                              "one all-gather and one reduce-scatter per unit"))):
-                measured = sent(output["calls"], n, phase)
-                if measured > target * (1 + 1e-9):
-                    return failed(case, Text(f"랭크 {rank}, {phase}: {measured:.0f} B를 보냈습니다. 목표: ", f"rank {rank}, {phase}: "
-                                             f"sent {measured:.0f} B; target: ") + what + Text(f" = {target} B((N-1)/N·S씩).",
-                                                                                             f"= {target} B ((N-1)/N·S each)."),
-                                  Text("all-reduce는 reduce-scatter + all-gather의 바이트입니다: 그래디언트는 reduce-scatter로 각 랭크의 "
-                                       "샤드 몫만 받고, 파라미터는 all_gather_into_tensor로 모으세요(패딩한 같은 크기의 샤드).",
-                                       "an all-reduce costs a reduce-scatter plus an all-gather: reduce-scatter the "
-                                       "gradient so each rank gets only its shard, and gather parameters with "
-                                       "all_gather_into_tensor (equal, padded shards)."))
-                if measured == 0:
-                    return failed(case, Text(f"랭크 {rank}, {phase}: 통신이 없습니다. 목표: ", f"rank {rank}, {phase}: no "
-                                             "communication; target: ") + what + Text(".", "."),
-                                  Text("역전파에서도 전체 가중치가 필요합니다(grad_x = grad_out·W): 저장해 두지 말고 다시 all-gather하세요.",
-                                       "the backward needs the full weight too (grad_x = grad_out·W): all-gather it "
-                                       "again rather than keep it."))
+            for part, target in (("forward", gather), ("backward", 2 * gather)):
+                measured = sent(output["calls"], n, rank, f"{part} {step}")
+                if measured > target * (1 + 1e-9) or measured == 0:
+                    return failed(case, Text(f"랭크 {rank}, {step + 1}번째 스텝의 {PARTS[part][0]}: {measured:.0f} B를 보냈습니다. "
+                                             f"목표: {PARTS[part][1]} = {target} B((N-1)/N·S씩).",
+                                             f"rank {rank}, step {step + 1}'s {part}: sent {measured:.0f} B; target: "
+                                             f"{PARTS[part][2]} = {target} B ((N-1)/N·S each)."),
+                                  NO_REGATHER if measured == 0 else GATHER if part == "forward" else SCATTER)
     return None
+
+
+PARTS = {"forward": ("순전파", "유닛마다 all-gather 한 번", "one all-gather per unit"),
+         "backward": ("역전파", "유닛마다 all-gather 한 번 + reduce-scatter 한 번", "one all-gather and one reduce-scatter per unit")}
+GATHER = Text("모으기는 all_gather_into_tensor(또는 all_gather)로 하세요: 0으로 채운 버퍼를 all-reduce하면 바이트가 두 배입니다"
+              "(all-reduce = reduce-scatter + all-gather).",
+              "gather with all_gather_into_tensor (or all_gather): all-reducing a zero-filled buffer moves twice the bytes "
+              "(an all-reduce is a reduce-scatter plus an all-gather).")
+SCATTER = Text("그래디언트는 reduce_scatter_tensor로 각 랭크의 샤드 몫만 받으세요: 전체를 all-reduce하고 자르면 reduce-scatter의 두 배를 "
+               "보냅니다. 파라미터 모으기도 all-gather로(all-reduce가 아니라).",
+               "reduce-scatter the gradient (reduce_scatter_tensor) so each rank gets only its shard: all-reducing it all and "
+               "slicing sends twice a reduce-scatter's bytes. Gather the parameters with an all-gather too (not an all-reduce).")
+NO_REGATHER = Text("역전파에서도 전체 가중치가 필요합니다(grad_x = grad_out·W): 저장해 두지 말고 다시 all-gather하세요.",
+                   "the backward needs the full weight too (grad_x = grad_out·W): all-gather it again rather than keep it.")
 
 
 def _judge(case, fn, timeout):
@@ -228,10 +230,11 @@ STUB = '''class FSDPLinear(torch.autograd.Function):
         raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''
 
+PADDED = Text("모은 평평한 벡터는 패딩되어 있습니다: W와 b로 나누기 전에 앞의 unit.numel개만 쓰세요.",
+              "the gathered flat vector is padded: keep its first unit.numel elements before cutting it into W and b.")
 CRASH_HINTS = (
-    ("is invalid for input of size", Text("모은 평평한 벡터는 패딩되어 있습니다: W와 b로 나누기 전에 앞의 unit.numel개만 쓰세요.",
-                                          "the gathered flat vector is padded: keep its first unit.numel elements before "
-                                          "cutting it into W and b.")),
+    ("is invalid for input of size", PADDED),
+    ("must match the existing size", PADDED),
     ("returned an invalid gradient at index 1", Text("backward의 두 번째 값은 이 랭크 샤드의 그래디언트(shard.numel()개)입니다: "
                                                       "평평한 그래디언트 전체가 아니라 reduce-scatter한 몫을 돌려주세요.",
                                                       "backward's second value is the gradient of this rank's shard "

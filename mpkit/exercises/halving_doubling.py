@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from mpkit.errors import LaunchError
 from mpkit.exercises import harness
 from mpkit.exercises.collectives import SELF_SEND, _body, _expected, _inputs
 from mpkit.exercises.common import Case, Exercise, close, factor_hint, failed, mismatch, passed, ratio
@@ -38,12 +39,22 @@ POWER_OF_TWO = Text("반씩 나누기(halving)는 랭크를 둘씩 짝지으므�
                     "with ValueError (e.g. N & (N-1) != 0).")
 
 
+SIZES_DIFFER = Text("gloo는 받는 쪽이 건 크기와 다른 메시지가 오면 프로세스를 멈춥니다: 두 짝이 같은 범위를 같은 점에서 나누고(예: "
+                    "mid = (lo+hi)//2, 작은 랭크가 앞 절반), 한쪽이 보내는 절반의 크기가 다른 쪽이 받는 크기와 같은지 보세요.",
+                    "gloo aborts a process when a message's size differs from what its receiver posted: both partners "
+                    "must split the same range at the same point (e.g. mid = (lo+hi)//2, the lower rank keeping the "
+                    "front half), so the half one sends is the size the other receives.")
+
+
 def _judge_refusal(case, fn, timeout):
     try:
         outputs = harness.run(_refusal_body, case.world_size, (fn, case.params["shape"], 0), timeout)
     except harness.LearnerCrashed as crash:
         return failed(case, Text(f"랭크 {crash.rank}에서 ValueError가 아닌 예외가 났습니다:\n{crash.text}",
                                  f"rank {crash.rank} raised something other than ValueError:\n{crash.text}"), POWER_OF_TWO)
+    except LaunchError as err:  # a message to a rank that does not exist can kill the process
+        return failed(case, Text(f"거절하지 않고 통신하다가 {err.summary}", f"it communicated instead of refusing: {err.summary}"),
+                      POWER_OF_TWO)
     for rank, output in enumerate(outputs):
         sent = [c for c in output["calls"] if c.kind != "recv"]
         if output["out"]["refused"] is None or sent:
@@ -106,7 +117,17 @@ def _judge(case, fn, timeout):
     if case.params.get("refuse"):
         return _judge_refusal(case, fn, timeout)
     n, shape, seed = case.world_size, case.params["shape"], case.params["seed"]
-    outputs = [o["out"] | {"calls": o["calls"]} for o in harness.run(_body, n, (fn, shape, seed), timeout)]
+    try:
+        outputs = [o["out"] | {"calls": o["calls"]} for o in harness.run(_body, n, (fn, shape, seed), timeout)]
+    except LaunchError as err:
+        if err.exc_type != "died":
+            raise
+        return failed(case, Text(f"{err.summary}.", f"{err.summary}."), SIZES_DIFFER)
+    except harness.LearnerCrashed as crash:  # a rank whose partner died first sees only the closed connection
+        if "by peer" not in crash.text:
+            raise
+        return failed(case, Text(f"랭크 {crash.rank}의 짝이 먼저 멈췄습니다:\n{crash.text}",
+                                 f"rank {crash.rank}'s partner died first:\n{crash.text}"), SIZES_DIFFER)
     for rank, (want, output) in enumerate(zip(_expected("all_reduce", n, shape, seed), outputs)):
         got = output["given"]
         if not close(want, got) and close(want, output["out"]):

@@ -150,7 +150,7 @@ def _judge(case, cls, timeout):
             elements = sum(c.numel for c in calls)
             if len(calls) > 1 or elements > n:
                 return failed(case, Text(f"랭크 {rank}, 스텝 {step}: 집합 통신 {len(calls)}번, 원소 {elements}개. 목표: 플래그 하나를 "
-                                         f"한 번(원소 최대 {n}개).", f"rank {rank}, step {step}: {len(calls)} collectives on "
+                                         f"한 번(원소 최대 {n}개).", f"rank {rank}, step {step}: {len(calls)} collective(s) on "
                                          f"{elements} elements; target: one collective on one flag (at most {n} elements)."),
                               Text("합의에 필요한 것은 '어느 랭크든 넘쳤는가' 한 비트입니다: 모든 그래디언트를 보내거나 파라미터마다 "
                                    "따로 보내지 말고, found_inf 하나를 all-reduce(MAX)하세요.",
@@ -213,10 +213,10 @@ EXERCISES = [
         [Case(Text("2 랭크, 스텝 2에서 랭크 1만 넘침(inf), growth_interval=2", "2 ranks, only rank 1 overflows (inf) at step 2, "
                    "growth_interval=2"), 2,
               {"seed": 91, "steps": 6, "init_scale": 8.0, "growth_interval": 2, "overflow": [(2, 1, INF)]}),
-         Case(Text("3 랭크, 스텝 0에서 모두, 스텝 4에서 랭크 2만(NaN), growth_interval=3", "3 ranks, all overflow at step 0, "
-                   "rank 2 alone at step 4 (NaN), growth_interval=3"), 3,
-              {"seed": 92, "steps": 7, "init_scale": 1024.0, "growth_interval": 3,
-               "overflow": [(0, 0, INF), (0, 1, NAN), (0, 2, INF), (4, 2, NAN)]}),
+         Case(Text("3 랭크, 스텝 0에서 모두, 스텝 5에서 랭크 2만(NaN), growth_interval=3", "3 ranks, all overflow at step 0, "
+                   "rank 2 alone at step 5 (NaN), growth_interval=3"), 3,
+              {"seed": 92, "steps": 9, "init_scale": 1024.0, "growth_interval": 3,
+               "overflow": [(0, 0, INF), (0, 1, NAN), (0, 2, INF), (5, 2, NAN)]}),
          Case(Text("2 랭크, 기본값(2^16, growth_interval=2000), 스텝 1에서 랭크 0만 넘침", "2 ranks, the defaults (2^16, "
                    "growth_interval=2000), rank 0 alone overflows at step 1"), 2,
               {"seed": 93, "steps": 3, "overflow": [(1, 0, INF)]})],

@@ -81,10 +81,12 @@ def _computations(case, where, program, mine, m, kinds):
         for stage in mine:
             done = sorted(i.mb for i in program if isinstance(i, kind) and i.stage == stage)
             if done != list(range(m)):
+                held = (Text(f"(이 랭크는 스테이지 {mine}을(를) 가집니다)", f"(this rank holds stages {mine})") if len(mine) > 1
+                        else Text("", ""))
                 return failed(case, where + Text(f"{kind.__name__}(mb, stage={stage})가 마이크로배치 0..{m - 1}마다 정확히 한 번씩 "
                                                  f"있어야 하는데 {done}입니다.",
                                                  f"needs {kind.__name__}(mb, stage={stage}) exactly once for each "
-                                                 f"micro-batch 0..{m - 1}; it has {done}."))
+                                                 f"micro-batch 0..{m - 1}; it has {done}.") + held)
         stray = next((i for i in program if isinstance(i, kind) and i.stage not in mine), None)
         if stray is not None:
             return failed(case, where + Text(f"{stray}: 이 랭크에는 스테이지 {stray.stage}가 없습니다(스테이지 {mine}).",
@@ -144,13 +146,14 @@ SIMULATOR_HINTS = (
 )
 
 
-def schedule_judge(prop, where_of=None, kinds=WHOLE, costs=None, describe=None):
+def schedule_judge(prop, where_of=None, kinds=WHOLE, costs=None, describe=None, simulator_hint=None):
     """A judge for schedule exercises: the lists' structure (``where_of(p)``: each stage's rank,
     default stage = rank; ``kinds``: the computations), then the simulator on unit costs
     (``costs``: ``simulate``'s keyword arguments), then ``prop(case, programs, sim, p, m)`` (the
     schedule's own property or cost target: a failed CaseResult or None), then a real run whose
     gradients must equal the unsplit model's. A pass says ``describe(sim, p, m)`` (default: the
-    bubble and the activations in flight)."""
+    bubble and the activations in flight); ``simulator_hint(programs, p, m)``: the exercise's own
+    hint when the simulator cannot run the lists (None: the general ones)."""
     def judge(case, fn, timeout):
         p, m, seed = case.world_size, case.params["m"], case.params["seed"]
         where = where_of(p) if where_of else list(range(p))
@@ -162,7 +165,8 @@ def schedule_judge(prop, where_of=None, kinds=WHOLE, costs=None, describe=None):
             sim = simulate(programs, **(costs or {}))
         except ScheduleError as err:
             return failed(case, Text(f"시뮬레이터에서 실행할 수 없습니다: {err}", f"the simulator cannot run the lists: {err}"),
-                          next(h for key, h in SIMULATOR_HINTS if key in str(err)))
+                          (simulator_hint and simulator_hint(programs, p, m))
+                          or next(h for key, h in SIMULATOR_HINTS if key in str(err)))
         problem = prop(case, programs, sim, p, m)
         if problem:
             return problem

@@ -22,7 +22,7 @@ from fractions import Fraction
 from mpkit.exercises.common import Case, Exercise, failed
 from mpkit.exercises.pipeline import schedule_judge
 from mpkit.exercises.result import Text
-from mpkit.parallel.pipeline.schedules import Backward, BackwardInput, BackwardWeight, Forward
+from mpkit.parallel.pipeline.schedules import Backward, BackwardInput, BackwardWeight, Forward, SendGrad
 
 V = 2  # model chunks per rank in the interleaved exercise
 SPLIT = (Forward, BackwardInput, BackwardWeight)
@@ -35,6 +35,18 @@ def _pct(x) -> str:
 
 def _computations(program):
     return [i for i in program if isinstance(i, (Forward, Backward, BackwardInput, BackwardWeight))]
+
+
+def _grad_sent_after_w(programs) -> bool:
+    """Whether some rank sends an input gradient only after the W of its micro-batch."""
+    for program in programs:
+        weights = set()
+        for ins in program:
+            if isinstance(ins, BackwardWeight):
+                weights.add((ins.mb, ins.stage))
+            elif isinstance(ins, SendGrad) and (ins.mb, ins.stage) in weights:
+                return True
+    return False
 
 
 def _w_right_after_b(programs) -> bool:
@@ -65,6 +77,11 @@ def _zb_property(case, programs, sim, p, m):
                   f"곧 랭크마다 (p-1)(F+B-W) = {p - 1}칸입니다.",
                   f"the bubble is {_pct(sim.bubble)} of the step (F = B = W = 1 slot); the target is ZB-H1's "
                   f"(p-1)/(3m+p-1) = {_pct(target)}, i.e. (p-1)(F+B-W) = {p - 1} idle slots per rank.")
+    if _grad_sent_after_w(programs):
+        return failed(case, detail, Text("SendGrad가 W 뒤에 있습니다: 이전 스테이지는 다시 B+W를 기다립니다(1F1B와 같음). 입력 그래디언트는 "
+                                         "B 바로 뒤에 보내세요: W는 메시지가 필요 없습니다.",
+                                         "a SendGrad comes after the W: the previous stage waits for B+W again (as in "
+                                         "1F1B). Send the input gradient right after B; W needs no message."))
     if _w_right_after_b(programs):
         return failed(case, detail, Text("모든 W가 자기 B 바로 뒤에 있습니다: 그러면 그래디언트는 빨리 보내도 랭크가 W를 하느라 다음 B를 늦게 "
                                          "시작해 1F1B와 거의 같아집니다. 뒤쪽 랭크일수록 W를 미뤄(랭크 r은 r개까지) 기다리던 칸을 채우세요.",
@@ -119,6 +136,25 @@ def _interleaved_property(case, programs, sim, p, m):
                        "take the micro-batches in groups of p through chunk 0, then the same group through chunk 1 "
                        "(backward: chunk 1 first). Running every micro-batch through one chunk before the next (looped) "
                        "does not shorten the fill."))
+
+
+SHORT_WARMUP = Text("준비 Forward가 모자랍니다: 인터리브드의 k번째 Backward는 다른 청크의 마이크로배치라서, Megatron은 1F1B보다 긴 "
+                    "min((p-r-1)·2 + (v-1)·p, v·m)개의 Forward를 먼저 합니다. 그보다 적으면 아직 Forward하지 않은 것을 "
+                    "Backward하거나 메시지 순서가 어긋납니다.",
+                    "too few warm-up forwards: the interleaved k-th Backward belongs to another chunk's micro-batch, so "
+                    "Megatron runs min((p-r-1)·2 + (v-1)·p, v·m) forwards first, more than 1F1B. Fewer, and a Backward "
+                    "comes before its Forward or the messages cross.")
+
+
+
+def _short_warmup(programs, p, m):
+    """SHORT_WARMUP when some rank runs fewer forwards before its first backward than Megatron."""
+    for rank, program in enumerate(programs):
+        order = _computations(program)
+        first = next((k for k, ins in enumerate(order) if isinstance(ins, Backward)), len(order))
+        if first < min(2 * (p - rank - 1) + (V - 1) * p, V * m):
+            return SHORT_WARMUP
+    return None
 
 
 STUB_ZB = '''def zb_h1_schedule(rank, p, m):
@@ -192,5 +228,6 @@ EXERCISES = [
          Case(Text("p=3, m=6", "p=3, m=6"), 3, {"m": 6, "seed": 56}),
          Case(Text("p=4, m=8", "p=4, m=8"), 4, {"m": 8, "seed": 57}),
          Case(Text("p=2, m=2 (m = p)", "p=2, m=2 (m = p)"), 2, {"m": 2, "seed": 58})],
-        schedule_judge(_interleaved_property, where_of=interleaved_placement, describe=_interleaved_measured)),
+        schedule_judge(_interleaved_property, where_of=interleaved_placement, describe=_interleaved_measured,
+                       simulator_hint=_short_warmup)),
 ]
