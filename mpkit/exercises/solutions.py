@@ -326,12 +326,12 @@ class FSDPLinear(torch.autograd.Function):
 
 
 class DynamicLossScaler:
-    def __init__(self, ctx, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-        self.value, self.growth, self.backoff, self.interval = float(init_scale), growth_factor, backoff_factor, growth_interval
-        self.good, self.found_inf = 0, False
-
     def scale(self, loss):
         return loss * self.value
+
+    def __init__(self, ctx, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        self.value, self.growth, self.backoff = float(init_scale), growth_factor, backoff_factor
+        self.interval, self.good, self.found_inf = growth_interval, 0, False
 
     def step(self, optimizer):
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
