@@ -386,8 +386,8 @@ def rank_coordinates(rank, dp, pp, tp):
 
 def process_groups(dp, pp, tp):
     groups = {"dp": {}, "pp": {}, "tp": {}}
-    for rank in range(dp * pp * tp):
-        coords = dict(zip(("dp", "pp", "tp"), rank_coordinates(rank, dp, pp, tp)))
+    for rank in range(dp * pp * tp):  # tp innermost, dp outermost (its own cell: no other exercise's function)
+        coords = {"dp": rank // (pp * tp), "pp": rank // tp % pp, "tp": rank % tp}
         for dim in groups:
             key = tuple(v for d, v in coords.items() if d != dim)
             groups[dim].setdefault(key, []).append(rank)
