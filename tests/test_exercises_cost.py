@@ -1,6 +1,6 @@
 """The cost-graded exercises' references and measuring helpers, checked against PyTorch's and
-mpkit's own mechanisms, without launching a world (the checks themselves run in test_exercises.py
-and tests/exercise_attempts/):
+mpkit's own mechanisms without launching a world (the checks themselves run in test_exercises.py
+and tests/exercise_attempts/), and their stubs, untouched, reported as not done (one launch each):
 
 * the loss scaler's reference scales are torch.amp.GradScaler's, step for step;
 * the ZB-H1 reference reaches lab 04's (p-1)/(3m+p-1) with at most 1F1B's peak of activations,
@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mpkit import exercises
 from mpkit.exercises import EXERCISES, solutions
 from mpkit.exercises.assignment import SETUP, solution_cell_source
 from mpkit.exercises.held import Held
@@ -137,3 +138,17 @@ def test_assignment_solution_cells_need_only_the_setup_imports():
     missing = {name: sorted(_free_names(solution_cell_source(ex)) - set(setup))
                for name, ex in EXERCISES.items()}
     assert {name: names for name, names in missing.items() if names} == {}
+
+
+COST_GRADED = ["zb_h1_schedule", "interleaved_schedule", "halving_doubling_all_reduce", "fsdp_unit",
+               "accumulate_gradients", "loss_scaler", "checkpoint_block"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", COST_GRADED)
+def test_untouched_stub_is_not_done(name, tmp_path):
+    namespace = {}
+    exec("import torch\n" + EXERCISES[name].stub, namespace)
+    result = exercises.check(name, namespace[EXERCISES[name].target], lang="ko", results_dir=tmp_path)
+    assert result.not_done and not result.passed and "아직 풀지 않았습니다" in result.message
+    assert not list(tmp_path.glob("*.json"))
