@@ -55,6 +55,9 @@ def _judge_refusal(case, fn, timeout):
     except LaunchError as err:  # a message to a rank that does not exist can kill the process
         return failed(case, Text(f"거절하지 않고 통신하다가 {err.summary}", f"it communicated instead of refusing: {err.summary}"),
                       POWER_OF_TWO)
+    except harness.Stuck as stuck:  # ... or wait for ever
+        return failed(case, Text(f"거절하지 않고 통신하다가 멈췄습니다. {stuck.describe()}",
+                                 f"it communicated instead of refusing and got stuck. {stuck.describe()}"), POWER_OF_TWO)
     for rank, output in enumerate(outputs):
         sent = [c for c in output["calls"] if c.kind != "recv"]
         if output["out"]["refused"] is None or sent:

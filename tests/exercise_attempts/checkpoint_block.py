@@ -89,6 +89,37 @@ CORRECT = [returns_parameter_grads, saved_tensor_hooks_that_drop, fork_rng_in_fo
 
 
 # ---------------------------------------------------------------- wrong
+def _checkpoint(block, x, params, forward, backward):
+    """A Function over (x, *params) made of the given forward(ctx, inp) and backward(ctx, grad) ->
+    x's gradient: the frame the wrong ones below share."""
+    class Ckpt(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, inp, *ps):
+            return forward(ctx, inp)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return (backward(ctx, grad),) + (None,) * len(params)
+    return Ckpt.apply(x, *params)
+
+
+def _keep_input(ctx, inp, block):
+    ctx.rng = torch.get_rng_state()
+    ctx.save_for_backward(inp)
+    with torch.no_grad():
+        return block(inp)
+
+
+def _recompute(ctx, grad, block, restore=True, requires_grad=None):
+    inp = ctx.saved_tensors[0]
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        if restore:
+            torch.set_rng_state(ctx.rng)
+        leaf = inp.detach().requires_grad_(inp.requires_grad if requires_grad is None else requires_grad)
+        torch.autograd.backward(block(leaf), grad)
+    return leaf.grad
+
+
 def plain_forward(block, x):
     """No checkpointing at all: every activation is saved."""
     return block(x)
@@ -96,22 +127,8 @@ def plain_forward(block, x):
 
 def no_rng_restore(block, x):
     params = [p for p in block.parameters() if p.requires_grad]
-
-    class Ckpt(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, inp, *ps):
-            ctx.save_for_backward(inp)
-            with torch.no_grad():
-                return block(inp)
-
-        @staticmethod
-        def backward(ctx, grad):
-            (inp,) = ctx.saved_tensors
-            with torch.enable_grad():
-                leaf = inp.detach().requires_grad_(inp.requires_grad)
-                torch.autograd.backward(block(leaf), grad)
-            return (leaf.grad,) + (None,) * len(params)
-    return Ckpt.apply(x, *params)
+    return _checkpoint(block, x, params, lambda ctx, inp: _keep_input(ctx, inp, block),
+                       lambda ctx, grad: _recompute(ctx, grad, block, restore=False))
 
 
 def uses_torch_checkpoint(block, x):
@@ -120,70 +137,32 @@ def uses_torch_checkpoint(block, x):
 
 def only_x_as_input(block, x):
     """The textbook reentrant version: Function(x) only, so a first block (x without grad) gets none."""
-    class Ckpt(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, inp):
-            ctx.rng = torch.get_rng_state()
-            ctx.save_for_backward(inp)
-            with torch.no_grad():
-                return block(inp)
-
-        @staticmethod
-        def backward(ctx, grad):
-            (inp,) = ctx.saved_tensors
-            with torch.random.fork_rng(devices=[]), torch.enable_grad():
-                torch.set_rng_state(ctx.rng)
-                leaf = inp.detach().requires_grad_(True)
-                torch.autograd.backward(block(leaf), grad)
-            return leaf.grad
-    return Ckpt.apply(x)
+    return _checkpoint(block, x, [], lambda ctx, inp: _keep_input(ctx, inp, block),
+                       lambda ctx, grad: _recompute(ctx, grad, block, requires_grad=True))
 
 
 def saves_the_hidden_layer(block, x):
     """Keeps the first layer's output for backward as well as x."""
     params = [p for p in block.parameters() if p.requires_grad]
 
-    class Ckpt(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, inp, *ps):
-            ctx.rng = torch.get_rng_state()
-            with torch.no_grad():
-                hidden = block[0](inp)
-                out = block[1:](hidden)
-            ctx.save_for_backward(inp, hidden)
-            return out
-
-        @staticmethod
-        def backward(ctx, grad):
-            inp, _ = ctx.saved_tensors
-            with torch.random.fork_rng(devices=[]), torch.enable_grad():
-                torch.set_rng_state(ctx.rng)
-                leaf = inp.detach().requires_grad_(inp.requires_grad)
-                torch.autograd.backward(block(leaf), grad)
-            return (leaf.grad,) + (None,) * len(params)
-    return Ckpt.apply(x, *params)
+    def forward(ctx, inp):
+        ctx.rng = torch.get_rng_state()
+        with torch.no_grad():
+            hidden = block[0](inp)
+            out = block[1:](hidden)
+        ctx.save_for_backward(inp, hidden)
+        return out
+    return _checkpoint(block, x, params, forward, lambda ctx, grad: _recompute(ctx, grad, block))
 
 
 def x_gradient_dropped(block, x):
     """Recomputes and backpropagates, but returns no gradient for x."""
     params = [p for p in block.parameters() if p.requires_grad]
 
-    class Ckpt(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, inp, *ps):
-            ctx.rng = torch.get_rng_state()
-            ctx.save_for_backward(inp)
-            with torch.no_grad():
-                return block(inp)
-
-        @staticmethod
-        def backward(ctx, grad):
-            (inp,) = ctx.saved_tensors
-            with torch.random.fork_rng(devices=[]), torch.enable_grad():
-                torch.set_rng_state(ctx.rng)
-                torch.autograd.backward(block(inp.detach()), grad)
-            return (None,) + (None,) * len(params)
-    return Ckpt.apply(x, *params)
+    def backward(ctx, grad):
+        _recompute(ctx, grad, block)   # the parameters get theirs; x's is dropped
+        return None
+    return _checkpoint(block, x, params, lambda ctx, inp: _keep_input(ctx, inp, block), backward)
 
 
 WRONG = [

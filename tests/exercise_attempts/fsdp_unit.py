@@ -114,6 +114,24 @@ CORRECT = [WithListCollectives, FreesByResizingStorage, BroadcastsAndReduces]
 
 
 # ---------------------------------------------------------------- wrong
+class _GathersAndSavesTheShard(torch.autograd.Function):
+    """The forward the wrong ones below share (right as it is); each gets its backward wrong."""
+    @staticmethod
+    def forward(ctx, x, shard, unit):
+        w, b = _gather(shard, unit)
+        ctx.save_for_backward(x, shard)
+        ctx.unit = unit
+        return F.linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx, grad_out):   # right: gather again, reduce-scatter, average
+        x, shard = ctx.saved_tensors
+        w, _ = _gather(shard, ctx.unit)
+        out = torch.empty_like(shard)
+        dist.reduce_scatter_tensor(out, _flat_grad(grad_out, x, ctx.unit, shard.numel()))
+        return grad_out @ w, out / ctx.unit.world_size, None
+
+
 class KeepsTheFullWeight(torch.autograd.Function):
     """Saves the gathered weight for backward: no second all-gather, full W alive in between."""
     @staticmethod
@@ -126,10 +144,9 @@ class KeepsTheFullWeight(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, w = ctx.saved_tensors
-        unit = ctx.unit
         out = torch.empty(ctx.size)
-        dist.reduce_scatter_tensor(out, _flat_grad(grad_out, x, unit, ctx.size))
-        return grad_out @ w, out / unit.world_size, None
+        dist.reduce_scatter_tensor(out, _flat_grad(grad_out, x, ctx.unit, ctx.size))
+        return grad_out @ w, out / ctx.unit.world_size, None
 
 
 class KeepsItOnTheContext(torch.autograd.Function):
@@ -149,108 +166,61 @@ class KeepsItOnTheContext(torch.autograd.Function):
         return grad_out @ ctx.w, out / ctx.unit.world_size, None
 
 
-class AllReducesTheGradient(torch.autograd.Function):
+def _all_reduced(ctx, grad_out):
+    """grad_x and the whole flat gradient, all-reduced and averaged."""
+    x, shard = ctx.saved_tensors
+    w, _ = _gather(shard, ctx.unit)
+    flat = _flat_grad(grad_out, x, ctx.unit, shard.numel())
+    dist.all_reduce(flat)
+    return grad_out @ w, flat / ctx.unit.world_size
+
+
+class AllReducesTheGradient(_GathersAndSavesTheShard):
     """Correct values, but the flat gradient is all-reduced and then sliced: twice a reduce-scatter's bytes."""
     @staticmethod
-    def forward(ctx, x, shard, unit):
-        w, b = _gather(shard, unit)
-        ctx.save_for_backward(x, shard)
-        ctx.unit = unit
-        return F.linear(x, w, b)
-
-    @staticmethod
     def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        unit = ctx.unit
-        w, _ = _gather(shard, unit)
-        flat = _flat_grad(grad_out, x, unit, shard.numel())
-        dist.all_reduce(flat)
-        mine = flat.split(shard.numel())[unit.rank] / unit.world_size
-        return grad_out @ w, mine, None
+        grad_x, flat = _all_reduced(ctx, grad_out)
+        return grad_x, flat.split(ctx.saved_tensors[1].numel())[ctx.unit.rank], None
 
 
-class GathersWithAnAllReduce(torch.autograd.Function):
+class GathersWithAnAllReduce(_GathersAndSavesTheShard):
     """Correct values, but gathers by all-reducing a zero buffer holding only its own shard."""
     @staticmethod
-    def _gather(shard, unit):
+    def forward(ctx, x, shard, unit):
         flat = torch.zeros(unit.world_size * shard.numel())
         flat[unit.rank * shard.numel():(unit.rank + 1) * shard.numel()] = shard.detach()
         dist.all_reduce(flat)
-        return _split(flat, unit)
-
-    @staticmethod
-    def forward(ctx, x, shard, unit):
-        w, b = GathersWithAnAllReduce._gather(shard, unit)
+        w, b = _split(flat, unit)
         ctx.save_for_backward(x, shard)
         ctx.unit = unit
         return F.linear(x, w, b)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        unit = ctx.unit
-        w, _ = GathersWithAnAllReduce._gather(shard, unit)
-        out = torch.empty_like(shard)
-        dist.reduce_scatter_tensor(out, _flat_grad(grad_out, x, unit, shard.numel()))
-        return grad_out @ w, out / unit.world_size, None
 
-
-class SumsTheGradient(torch.autograd.Function):
+class SumsTheGradient(_GathersAndSavesTheShard):
     """Reduce-scatters but never divides by the world size."""
     @staticmethod
-    def forward(ctx, x, shard, unit):
-        w, b = _gather(shard, unit)
-        ctx.save_for_backward(x, shard)
-        ctx.unit = unit
-        return F.linear(x, w, b)
-
-    @staticmethod
     def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        w, _ = _gather(shard, ctx.unit)
-        out = torch.empty_like(shard)
-        dist.reduce_scatter_tensor(out, _flat_grad(grad_out, x, ctx.unit, shard.numel()))
-        return grad_out @ w, out, None
+        grad_x, mean, _ = _GathersAndSavesTheShard.backward(ctx, grad_out)
+        return grad_x, mean * ctx.unit.world_size, None
 
 
-class ForgetsThePadding(torch.autograd.Function):
-    """Reshapes the whole gathered (padded) vector into W and b."""
+class ForgetsThePadding(_GathersAndSavesTheShard):
+    """Cuts the whole gathered (padded) vector into W and b."""
     @staticmethod
     def forward(ctx, x, shard, unit):
         flat = torch.empty(unit.world_size * shard.numel())
         dist.all_gather_into_tensor(flat, shard.detach().contiguous())
         out_f, in_f = unit.shape
-        w = flat[:out_f * in_f].view(out_f, in_f)
-        b = flat[out_f * in_f:]
         ctx.save_for_backward(x, shard)
         ctx.unit = unit
-        return F.linear(x, w, b)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        w, _ = _gather(shard, ctx.unit)
-        out = torch.empty_like(shard)
-        dist.reduce_scatter_tensor(out, _flat_grad(grad_out, x, ctx.unit, shard.numel()))
-        return grad_out @ w, out / ctx.unit.world_size, None
+        return F.linear(x, flat[:out_f * in_f].view(out_f, in_f), flat[out_f * in_f:])
 
 
-class ReturnsTheWholeGradient(torch.autograd.Function):
+class ReturnsTheWholeGradient(_GathersAndSavesTheShard):
     """All-reduces and returns the whole flat gradient for the shard."""
     @staticmethod
-    def forward(ctx, x, shard, unit):
-        w, b = _gather(shard, unit)
-        ctx.save_for_backward(x, shard)
-        ctx.unit = unit
-        return F.linear(x, w, b)
-
-    @staticmethod
     def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        w, _ = _gather(shard, ctx.unit)
-        flat = _flat_grad(grad_out, x, ctx.unit, shard.numel())
-        dist.all_reduce(flat)
-        return grad_out @ w, flat / ctx.unit.world_size, None
+        return (*_all_reduced(ctx, grad_out), None)
 
 
 WRONG = [

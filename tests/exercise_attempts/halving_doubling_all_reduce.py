@@ -27,20 +27,23 @@ def chunk_blocks(ctx, tensor):
     n, r = ctx.world_size, ctx.rank
     _check(n)
     chunks = tensor.view(-1).tensor_split(n)
-    lo, hi = 0, n
-    history = []
-    d = n // 2
-    while d:
-        peer, mid = r ^ d, (lo + hi) // 2
-        mine, theirs = ((lo, mid), (mid, hi)) if r & d == 0 else ((mid, hi), (lo, mid))
-        out = torch.cat([chunks[i] for i in range(*theirs)])
-        buf = torch.empty(sum(chunks[i].numel() for i in range(*mine)))
+
+    def swap(out, count, peer):  # blocking: the lower rank sends first
+        buf = torch.empty(count)
         if r < peer:
             dist.send(out, peer)
             dist.recv(buf, peer)
         else:
             dist.recv(buf, peer)
             dist.send(out, peer)
+        return buf
+    lo, hi = 0, n
+    history = []
+    d = n // 2
+    while d:
+        peer, mid = r ^ d, (lo + hi) // 2
+        mine, theirs = ((lo, mid), (mid, hi)) if r & d == 0 else ((mid, hi), (lo, mid))
+        buf = swap(torch.cat([chunks[i] for i in range(*theirs)]), sum(chunks[i].numel() for i in range(*mine)), peer)
         offset = 0
         for i in range(*mine):
             chunks[i].add_(buf[offset:offset + chunks[i].numel()])
@@ -50,14 +53,7 @@ def chunk_blocks(ctx, tensor):
         d //= 2
     for olo, ohi, peer in reversed(history):
         other = (hi, ohi) if lo == olo else (olo, lo)
-        out = torch.cat([chunks[i] for i in range(lo, hi)])
-        buf = torch.empty(sum(chunks[i].numel() for i in range(*other)))
-        if r < peer:
-            dist.send(out, peer)
-            dist.recv(buf, peer)
-        else:
-            dist.recv(buf, peer)
-            dist.send(out, peer)
+        buf = swap(torch.cat([chunks[i] for i in range(lo, hi)]), sum(chunks[i].numel() for i in range(*other)), peer)
         offset = 0
         for i in range(*other):
             chunks[i].copy_(buf[offset:offset + chunks[i].numel()])
@@ -154,23 +150,35 @@ def recursive_doubling_whole_tensor(ctx, tensor):
     return tensor
 
 
-def no_refusal(ctx, tensor):
-    """Right for powers of two, never checks N: with 3 ranks rank 2's partner 3 does not exist."""
-    n, r = ctx.world_size, ctx.rank
-    flat = tensor.view(-1)
-    lo, hi, rounds, d = 0, flat.numel(), [], 1 << (n.bit_length() - 1)
-    d = max(d // 2, 1) if d == n else d
+def _halve(flat, r, n, mid_of=lambda lo, hi, r, peer: (lo + hi) // 2):
+    """The reduce-scatter by halving (the wrong ones below share it): the range kept and the rounds."""
+    lo, hi, rounds, d = 0, flat.numel(), [], n // 2
     while d:
-        peer, mid = r ^ d, (lo + hi) // 2
+        peer = r ^ d
+        mid = mid_of(lo, hi, r, peer)
         keep, give = ((lo, mid), (mid, hi)) if r < peer else ((mid, hi), (lo, mid))
-        _exchange(flat[give[0]:give[1]], flat[keep[0]:keep[1]], peer, True)
+        buf = torch.empty(keep[1] - keep[0])
+        works = [dist.isend(flat[give[0]:give[1]].clone(), peer), dist.irecv(buf, peer)]
+        [w.wait() for w in works]
+        flat[keep[0]:keep[1]] += buf
         rounds.append((lo, hi, peer))
         lo, hi = keep
         d //= 2
+    return lo, hi, rounds
+
+
+def _double(flat, lo, hi, rounds):
     for olo, ohi, peer in reversed(rounds):
         other = (hi, ohi) if lo == olo else (olo, lo)
         _exchange(flat[lo:hi], flat[other[0]:other[1]], peer, False)
         lo, hi = olo, ohi
+
+
+def no_refusal(ctx, tensor):
+    """Right for powers of two, never checks N: with 3 ranks rank 2's partner 3 does not exist."""
+    flat = tensor.view(-1)
+    _double(flat, *_halve(flat, ctx.rank, 1 << ctx.world_size.bit_length() >> 1 if ctx.world_size & (ctx.world_size - 1)
+                          else ctx.world_size))
     return tensor
 
 
@@ -183,16 +191,8 @@ def refuses_after_a_barrier(ctx, tensor):
 
 def forgot_the_doubling(ctx, tensor):
     """Only the halving: each rank holds the complete sum of its own piece only."""
-    n, r = ctx.world_size, ctx.rank
-    _check(n)
-    flat = tensor.view(-1)
-    lo, hi, d = 0, flat.numel(), n // 2
-    while d:
-        peer, mid = r ^ d, (lo + hi) // 2
-        keep, give = ((lo, mid), (mid, hi)) if r < peer else ((mid, hi), (lo, mid))
-        _exchange(flat[give[0]:give[1]], flat[keep[0]:keep[1]], peer, True)
-        lo, hi = keep
-        d //= 2
+    _check(ctx.world_size)
+    _halve(tensor.view(-1), ctx.rank, ctx.world_size)
     return tensor
 
 
@@ -210,26 +210,10 @@ def returns_a_copy(ctx, tensor):
 
 def partners_disagree_on_the_split(ctx, tensor):
     """Each rank splits at its own point (lower rank at floor, upper at ceil): halves overlap."""
-    n, r = ctx.world_size, ctx.rank
-    _check(n)
+    _check(ctx.world_size)
     flat = tensor.view(-1)
-    lo, hi, rounds, d = 0, flat.numel(), [], n // 2
-    while d:
-        peer = r ^ d
-        mid = (lo + hi) // 2 if r < peer else (lo + hi + 1) // 2
-        keep, give = ((lo, mid), (mid, hi)) if r < peer else ((mid, hi), (lo, mid))
-        buf = torch.empty(keep[1] - keep[0])
-        send = flat[give[0]:give[1]].clone()
-        works = [dist.isend(send, peer), dist.irecv(buf, peer)]
-        [w.wait() for w in works]
-        flat[keep[0]:keep[1]] += buf
-        rounds.append((lo, hi, peer))
-        lo, hi = keep
-        d //= 2
-    for olo, ohi, peer in reversed(rounds):
-        other = (hi, ohi) if lo == olo else (olo, lo)
-        _exchange(flat[lo:hi], flat[other[0]:other[1]], peer, False)
-        lo, hi = olo, ohi
+    _double(flat, *_halve(flat, ctx.rank, ctx.world_size,
+                          lambda lo, hi, r, peer: (lo + hi) // 2 if r < peer else (lo + hi + 1) // 2))
     return tensor
 
 

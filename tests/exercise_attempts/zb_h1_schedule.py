@@ -4,15 +4,15 @@ from mpkit.parallel.pipeline.schedules import (Backward, BackwardInput, Backward
                                                RecvGrad, SendAct, SendGrad)
 
 
-def _program(rank, p, order):
-    """(kind, mb) computations wrapped in their messages."""
+def _program(rank, p, order, backward=(BackwardInput,)):
+    """(kind, mb) computations wrapped in their messages; ``backward``: what a B stands for, before its SendGrad."""
     prog = []
     for kind, mb in order:
         if kind == "F":
             prog += ([RecvAct(mb, rank, rank - 1)] if rank else []) + [Forward(mb, rank)]
             prog += [SendAct(mb, rank, rank + 1)] if rank < p - 1 else []
         elif kind == "B":
-            prog += ([RecvGrad(mb, rank, rank + 1)] if rank < p - 1 else []) + [BackwardInput(mb, rank)]
+            prog += ([RecvGrad(mb, rank, rank + 1)] if rank < p - 1 else []) + [step(mb, rank) for step in backward]
             prog += [SendGrad(mb, rank, rank - 1)] if rank else []
         else:
             prog.append(BackwardWeight(mb, rank))
@@ -48,39 +48,25 @@ def w_before_the_next_forward(rank, p, m):
     return _program(rank, p, order + [("W", k) for k in pending])
 
 
-def messages_written_inline(rank, p, m):
-    """No helper: every instruction appended where it happens, receives listed first."""
-    prog, waiting = [], []
+def state_machine(rank, p, m):
+    """One rule per slot: a W when more than `rank` wait, else a F while the warm-up allows, else a B."""
     warm = min(p - rank - 1, m)
-    nxt_f = 0
-    for _ in range(warm):
-        if rank:
-            prog.append(RecvAct(nxt_f, rank, rank - 1))
-        prog.append(Forward(nxt_f, rank))
-        if rank < p - 1:
-            prog.append(SendAct(nxt_f, rank, rank + 1))
-        nxt_f += 1
-    for b in range(m):
-        if nxt_f < m:
-            if rank:
-                prog.append(RecvAct(nxt_f, rank, rank - 1))
-            prog.append(Forward(nxt_f, rank))
-            if rank < p - 1:
-                prog.append(SendAct(nxt_f, rank, rank + 1))
-            nxt_f += 1
-        if rank < p - 1:
-            prog.append(RecvGrad(b, rank, rank + 1))
-        prog.append(BackwardInput(b, rank))
-        if rank:
-            prog.append(SendGrad(b, rank, rank - 1))
-        waiting.append(b)
-        while len(waiting) > rank:
-            prog.append(BackwardWeight(waiting.pop(0), rank))
-    prog += [BackwardWeight(k, rank) for k in waiting]
-    return prog + [OptimizerStep()]
+    f = b = 0
+    pending, order = [], []
+    while f < m or b < m or pending:
+        if pending and (len(pending) > rank or b == m):
+            order.append(("W", pending.pop(0)))
+        elif f < m and f - b <= warm:
+            order.append(("F", f))
+            f += 1
+        else:
+            order.append(("B", b))
+            pending.append(b)
+            b += 1
+    return _program(rank, p, order)
 
 
-CORRECT = [deferred_w_by_index, w_before_the_next_forward, messages_written_inline]
+CORRECT = [deferred_w_by_index, w_before_the_next_forward, state_machine]
 
 
 # ---------------------------------------------------------------- wrong
@@ -120,15 +106,7 @@ def cooldown_w_at_the_end(rank, p, m):
 
 def unsplit_backward(rank, p, m):
     """Plain 1F1B with whole Backward: not the exercise's instructions."""
-    prog = []
-    for kind, mb in _one_f_one_b(rank, p, m):
-        if kind == "F":
-            prog += ([RecvAct(mb, rank, rank - 1)] if rank else []) + [Forward(mb, rank)]
-            prog += [SendAct(mb, rank, rank + 1)] if rank < p - 1 else []
-        else:
-            prog += ([RecvGrad(mb, rank, rank + 1)] if rank < p - 1 else []) + [Backward(mb, rank)]
-            prog += [SendGrad(mb, rank, rank - 1)] if rank else []
-    return prog + [OptimizerStep()]
+    return _program(rank, p, _one_f_one_b(rank, p, m), backward=(Backward,))
 
 
 def w_before_its_b(rank, p, m):
@@ -146,15 +124,7 @@ def forgot_w(rank, p, m):
 
 def grad_sent_after_w(rank, p, m):
     """SendGrad after the W: the previous stage waits for B+W again, as in 1F1B."""
-    prog = []
-    for kind, mb in _one_f_one_b(rank, p, m):
-        if kind == "F":
-            prog += ([RecvAct(mb, rank, rank - 1)] if rank else []) + [Forward(mb, rank)]
-            prog += [SendAct(mb, rank, rank + 1)] if rank < p - 1 else []
-        else:
-            prog += ([RecvGrad(mb, rank, rank + 1)] if rank < p - 1 else [])
-            prog += [BackwardInput(mb, rank), BackwardWeight(mb, rank)] + ([SendGrad(mb, rank, rank - 1)] if rank else [])
-    return prog + [OptimizerStep()]
+    return _program(rank, p, _one_f_one_b(rank, p, m), backward=(BackwardInput, BackwardWeight))
 
 
 WRONG = [
