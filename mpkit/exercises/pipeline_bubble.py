@@ -54,7 +54,8 @@ def _w_right_after_b(programs) -> bool:
     for program in programs:
         order = _computations(program)
         for i, ins in enumerate(order):
-            if isinstance(ins, BackwardInput) and not (i + 1 < len(order) and order[i + 1] == BackwardWeight(ins.mb, ins.stage)):
+            after = order[i + 1] if i + 1 < len(order) else None
+            if isinstance(ins, BackwardInput) and after != BackwardWeight(ins.mb, ins.stage):
                 return False
     return True
 
@@ -144,7 +145,6 @@ SHORT_WARMUP = Text("준비 Forward가 모자랍니다: 인터리브드의 k번�
                     "too few warm-up forwards: the interleaved k-th Backward belongs to another chunk's micro-batch, so "
                     "Megatron runs min((p-r-1)·2 + (v-1)·p, v·m) forwards first, more than 1F1B. Fewer, and a Backward "
                     "comes before its Forward or the messages cross.")
-
 
 
 def _short_warmup(programs, p, m):
