@@ -58,7 +58,7 @@ from mpkit.parallel.fully_sharded import shard_fully, units_of
 from mpkit.parallel.functional import all_reduce_flat
 from mpkit.parallel.mesh import Mesh
 from mpkit.parallel.pipeline import check_every_rank_trains, check_no_tie_across_ranks, pipeline
-from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, SCHEDULES, SPLIT_BACKWARD, V_SHAPED, chunks_per_rank, placement
+from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, SCHEDULES, chunks_per_rank, placement
 from mpkit.parallel.pipeline.split import Stage, split_layers
 from mpkit.parallel.precision import LossScaler, MixedPrecision
 from mpkit.parallel.recompute import attention_cores, recompute_layers
@@ -68,6 +68,7 @@ from mpkit.parallel.sharded_optimizer import ShardedOptimizer
 from mpkit.parallel.tensor_parallel import Split, plan_targets, sharded_layers, tensor_parallel, unpaired_columns
 
 DP_MODES = ("replicate", "zero1", "fsdp")
+WHOLE_BACKWARD = ("gpipe", "1f1b", "interleaved", "looped_bfs")  # the schedules that never split a backward into B and W
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def check_plan(lay, plan: Plan) -> None:
         what = "ep > 1 (experts and the rest average over different groups)" if lay.ep > 1 else \
             "sp=True (its LayerNorm gradients are summed over tp after backward)"
         raise ValueError(f"dp={plan.dp!r} with {what} is not supported: use dp='replicate'")
-    if plan.dp == "fsdp" and plan.schedule in (*SPLIT_BACKWARD, *V_SHAPED) and (lay.pp > 1 or plan.micro_batches > 1):
+    if plan.dp == "fsdp" and plan.schedule not in WHOLE_BACKWARD and (lay.pp > 1 or plan.micro_batches > 1):
         raise ValueError(f"dp='fsdp' reduce-scatters after a whole backward; schedule={plan.schedule!r} splits some "
                          f"backwards into B and W: use 'gpipe', '1f1b', 'interleaved' or 'looped_bfs'")
 

@@ -26,8 +26,8 @@ _LAZY = {
     "calibrate": ("mpkit.costmodel.calibration", "calibrate"),
     "plan": ("mpkit.costmodel.plan", "plan"),
     "LayoutTable": ("mpkit.costmodel.plan", "LayoutTable"),
-    "Transformer": ("mpkit.costmodel.analytic", "Transformer"),
-    "MODELS": ("mpkit.costmodel.analytic", "MODELS"),
+    "Transformer": ("mpkit.costmodel.shapes", "Transformer"),
+    "MODELS": ("mpkit.costmodel.shapes", "MODELS"),
     "whatif": ("mpkit.widgets.whatif", "whatif"),
     "planner": ("mpkit.widgets.planwidget", "planner"),
 }
