@@ -299,7 +299,7 @@ class Parallelized:
             self.loss = PipelineLoss(plan.loss, mp)
             self.pipe = pipeline(parts, schedule=plan.schedule, micro_batches=plan.micro_batches, group=mesh.group("pp"),
                                  loss_fn=self.loss, virtual_stages=virtual,
-                                 num_stages=lay.pp * chunks_per_rank(plan.schedule, virtual)).to(device)
+                                 num_stages=lay.pp * chunks_per_rank(plan.schedule, virtual))  # its stages: on device
         self.model = self.pipe if self.pipe is not None else parts[0]
         self.data_parallel = None
         if plan.dp == "replicate" and self._replicas > 1 and lay.ep == 1:
