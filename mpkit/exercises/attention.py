@@ -158,13 +158,13 @@ def _ring_values(case, outputs, q, k, v, n, dtype):
                                      f"rank {rank} returned {got['returned']}."), RETURN_PAIR)
         mine = zigzag(q.shape[2], n, rank)
         want_out, want_lse = out[:, :, mine], lse[:, :, mine]
-        where = Text(f"랭크 {rank}", f"rank {rank}")
+        where = Text(f"랭크 {rank}:", f"rank {rank}:")
         if isinstance(got["out"], torch.Tensor) and got["out"].dtype != dtype:
-            return failed(case, where + Text(f"의 출력 dtype이 {got['out'].dtype}입니다({dtype}이어야 함).",
-                                             f": the output's dtype is {got['out'].dtype}, not {dtype}."), RETURN_PAIR)
+            return failed(case, where + Text(f"출력의 dtype이 {got['out'].dtype}입니다({dtype}이어야 함).",
+                                             f"the output's dtype is {got['out'].dtype}, not {dtype}."), RETURN_PAIR)
         if isinstance(got["lse"], torch.Tensor) and got["lse"].dtype != torch.float32:
-            return failed(case, where + Text(f"의 lse dtype이 {got['lse'].dtype}입니다(float32이어야 함).",
-                                             f": the lse's dtype is {got['lse'].dtype}, not float32."),
+            return failed(case, where + Text(f"lse의 dtype이 {got['lse'].dtype}입니다(float32이어야 함).",
+                                             f"the lse's dtype is {got['lse'].dtype}, not float32."),
                           FP32 if got["lse"].dtype in (torch.bfloat16, torch.float16) else RETURN_PAIR)
         out_ok = _bf16_close(want_out, got["out"]) if loose else close(want_out, got["out"])
         lse_ok = close(want_lse, got["lse"], 1e-5 if not loose else 1e-4)
@@ -236,7 +236,8 @@ def _judge_ring(case, fn, timeout):
     if problem:
         return problem
     most = max(sum(c.nbytes for c in o["calls"] if c.kind == "send") for o in outputs)
-    return passed(case, Text(f"랭크당 최대 {most} B = K/V {n - 1}번 홉", f"at most {most} B per rank = {n - 1} K/V hops"))
+    return passed(case, Text(f"랭크당 최대 {most} B = K/V 블록 {n - 1}번 홉",
+                             f"at most {most} B per rank = {n - 1} hop{'s' if n > 2 else ''} of the K/V block"))
 
 
 RING_STUB = '''def ring_attention(ctx, q, k, v):
@@ -326,11 +327,11 @@ OWN_BLOCK = Text("각 랭크가 자기 시퀀스 블록만 보고 어텐션했�
 CAUSAL = Text("인과 마스크가 없습니다: 모은 시퀀스는 랭크 순서대로 이어진 전체라서 is_causal=True(또는 위치 i ≥ j 마스크)가 그대로 맞습니다.",
               "there is no causal mask: the gathered sequence is the whole one in rank order, so is_causal=True (or a "
               "mask position i >= j) applies as it is.")
-BACKWARD_SWAP = Text("순전파는 맞는데 그래디언트가 다릅니다: all-to-all의 backward는 같은 방향이 아니라 거꾸로 교환합니다(scatter 차원과 gather "
-                     "차원을 바꿔서): 각 그래디언트 블록은 그 값이 온 랭크로 돌아갑니다.",
-                     "the forward is right but the gradients are not: an all-to-all's backward exchanges the other way "
-                     "(scatter and gather dimensions swapped), so every gradient block returns to the rank its values "
-                     "came from.")
+BACKWARD_SWAP = Text("all-to-all의 backward는 거꾸로 교환합니다(scatter 차원과 gather 차원을 바꿔서): 각 그래디언트 블록은 그 값이 온 랭크로 "
+                     "돌아갑니다. 순전파와 같은 방향으로 교환하면 블록이(또는 그 모양이) 뒤섞입니다.",
+                     "an all-to-all's backward exchanges the other way (scatter and gather dimensions swapped), so every "
+                     "gradient block returns to the rank its values came from; exchanging in the forward's direction "
+                     "mixes up the blocks (or their shapes).")
 ALL_GATHER = Text("all-gather는 텐서마다 (N-1)·L을 보냅니다(all-to-all의 N배): 각 랭크는 모든 토큰 중 자기 헤드 H/N개만 필요하니 all-to-all로 "
                   "자기 몫만 받으세요.",
                   "an all-gather sends (N-1)·L per tensor (N times an all-to-all's (N-1)/N·L): each rank needs only its "
@@ -439,6 +440,7 @@ ULYSSES = Exercise(
      Case(Text("3 랭크, H=3, s=6, d=5, b=2", "3 ranks, H=3, s=6, d=5, b=2"), 3, {"seed": 132, "shape": (2, 3, 6, 5)}),
      Case(Text("4 랭크, H=8(랭크마다 헤드 2개), s=8", "4 ranks, H=8 (2 heads per rank), s=8"), 4,
           {"seed": 133, "shape": (1, 8, 8, 3)})],
-    _judge_ulysses, crash_hints=(("does not require grad", NOT_DIFFERENTIABLE),))
+    _judge_ulysses, crash_hints=(("does not require grad", NOT_DIFFERENTIABLE), ("returned an invalid gradient", BACKWARD_SWAP),
+                                 (", in backward\n", BACKWARD_SWAP)))
 
 EXERCISES = [RING, ULYSSES]

@@ -224,15 +224,17 @@ def _judge(case, cls, timeout):
 
 
 STUB = '''class ExpertParallelMoE:
-    """전문가 병렬화(expert parallelism): 전문가 E개 중 이 랭크의 E/N개(랭크 r: 전문가 r·E/N ..)를 가진 MoE 레이어.
-    router: nn.Linear(h, E)(모든 랭크에 같음), experts: 이 랭크 전문가들의 nn.ModuleList, capacity: 전문가 하나가 받는 슬롯 수.
+    """전문가 병렬화(expert parallelism): 전문가 E개 중 이 랭크의 E/N개(랭크 r: 전문가 r·E/N ..)를 가진 MoE 레이어,
+    ExpertParallelMoE(ctx, router, experts, num_experts, top_k, capacity). router: nn.Linear(h, E)(모든 랭크에 같음),
+    experts: 이 랭크 전문가들의 nn.ModuleList, capacity: 전문가 하나가 받는 슬롯 수.
     forward(x): 이 랭크의 토큰 x [t, h]를 라우팅(확률 = softmax(router(x)), 전문가 = top_k), 용량을 넘는 선택은 버리고
     (슬롯은 모든 토큰의 첫 선택을 토큰 순서대로, 그다음 두 번째 선택 — mpkit.models.MixtureOfExperts와 같이), [E, capacity, h]
     버퍼를 all-to-all로 전문가의 랭크에 보내 계산하고 all-to-all로 되돌려, 출력 [t, h] = Σ 확률·전문가 출력(버린 선택은 0).
     synchronize_gradients(): 각 랭크의 손실(자기 토큰의 평균)로 역전파한 뒤, 그래디언트를 전체 평균 손실의 것으로 맞춥니다.
     비용 목표: 순전파와 역전파 각각 all-to-all 두 번, 랭크마다 2·(N-1)/N·E·capacity·h·4 바이트 이하; 동기화는 라우터 그래디언트의
     all-reduce 하나.
-    Expert parallelism: an MoE layer holding this rank's E/N of the E experts (rank r: experts r·E/N ..). router:
+    Expert parallelism: an MoE layer holding this rank's E/N of the E experts (rank r: experts r·E/N ..),
+    ExpertParallelMoE(ctx, router, experts, num_experts, top_k, capacity). router:
     nn.Linear(h, E), the same on every rank; experts: an nn.ModuleList of this rank's experts; capacity: the slots
     of one expert. forward(x): route this rank's tokens x [t, h] (probabilities = softmax(router(x)), experts =
     top_k), drop the choices over capacity (slots go to every token's first choice in token order, then the second
@@ -278,8 +280,8 @@ EXERCISES = [
              "index_add.")),
         [Case(Text("2 랭크, 전문가 4개, top-1, 용량 계수 1.0(버려지는 토큰)", "2 ranks, 4 experts, top-1, capacity factor 1.0 "
                    "(tokens dropped)"), 2, {"seed": 141, "experts": 4, "top_k": 1, "capacity_factor": 1.0, "tokens": 6}),
-         Case(Text("4 랭크, 전문가 4개(랭크마다 1개), top-2, 용량 계수 1.25", "4 ranks, 4 experts (one per rank), top-2, capacity "
-                   "factor 1.25"), 4, {"seed": 142, "experts": 4, "top_k": 2, "capacity_factor": 1.25, "tokens": 5}),
+         Case(Text("4 랭크, 전문가 4개(랭크마다 1개), top-2, 용량 계수 1.0", "4 ranks, 4 experts (one per rank), top-2, capacity "
+                   "factor 1.0"), 4, {"seed": 147, "experts": 4, "top_k": 2, "capacity_factor": 1.0, "tokens": 5}),
          Case(Text("3 랭크, 전문가 6개, top-1, 토큰 7개", "3 ranks, 6 experts, top-1, 7 tokens"), 3,
               {"seed": 143, "experts": 6, "top_k": 1, "capacity_factor": 1.0, "tokens": 7})],
         _judge, uses="class", crash_hints=(("does not require grad", NOT_DIFFERENTIABLE),), target="ExpertParallelMoE"),

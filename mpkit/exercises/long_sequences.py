@@ -230,14 +230,11 @@ class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
 '''
 
 SP_CRASH_HINTS = (
-    ("GatherFromSequenceParallelRegionBackward returned an invalid gradient",
-     Text("Gather의 역전파는 입력 모양 [s/N, b, h]의 그래디언트를 돌려줍니다: [s, b, h] 그래디언트를 reduce-scatter하세요.",
-          "Gather's backward returns a gradient shaped like its input, [s/N, b, h]: reduce-scatter the [s, b, h] "
-          "gradient.")),
-    ("ReduceScatterToSequenceParallelRegionBackward returned an invalid gradient",
-     Text("ReduceScatter의 역전파는 입력 모양 [s, b, h]의 그래디언트를 돌려줍니다: [s/N, b, h] 그래디언트를 all-gather하세요.",
-          "ReduceScatter's backward returns a gradient shaped like its input, [s, b, h]: all-gather the [s/N, b, h] "
-          "gradient.")),
+    ("returned an invalid gradient",
+     Text("역전파는 순전파 입력과 같은 모양의 그래디언트를 돌려줍니다: Gather는 [s/N, b, h]([s, b, h] 그래디언트를 reduce-scatter), "
+          "ReduceScatter는 [s, b, h]([s/N, b, h] 그래디언트를 all-gather).",
+          "a backward returns a gradient shaped like its forward's input: Gather's is [s/N, b, h] (reduce-scatter the "
+          "[s, b, h] gradient), ReduceScatter's [s, b, h] (all-gather the [s/N, b, h] gradient).")),
     ("world_size times", Text("all_gather_into_tensor의 출력은 입력의 N배(차원 0), reduce_scatter_tensor의 입력은 출력의 N배입니다.",
                               "all_gather_into_tensor's output is N times its input (along dimension 0), and "
                               "reduce_scatter_tensor's input N times its output.")),
