@@ -1,10 +1,12 @@
 """Every exercise, in teaching order: the lab that teaches it, its stub, hints and cases."""
 from __future__ import annotations
 
-from mpkit.exercises import (collectives, data_parallel, layout, long_sequences, model_parallel, pipeline, stage_split,
+from mpkit.exercises import (accumulation, checkpointing, collectives, data_parallel, fsdp, halving_doubling, layout,
+                             long_sequences, loss_scaling, model_parallel, pipeline, pipeline_bubble, stage_split,
                              tensor_parallel, zero)
 
-MODULES = (data_parallel, model_parallel, stage_split, tensor_parallel, pipeline, collectives, zero, layout, long_sequences)
+MODULES = (data_parallel, model_parallel, stage_split, tensor_parallel, pipeline, pipeline_bubble, collectives,
+           halving_doubling, zero, fsdp, accumulation, loss_scaling, checkpointing, layout, long_sequences)
 EXERCISES = {ex.name: ex for module in MODULES for ex in module.EXERCISES}
 
 
