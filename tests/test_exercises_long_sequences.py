@@ -34,7 +34,7 @@ from mpkit.exercises.stage_split import BYTES_PER_PARAMETER, layer_parameters, r
 from mpkit.parallel import sequence_positions
 from mpkit.parallel.pipeline.split import partition
 
-NAMES = ["balanced_stages", "sequence_parallel_mappings", "ring_attention", "ulysses_attention", "expert_parallel_moe"]
+NAMES = ["balanced_stages", "sequence_parallel_mappings", "ring_attention_merge", "ulysses_head_swap", "expert_parallel_moe"]
 
 
 def _against_mpkit_and_torch(ctx):
@@ -63,18 +63,18 @@ def _against_mpkit_and_torch(ctx):
     # ring attention (zigzag) and Ulysses (contiguous) against mpkit's own
     q, k, v = (torch.randn(1, 4, 16, 3, generator=g) for _ in range(3))
     mine = sequence_positions(16, n, r, balanced=True)
-    ours, lse = solutions.ring_attention(ctx, *(t[:, :, mine] for t in (q, k, v)))
+    ours, lse = solutions.ring_attention_merge(ctx, *(t[:, :, mine] for t in (q, k, v)))
     found["ring"] = torch.allclose(ours, ring_attention(*(t[:, :, mine] for t in (q, k, v))), atol=1e-5)
     found["ring_lse"] = torch.allclose(lse.double(), attention(q, k, v)[1][:, :, mine], atol=1e-5)
     rows = slice(4 * r, 4 * r + 4)
     theirs = ulysses_attention(*(t[:, :, rows] for t in (q, k, v)), balanced=False)
-    found["ulysses"] = torch.allclose(solutions.ulysses_attention(ctx, *(t[:, :, rows] for t in (q, k, v))), theirs,
+    found["ulysses"] = torch.allclose(solutions.ulysses_head_swap(ctx, *(t[:, :, rows] for t in (q, k, v))), theirs,
                                       atol=1e-5)
 
     # bf16 ring: one rounding from fp32 statistics, within half a unit in the last place (+ fp32 noise)
     qb, kb, vb = (t.bfloat16() for t in (q, k, v))
     exact = attention(qb, kb, vb)[0][:, :, mine]
-    got = solutions.ring_attention(ctx, *(t[:, :, mine] for t in (qb, kb, vb)))[0].double()
+    got = solutions.ring_attention_merge(ctx, *(t[:, :, mine] for t in (qb, kb, vb)))[0].double()
     ulp = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(2.0 ** -100))) - 7)
     found["bf16_ulps"] = float(((got - exact).abs() / ulp).max())
 

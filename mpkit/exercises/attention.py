@@ -240,7 +240,7 @@ def _judge_ring(case, fn, timeout):
                              f"at most {most} B per rank = {n - 1} hop{'s' if n > 2 else ''} of the K/V block"))
 
 
-RING_STUB = '''def ring_attention(ctx, q, k, v):
+RING_STUB = '''def ring_attention_merge(ctx, q, k, v):
     """링 어텐션(ring attention), 인과 마스크(causal mask). q, k, v: [b, heads, 2c, d], 이 랭크의 토큰들 — 시퀀스를 같은 크기
     조각 2N개로 나눈 것 중 r번째와 2N-1-r번째(부하 균형 분할, r = ctx.rank, N = ctx.world_size), 그 순서로 이어 붙인 것.
     K/V 블록을 링으로 N-1번 넘기며 블록마다 부분 softmax를 계산하고 log-sum-exp로 합칩니다: lse = log Σ_i exp(lse_i),
@@ -259,7 +259,7 @@ RING_STUB = '''def ring_attention(ctx, q, k, v):
 '''
 
 RING = Exercise(
-    "ring_attention", "11", Text("링 어텐션: log-sum-exp로 합치기, 부하 균형 인과 마스크",
+    "ring_attention_merge", "11", Text("링 어텐션: log-sum-exp로 합치기, 부하 균형 인과 마스크",
                                  "Ring attention: the log-sum-exp merge and the load-balanced causal mask"), RING_STUB, (
         Text("query는 자기 랭크에 두고 K/V 블록만 돌립니다. 블록마다 softmax를 따로 구해도, 각 블록의 log-sum-exp를 알면 전체 softmax로 "
              "정확히 합칠 수 있습니다(블록마다 분모가 다를 뿐).",
@@ -401,7 +401,7 @@ def _judge_ulysses(case, fn, timeout):
                              "four all-to-alls"))
 
 
-ULYSSES_STUB = '''def ulysses_attention(ctx, q, k, v):
+ULYSSES_STUB = '''def ulysses_head_swap(ctx, q, k, v):
     """Ulysses 어텐션, 인과 마스크. q, k, v: [b, H, s/N, d], 이 랭크의 연속된 시퀀스 블록(랭크 r은 토큰 r·s/N..(r+1)·s/N-1),
     헤드는 전부. all-to-all로 [b, H, s/N, d] -> [b, H/N, s, d](헤드 H/N개의 시퀀스 전체; 랭크 r은 헤드 r·H/N..),
     그 위에서 보통의 인과 어텐션(F.scaled_dot_product_attention(..., is_causal=True)), all-to-all로 되돌려 [b, H, s/N, d]를
@@ -419,7 +419,7 @@ ULYSSES_STUB = '''def ulysses_attention(ctx, q, k, v):
 '''
 
 ULYSSES = Exercise(
-    "ulysses_attention", "11", Text("Ulysses: 시퀀스와 헤드를 바꾸는 all-to-all", "Ulysses: the all-to-all that swaps sequence and heads"),
+    "ulysses_head_swap", "11", Text("Ulysses: 시퀀스와 헤드를 바꾸는 all-to-all", "Ulysses: the all-to-all that swaps sequence and heads"),
     ULYSSES_STUB, (
         Text("어텐션은 헤드마다 따로입니다. 그러니 시퀀스를 나눈 채 헤드 전부를 가진 것을, 헤드를 나눈 채 시퀀스 전부를 가진 것으로 바꾸면 "
              "각 랭크는 보통의 어텐션을 돌릴 수 있습니다.",

@@ -6,7 +6,7 @@ with a capacity.
   and a reduce-scatter along the sequence (dimension 0, Megatron's [s, b, h]). The checker runs an
   MLP block on each rank's sequence shard and compares output and gradients with one device; the
   pair must send, per forward and per backward, no more than TP's all-reduce of the same tensor.
-- ``ring_attention`` and ``ulysses_attention``: ``exercises/attention.py``.
+- ``ring_attention_merge`` and ``ulysses_head_swap``: ``exercises/attention.py``.
 - ``expert_parallel_moe``: ``exercises/experts.py``.
 
 Bytes a rank sends are priced by ``traffic`` (lab 05's collectives: ring all-gather and

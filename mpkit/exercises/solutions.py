@@ -451,7 +451,7 @@ class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
         return out
 
 
-def ring_attention(ctx, q, k, v):
+def ring_attention_merge(ctx, q, k, v):
     n, r, c = ctx.world_size, ctx.rank, q.shape[2] // 2
 
     def positions(rank):  # chunks rank and 2N-1-rank of the 2N chunks
@@ -483,7 +483,7 @@ def ring_attention(ctx, q, k, v):
     return out.to(q.dtype), lse
 
 
-def ulysses_attention(ctx, q, k, v):
+def ulysses_head_swap(ctx, q, k, v):
     n = ctx.world_size
 
     def exchange(x, scatter_dim, gather_dim):  # block j of scatter_dim to rank j; received blocks joined in rank order

@@ -1,4 +1,4 @@
-"""Attempts for ring_attention(ctx, q, k, v) -> (out, lse), q, k, v this rank's chunks r and 2N-1-r."""
+"""Attempts for ring_attention_merge(ctx, q, k, v) -> (out, lse), q, k, v this rank's chunks r and 2N-1-r."""
 import torch
 import torch.distributed as dist
 

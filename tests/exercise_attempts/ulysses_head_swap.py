@@ -1,4 +1,4 @@
-"""Attempts for ulysses_attention(ctx, q, k, v) -> [b, H, s/N, d], forward and backward checked."""
+"""Attempts for ulysses_head_swap(ctx, q, k, v) -> [b, H, s/N, d], forward and backward checked."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
