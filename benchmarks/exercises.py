@@ -3,7 +3,7 @@ solution (all cases run), and the two ways a check ends without finishing, a dea
 endless loop (one case at the timeout, the rest skipped). Medians over ``--reps`` runs; the whole
 table twice (``--rounds``) so the run-to-run spread, the noise floor, stands next to the figures.
 
-    python benchmarks/exercises.py [--reps 3] [--rounds 2]
+    python benchmarks/exercises.py [--reps 3] [--rounds 2] [--only NAME,NAME]
 """
 from __future__ import annotations
 
@@ -53,12 +53,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", default="", help="comma-separated exercise names (default: every exercise)")
     args = parser.parse_args()
+    only = {name for name in args.only.split(",") if name}
+    unknown = only - set(EXERCISES)
+    if unknown:
+        parser.error(f"--only: unknown exercise(s) {', '.join(sorted(unknown))}; use names from `mpkit exercise list`")
+    chosen = [(label, name, fn) for label, name, fn in cases() if not only or name in only]
     print(machine_info(), f"load before: {load()}")
-    rows = {label: [seconds(name, fn, args.reps) for _ in range(args.rounds)] for label, name, fn in cases()}
+    rows = {label: [seconds(name, fn, args.reps) for _ in range(args.rounds)] for label, name, fn in chosen}
     print(f"| check | cases | median s ({args.reps} runs), round 1 .. {args.rounds} | spread between rounds |")
     print("|---|---|---|---|")
-    for (label, name, _), values in zip(cases(), rows.values()):
+    for (label, name, _), values in zip(chosen, rows.values()):
         spread = max(values) - min(values)
         print(f"| {label} | {len(EXERCISES[name].cases)} | {' / '.join(f'{v:.2f}' for v in values)} | {spread:.2f} |")
     print(f"load after: {load()}")
