@@ -71,7 +71,8 @@ def _about(expected, got, loose) -> bool:
     return bool((got.double() - expected).abs().max() <= 0.02 * max(1.0, expected.abs().max().item()))
 
 
-def _kinds(calls, phase=None):
+def kinds(calls, phase=None) -> list:
+    """The kinds of the recorded ``calls`` (of one ``phase``, when given), sorted: what a cost message names."""
     return sorted({c.kind for c in calls if phase is None or c.phase == phase})
 
 
@@ -204,7 +205,7 @@ def _ring_cost(case, outputs, n, kv_bytes):
     target = (n - 1) * kv_bytes
     for rank, output in enumerate(outputs):
         calls = output["calls"]
-        collectives = [kind for kind in _kinds(calls) if kind not in ("send", "recv")]
+        collectives = [kind for kind in kinds(calls) if kind not in ("send", "recv")]
         if collectives:
             return failed(case, Text(f"랭크 {rank}이(가) {', '.join(collectives)}을(를) 불렀습니다. 목표: 이웃 하나와 점대점 메시지만"
                                      f"(K/V N-1번, {target} B).",
@@ -375,13 +376,13 @@ def _ulysses_cost(case, outputs, n, local_bytes):
         for phase, (ko, en) in (("forward", ("순전파", "forward")), ("backward", ("역전파", "backward"))):
             measured = sent(output["calls"], n, rank, phase)
             if measured > target:
-                kinds = _kinds(output["calls"], phase)
+                used = kinds(output["calls"], phase)
                 return failed(case, Text(
-                    f"랭크 {rank}의 {ko}: {measured} B를 보냈습니다({', '.join(kinds)}). 목표: {target} B 이하 = q, k, v, 출력의 "
+                    f"랭크 {rank}의 {ko}: {measured} B를 보냈습니다({', '.join(used)}). 목표: {target} B 이하 = q, k, v, 출력의 "
                     f"all-to-all 네 번, 각각 (N-1)/N·L(L = 한 랭크의 텐서 하나, {local_bytes} B).",
-                    f"rank {rank}'s {en}: sent {measured} B ({', '.join(kinds)}); the target is at most {target} B = four "
+                    f"rank {rank}'s {en}: sent {measured} B ({', '.join(used)}); the target is at most {target} B = four "
                     f"all-to-alls (q, k, v, the output), (N-1)/N·L each (L = one tensor on one rank, {local_bytes} B)."),
-                    ALL_GATHER if {"all_gather", "all_gather_into_tensor"} & set(kinds) else EXTRA_EXCHANGE)
+                    ALL_GATHER if {"all_gather", "all_gather_into_tensor"} & set(used) else EXTRA_EXCHANGE)
     return None
 
 
@@ -430,12 +431,13 @@ ULYSSES = Exercise(
              "Before: cut the heads into N groups, group j to rank j, and join the received sequence blocks in rank "
              "order. After: cut the sequence into N blocks, block j to rank j, and join the received head groups in "
              "rank order. One all-to-all sends (N-1)/N·L."),
-        Text("exchange(x, scatter_dim, gather_dim): send = torch.stack(x.chunk(N, scatter_dim)).contiguous(), recv = "
-             "empty_like, dist.all_to_all_single(recv, send), torch.cat(recv.unbind(0), gather_dim). 이것을 감싼 autograd "
-             "Function의 backward는 exchange(grad, gather_dim, scatter_dim). 앞은 (1, 2), 뒤는 (2, 1).",
-             "exchange(x, scatter_dim, gather_dim): send = torch.stack(x.chunk(N, scatter_dim)).contiguous(), recv = "
-             "empty_like, dist.all_to_all_single(recv, send), torch.cat(recv.unbind(0), gather_dim). An autograd "
-             "Function around it has backward exchange(grad, gather_dim, scatter_dim). Before: (1, 2); after: (2, 1).")),
+        Text("exchange(x, scatter_dim, gather_dim) 하나를 쓰세요: x를 scatter_dim에서 N블록으로 잘라 맨 앞에 쌓고(블록 j는 랭크 j "
+             "몫), all_to_all_single, 받은 블록들을 gather_dim으로 랭크 순서대로 이어 붙입니다. 그것을 감싼 autograd Function의 "
+             "backward는 두 차원을 바꾼 exchange입니다. 어텐션 앞은 (헤드, 시퀀스), 뒤는 (시퀀스, 헤드).",
+             "Write one exchange(x, scatter_dim, gather_dim): cut x into N blocks along scatter_dim and stack them in front "
+             "(block j for rank j), all_to_all_single, and join the received blocks along gather_dim in rank order. An "
+             "autograd Function around it has for backward the exchange with the two dimensions swapped. Before attention "
+             "(heads, sequence); after it (sequence, heads).")),
     [Case(Text("2 랭크, H=2, s=6", "2 ranks, H=2, s=6"), 2, {"seed": 131, "shape": (1, 2, 6, 4)}),
      Case(Text("3 랭크, H=3, s=6, d=5, b=2", "3 ranks, H=3, s=6, d=5, b=2"), 3, {"seed": 132, "shape": (2, 3, 6, 5)}),
      Case(Text("4 랭크, H=8(랭크마다 헤드 2개), s=8", "4 ranks, H=8 (2 heads per rank), s=8"), 4,

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpkit.exercises import harness
+from mpkit.exercises.attention import kinds
 from mpkit.exercises.common import Case, Exercise, close, failed, mismatch, passed, ratio, seeded
 from mpkit.exercises.result import Text
 from mpkit.exercises.traffic import sent
@@ -195,11 +196,11 @@ def _cost(case, outputs, n, spec, capacity):
             count = sum(1 for c in calls if c.phase == phase and c.kind in ALL_TO_ALL)
             measured = sent(calls, n, rank, phase)
             if count > 2 or measured > exchange:
-                kinds = sorted({c.kind for c in calls if c.phase == phase})
+                used = kinds(calls, phase)
                 return failed(case, Text(
-                    f"랭크 {rank}의 {ko}: all-to-all {count}번, {measured} B({', '.join(kinds)}). 목표: all-to-all 두 번(dispatch, "
+                    f"랭크 {rank}의 {ko}: all-to-all {count}번, {measured} B({', '.join(used)}). 목표: all-to-all 두 번(dispatch, "
                     f"combine), {exchange} B 이하 = 2·(N-1)/N·E·capacity·h·4 (버퍼 {buffer} B).",
-                    f"rank {rank}'s {en}: {count} all-to-alls, {measured} B ({', '.join(kinds)}); the target is two "
+                    f"rank {rank}'s {en}: {count} all-to-alls, {measured} B ({', '.join(used)}); the target is two "
                     f"all-to-alls (dispatch, combine), at most {exchange} B = 2·(N-1)/N·E·capacity·h·4 (the buffer: "
                     f"{buffer} B)."), TWO_ALL_TO_ALLS)
         measured = sent(calls, n, rank, "sync")
@@ -269,15 +270,14 @@ EXERCISES = [
              "Slot: in the (token, expert) list in choice order, the running count per expert − 1; dropped when >= "
              "capacity. What arrives: [N, E/N, capacity, h]. The global loss L = (1/N)·Σ_r L_r, so expert gradients ÷ N, "
              "the router's all-reduced ÷ N."),
-        Text("choice = chosen.t().reshape(-1)(선택 우선), token = arange(t).repeat(top_k), slot = (one_hot(choice).cumsum(0) − 1)"
-             "[arange, choice], kept = slot < capacity. buffer = x.new_zeros(E, capacity, h).index_put((choice, slot)[kept], "
-             "x[token][kept]). 미분되는 all-to-all(autograd Function)로 보내고, 내 전문가 e는 recv[:, e]를 [N·capacity, h]로 "
-             "계산, 되돌린 뒤 index_add로 합치기.",
-             "choice = chosen.t().reshape(-1) (choice-major), token = arange(t).repeat(top_k), slot = "
-             "(one_hot(choice).cumsum(0) − 1)[arange, choice], kept = slot < capacity. buffer = x.new_zeros(E, capacity, "
-             "h).index_put((choice, slot)[kept], x[token][kept]). Send it through a differentiable all-to-all (an "
-             "autograd Function); my expert e computes recv[:, e] as [N·capacity, h]; send back, combine with "
-             "index_add.")),
+        Text("(토큰, 선택) 쌍을 선택 우선으로 늘어놓고, 전문가별 누적 개수(one_hot(...).cumsum)로 각 쌍의 슬롯을 정해 slot < capacity만 "
+             "남깁니다. 남은 토큰을 0으로 채운 버퍼 [E, capacity, h]에 흩어 넣고(index_put은 autograd가 따라갑니다), 미분되는 all-to-all로 "
+             "보내고, 받은 [N, E/N, capacity, h]에서 내 전문가 j는 [:, j]를 계산, 되돌려 받은 출력에 확률을 곱해 index_add로 토큰에 "
+             "더합니다.",
+             "List the (token, choice) pairs choice-major; a running count per expert (one_hot(...).cumsum) gives each its "
+             "slot, and only slot < capacity stays. Scatter the kept tokens into a zero buffer [E, capacity, h] (index_put "
+             "keeps autograd), send it through a differentiable all-to-all, let my expert j compute [:, j] of what arrives "
+             "as [N, E/N, capacity, h], and index_add the returned outputs, times their probabilities, to their tokens.")),
         [Case(Text("2 랭크, 전문가 4개, top-1, 용량 계수 1.0(버려지는 토큰)", "2 ranks, 4 experts, top-1, capacity factor 1.0 "
                    "(tokens dropped)"), 2, {"seed": 141, "experts": 4, "top_k": 1, "capacity_factor": 1.0, "tokens": 6}),
          Case(Text("4 랭크, 전문가 4개(랭크마다 1개), top-2, 용량 계수 1.0", "4 ranks, 4 experts (one per rank), top-2, capacity "

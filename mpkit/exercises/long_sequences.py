@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from mpkit.exercises import attention, experts, harness
+from mpkit.exercises.attention import kinds
 from mpkit.exercises.common import Case, Exercise, close, factor_hint, failed, mismatch, passed, ratio, seeded
 from mpkit.exercises.result import Text
 from mpkit.exercises.traffic import sent
@@ -88,7 +89,6 @@ SP_NAMES = {"out": ("출력(이 랭크의 토큰)", "the output (this rank's tok
             "w2": ("행 병렬 가중치의 그래디언트", "the row layer's weight gradient"),
             "b2": ("행 병렬 편향의 그래디언트(이 랭크 토큰의 부분합)", "the row layer's bias gradient (this rank's tokens' part)")}
 GATHERS = ("all_gather", "all_gather_into_tensor")
-SCATTERS = ("reduce_scatter", "reduce_scatter_tensor")
 NO_SUM = Text("ReduceScatter의 순전파가 합하지 않고 이 랭크의 토큰만 잘랐습니다: 행 병렬 레이어의 출력은 랭크마다 부분합이니 reduce-scatter로 "
               "더하면서 나누세요.",
               "ReduceScatter's forward kept this rank's tokens without summing: the row layer's output is a partial "
@@ -108,10 +108,6 @@ ORDER = Text("시퀀스는 랭크 순서대로 이어 붙입니다: 랭크 j의 
              "after the reduce-scatter rank r keeps shard r.")
 
 
-def _kinds(calls, phase):
-    return {c.kind for c in calls if c.phase == phase}
-
-
 def _sp_hint(key, want, got, n, rank, calls, extra):
     """The recognised mistake behind a wrong tensor, from its value and the calls of its phase."""
     if key == "out":
@@ -122,7 +118,7 @@ def _sp_hint(key, want, got, n, rank, calls, extra):
         return hint or ORDER
     if key == "x" and isinstance(got, torch.Tensor) and close(extra["sliced"][rank], got):
         return GATHER_BACKWARD
-    if not _kinds(calls, "backward") & {*GATHERS, "all_reduce", "send"}:
+    if not set(kinds(calls, "backward")) & {*GATHERS, "all_reduce", "send"}:
         return SCATTER_BACKWARD
     return GATHER_BACKWARD if key == "x" else SCATTER_BACKWARD
 
@@ -150,13 +146,13 @@ def _sp_cost(case, outputs, n, seq):
         for phase, (ko, en) in (("forward", ("순전파", "forward")), ("backward", ("역전파", "backward"))):
             measured = sent(output["calls"], n, rank, phase)
             if measured > target:
-                kinds = sorted(_kinds(output["calls"], phase))
+                used = kinds(output["calls"], phase)
                 return failed(case, Text(
-                    f"랭크 {rank}의 {ko}: {measured} B를 보냈습니다({', '.join(kinds)}). 목표: {target} B 이하 = [s, b, h] "
+                    f"랭크 {rank}의 {ko}: {measured} B를 보냈습니다({', '.join(used)}). 목표: {target} B 이하 = [s, b, h] "
                     f"텐서(S = {size} B)의 TP all-reduce가 보내는 양, 곧 all-gather 한 번 + reduce-scatter 한 번((N-1)/N·S씩).",
-                    f"rank {rank}'s {en}: sent {measured} B ({', '.join(kinds)}); the target is at most {target} B, what "
+                    f"rank {rank}'s {en}: sent {measured} B ({', '.join(used)}); the target is at most {target} B, what "
                     f"TP's all-reduce of the [s, b, h] tensor (S = {size} B) sends: one all-gather + one reduce-scatter "
-                    f"((N-1)/N·S each)."), ALL_REDUCE if "all_reduce" in kinds else EXTRA_BYTES)
+                    f"((N-1)/N·S each)."), ALL_REDUCE if "all_reduce" in used else EXTRA_BYTES)
     return None
 
 
@@ -258,13 +254,12 @@ SEQUENCE_PARALLEL = Exercise(
              "Gather: y = cat_j x_j (dimension 0), dL/dx_r = Σ_j (dL/dy_j)[shard r] — a reduce-scatter. ReduceScatter: "
              "y_r = (Σ_j x_j)[shard r], dL/dx_j = cat_r dL/dy_r — an all-gather. Bytes: (N-1)/N·S each, 2(N-1)/N·S "
              "together = an all-reduce."),
-        Text("두 함수 all_gather_seq(t)(출력 t.new_empty((N·t.shape[0], *t.shape[1:])), dist.all_gather_into_tensor)와 "
-             "reduce_scatter_seq(t)(출력 t.new_empty((t.shape[0] // N, *t.shape[1:])), dist.reduce_scatter_tensor)를 만들면 "
-             "네 메서드가 각각 그중 하나를 부릅니다. 입력은 .contiguous()로.",
-             "Write two helpers, all_gather_seq(t) (output t.new_empty((N·t.shape[0], *t.shape[1:])), "
-             "dist.all_gather_into_tensor) and reduce_scatter_seq(t) (output t.new_empty((t.shape[0] // N, "
-             "*t.shape[1:])), dist.reduce_scatter_tensor); each of the four methods calls one of them. Pass "
-             ".contiguous() inputs.")),
+        Text("도우미 두 개가 일을 다 합니다: 차원 0으로 모으기(출력이 N배 길이, all_gather_into_tensor)와 reduce-scatter(출력이 1/N "
+             "길이, reduce_scatter_tensor). 네 메서드는 각각 그중 하나를 부릅니다. 어느 것을 부를지가 켤레(conjugate)의 문제입니다. "
+             "입력은 .contiguous()로.",
+             "Two helpers do all the work: a gather along dimension 0 (output N times as long, all_gather_into_tensor) and "
+             "a reduce-scatter (output 1/N as long, reduce_scatter_tensor). Each of the four methods calls one of them; "
+             "which one is the conjugate question. Pass .contiguous() inputs.")),
     SP_CASES, _judge_sp, uses="pair", crash_hints=SP_CRASH_HINTS,
     target="(GatherFromSequenceParallelRegion, ReduceScatterToSequenceParallelRegion)")
 
