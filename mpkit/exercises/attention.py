@@ -26,8 +26,8 @@ import torch
 
 from mpkit.exercises import harness
 from mpkit.exercises.common import Case, Exercise, close, factor_hint, failed, mismatch, passed, ratio, seeded
+from mpkit.exercises.phase_bytes import kinds, missed, most_sent, over_target
 from mpkit.exercises.result import Text
-from mpkit.exercises.traffic import sent
 
 # ---- shared: data, positions and the reference ----
 
@@ -69,11 +69,6 @@ def _about(expected, got, loose) -> bool:
     if not isinstance(got, torch.Tensor) or got.shape != expected.shape or not torch.isfinite(got.double()).all():
         return False
     return bool((got.double() - expected).abs().max() <= 0.02 * max(1.0, expected.abs().max().item()))
-
-
-def kinds(calls, phase=None) -> list:
-    """The kinds of the recorded ``calls`` (of one ``phase``, when given), sorted: what a cost message names."""
-    return sorted({c.kind for c in calls if phase is None or c.phase == phase})
 
 
 # ---- ring attention ----
@@ -372,19 +367,13 @@ def _ulysses_values(case, outputs, q, k, v, grad, n):
 
 def _ulysses_cost(case, outputs, n, local_bytes):
     target = 4 * (n - 1) * local_bytes // n
-    for rank, output in enumerate(outputs):
-        for phase, (ko, en) in (("forward", ("순전파", "forward")), ("backward", ("역전파", "backward"))):
-            measured = sent(output["calls"], n, rank, phase)
-            if measured > target:
-                used = kinds(output["calls"], phase)
-                return failed(case, Text(
-                    f"랭크 {rank}의 {ko}: {measured} B를 보냈습니다({', '.join(used)}). 목표: {target} B 이하 = q, k, v, 출력의 "
-                    f"all-to-all 네 번, 각각 (N-1)/N·L(L = 한 랭크의 텐서 하나, {local_bytes} B).",
-                    f"rank {rank}'s {en}: sent {measured} B ({', '.join(used)}); the target is at most {target} B = four "
-                    f"all-to-alls (q, k, v, the output), (N-1)/N·L each (L = one tensor on one rank, {local_bytes} B)."),
-                    ALL_GATHER if {"all_gather", "all_gather_into_tensor"} & set(used) else EXTRA_EXCHANGE)
-    return None
-
+    found = over_target(outputs, n, target)
+    if found is None:
+        return None
+    return missed(case, found, target, Text(
+        f"q, k, v, 출력의 all-to-all 네 번, 각각 (N-1)/N·L(L = 한 랭크의 텐서 하나, {local_bytes} B)",
+        f"four all-to-alls (q, k, v, the output), (N-1)/N·L each (L = one tensor on one rank, {local_bytes} B)"),
+        ALL_GATHER if {"all_gather", "all_gather_into_tensor"} & set(found[-1]) else EXTRA_EXCHANGE)
 
 def _judge_ulysses(case, fn, timeout):
     n, seed, shape = case.world_size, case.params["seed"], case.params["shape"]
@@ -397,7 +386,7 @@ def _judge_ulysses(case, fn, timeout):
     problem = _ulysses_cost(case, outputs, n, local_bytes)
     if problem:
         return problem
-    most = max(sent(o["calls"], n, r, phase) for r, o in enumerate(outputs) for phase in ("forward", "backward"))
+    most = most_sent(outputs, n)
     return passed(case, Text(f"방향마다 랭크당 최대 {most} B = all-to-all 네 번", f"at most {most} B per rank and direction = "
                              "four all-to-alls"))
 

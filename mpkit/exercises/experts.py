@@ -23,10 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpkit.exercises import harness
-from mpkit.exercises.attention import kinds
 from mpkit.exercises.common import Case, Exercise, close, failed, mismatch, passed, ratio, seeded
+from mpkit.exercises.phase_bytes import missed, over_target
 from mpkit.exercises.result import Text
-from mpkit.exercises.traffic import sent
 from mpkit.models import MixtureOfExperts
 
 HIDDEN = 6
@@ -189,27 +188,17 @@ SYNC_BYTES = Text("동기화에서 보낼 것은 라우터 그래디언트의 al
 def _cost(case, outputs, n, spec, capacity):
     buffer = spec["experts"] * capacity * HIDDEN * 4
     exchange = 2 * (n - 1) * buffer // n
+    found = over_target(outputs, n, exchange, counted=ALL_TO_ALL, most=2)
+    if found is not None:
+        return missed(case, found, exchange, Text(
+            f"all-to-all 두 번(dispatch, combine), 2·(N-1)/N·E·capacity·h·4 (버퍼 {buffer} B)",
+            f"two all-to-alls (dispatch, combine), 2·(N-1)/N·E·capacity·h·4 (the buffer: {buffer} B)"), TWO_ALL_TO_ALLS)
     router = 2 * (n - 1) * spec["experts"] * HIDDEN * 4 // n
-    for rank, output in enumerate(outputs):
-        calls = output["calls"]
-        for phase, (ko, en) in (("forward", ("순전파", "forward")), ("backward", ("역전파", "backward"))):
-            count = sum(1 for c in calls if c.phase == phase and c.kind in ALL_TO_ALL)
-            measured = sent(calls, n, rank, phase)
-            if count > 2 or measured > exchange:
-                used = kinds(calls, phase)
-                return failed(case, Text(
-                    f"랭크 {rank}의 {ko}: all-to-all {count}번, {measured} B({', '.join(used)}). 목표: all-to-all 두 번(dispatch, "
-                    f"combine), {exchange} B 이하 = 2·(N-1)/N·E·capacity·h·4 (버퍼 {buffer} B).",
-                    f"rank {rank}'s {en}: {count} all-to-alls, {measured} B ({', '.join(used)}); the target is two "
-                    f"all-to-alls (dispatch, combine), at most {exchange} B = 2·(N-1)/N·E·capacity·h·4 (the buffer: "
-                    f"{buffer} B)."), TWO_ALL_TO_ALLS)
-        measured = sent(calls, n, rank, "sync")
-        if measured > router:
-            return failed(case, Text(f"랭크 {rank}의 동기화: {measured} B. 목표: 라우터 그래디언트의 all-reduce, {router} B 이하.",
-                                     f"rank {rank}'s synchronisation: {measured} B; the target is the router gradient's "
-                                     f"all-reduce, at most {router} B."), SYNC_BYTES)
+    found = over_target(outputs, n, router, phases=("sync",))
+    if found is not None:
+        return missed(case, found, router, Text("라우터 그래디언트의 all-reduce", "the router gradient's all-reduce"),
+                      SYNC_BYTES)
     return None
-
 
 def _judge(case, cls, timeout):
     n, seed, spec = case.world_size, case.params["seed"], case.params

@@ -10,7 +10,8 @@ with a capacity.
 - ``expert_parallel_moe``: ``exercises/experts.py``.
 
 Bytes a rank sends are priced by ``traffic`` (lab 05's collectives: ring all-gather and
-reduce-scatter (N-1)/N·S, all-reduce 2(N-1)/N·S, all-to-all (N-1)/N·S).
+reduce-scatter (N-1)/N·S, all-reduce 2(N-1)/N·S, all-to-all (N-1)/N·S) and compared with a target
+per phase of the step by ``phase_bytes``.
 """
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from mpkit.exercises import attention, experts, harness
-from mpkit.exercises.attention import kinds
 from mpkit.exercises.common import Case, Exercise, close, factor_hint, failed, mismatch, passed, ratio, seeded
+from mpkit.exercises.phase_bytes import kinds, missed, most_sent, over_target
 from mpkit.exercises.result import Text
-from mpkit.exercises.traffic import sent
 
 BATCH, HIDDEN, FFN = 2, 5, 8   # [s, b, h] activations; the MLP's 8 features split over the ranks (3, 3, 2 on 3)
 
@@ -142,19 +142,13 @@ def _sp_alternatives(seed, seq, n, grad_out):
 def _sp_cost(case, outputs, n, seq):
     size = seq * BATCH * HIDDEN * 4
     target = 2 * (n - 1) * size // n   # TP's all-reduce of the [s, b, h] tensor: one all-gather + one reduce-scatter
-    for rank, output in enumerate(outputs):
-        for phase, (ko, en) in (("forward", ("순전파", "forward")), ("backward", ("역전파", "backward"))):
-            measured = sent(output["calls"], n, rank, phase)
-            if measured > target:
-                used = kinds(output["calls"], phase)
-                return failed(case, Text(
-                    f"랭크 {rank}의 {ko}: {measured} B를 보냈습니다({', '.join(used)}). 목표: {target} B 이하 = [s, b, h] "
-                    f"텐서(S = {size} B)의 TP all-reduce가 보내는 양, 곧 all-gather 한 번 + reduce-scatter 한 번((N-1)/N·S씩).",
-                    f"rank {rank}'s {en}: sent {measured} B ({', '.join(used)}); the target is at most {target} B, what "
-                    f"TP's all-reduce of the [s, b, h] tensor (S = {size} B) sends: one all-gather + one reduce-scatter "
-                    f"((N-1)/N·S each)."), ALL_REDUCE if "all_reduce" in used else EXTRA_BYTES)
-    return None
-
+    found = over_target(outputs, n, target)
+    if found is None:
+        return None
+    return missed(case, found, target, Text(
+        f"[s, b, h] 텐서(S = {size} B)의 TP all-reduce가 보내는 양, 곧 all-gather 한 번 + reduce-scatter 한 번((N-1)/N·S씩)",
+        f"what TP's all-reduce of the [s, b, h] tensor (S = {size} B) sends: one all-gather + one reduce-scatter "
+        f"((N-1)/N·S each)"), ALL_REDUCE if "all_reduce" in found[-1] else EXTRA_BYTES)
 
 ALL_REDUCE = Text("all-reduce 하나가 이미 2(N-1)/N·S를 보냅니다(= reduce-scatter + all-gather): 전체를 all-reduce하고 자르거나, 0으로 채운 버퍼를 "
                   "all-reduce해 모으면 쌍의 바이트가 1.5~2배가 됩니다. reduce_scatter_tensor와 all_gather_into_tensor를 쓰세요.",
@@ -183,7 +177,7 @@ def _judge_sp(case, pair, timeout):
     if problem:
         return problem
     size = seq * BATCH * HIDDEN * 4
-    most = max(sent(o["calls"], n, r, phase) for r, o in enumerate(outputs) for phase in ("forward", "backward"))
+    most = most_sent(outputs, n)
     return passed(case, Text(f"방향마다 랭크당 최대 {most} B = TP all-reduce의 {2 * (n - 1) * size // n} B",
                              f"at most {most} B per rank and direction = TP's all-reduce, {2 * (n - 1) * size // n} B"))
 

@@ -2,6 +2,7 @@
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from expert_parallel_moe import _Exchange  # all_to_all_single on dimension 0, backward the same exchange back
 
 
 def _swap_list(x, split_dim, cat_dim):
@@ -85,32 +86,17 @@ def backward_the_same_way(ctx, q, k, v):
     return swap.apply(F.scaled_dot_product_attention(q, k, v, is_causal=True), 2, 1)
 
 
-class _Raw(torch.autograd.Function):
-    """all_to_all_single on the tensor as it is: dimension 0 (the batch) is cut, not the heads."""
-
-    @staticmethod
-    def forward(ctx, x):
-        out = torch.empty_like(x)
-        dist.all_to_all_single(out, x.contiguous())
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out = torch.empty_like(grad)
-        dist.all_to_all_single(out, grad.contiguous())
-        return out
-
-
 def heads_not_moved_first(ctx, q, k, v):
-    """Reshapes to [N, ...] without moving the heads first: the blocks exchanged are not head groups."""
+    """Reshapes to [N, ...] without moving the heads first and exchanges dimension 0: the blocks exchanged are not
+    head groups."""
     n = ctx.world_size
     b, h, s, d = q.shape
 
     def there(t):
-        return _Raw.apply(t.reshape(n, -1)).reshape(b, h // n, s * n, d)
+        return _Exchange.apply(t.reshape(n, -1)).reshape(b, h // n, s * n, d)
 
     def back(t):
-        return _Raw.apply(t.reshape(n, -1)).reshape(b, h, s, d)
+        return _Exchange.apply(t.reshape(n, -1)).reshape(b, h, s, d)
     q, k, v = (there(t) for t in (q, k, v))
     return back(F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
