@@ -5,13 +5,16 @@ Options are checked here, in the caller, before any rank starts: a bad combinati
 """
 from __future__ import annotations
 
+import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from mpkit.config import TrainConfig, is_whole
+from mpkit.config import Checkpointing, TrainConfig, is_whole
 from mpkit.models import describe
 from mpkit.observe.memory import CATEGORIES
 from mpkit.observe.trace import Trace
+from mpkit.parallel import checkpoint
 from mpkit.runtime.context import make_context
 from mpkit.runtime.env import env_int, in_torchrun
 from mpkit.runtime.launch import check_torchrun_world, launch
@@ -56,6 +59,7 @@ class Run:
         self.trace = launch_result.trace
         self.memory = launch_result.memory
         self.backend = launch_result.backend
+        self.first_step = config.checkpointing.start_step  # > 0: resumed from a checkpoint at that step
         self._reference = None
 
     @property
@@ -67,6 +71,12 @@ class Run:
     @property
     def extra(self):
         return [o.extra for o in self.outputs]
+
+    @property
+    def checkpoints(self) -> list[Path]:
+        """The complete checkpoints in ``checkpoint_dir`` (this run's and earlier runs'), oldest first."""
+        directory = self.config.checkpointing.directory
+        return [] if directory is None else checkpoint.complete(directory)
 
     def memory_by_category(self, kind="max") -> list[dict[str, int]]:
         """Per rank {category: bytes}: ``max`` over the run per category, or ``peak`` breakdown."""
@@ -121,7 +131,8 @@ class Run:
                              f"and precision")
 
     def compare_to_reference(self, reference: "Run | None" = None) -> Comparison:
-        """Max |difference| from the single-device run with the same model, data and optimizer.
+        """Max |difference| from the single-device run with the same model, data and optimizer (a
+        resumed run's losses against the reference's from ``first_step`` on).
 
         ``reference``: a ``single`` Run you already have (same settings), reused instead of
         training a new one; by default one is trained once per Run and cached."""
@@ -132,7 +143,7 @@ class Run:
         missing = sorted(set(ref.params) - set(self.params))
         if missing:
             raise RuntimeError(f"strategy {self.strategy!r} did not report parameters {missing[:5]}...")
-        loss_diff = max((abs(a - b) for a, b in zip(self.losses, ref.losses)), default=0.0)
+        loss_diff = max((abs(a - b) for a, b in zip(self.losses, ref.losses[self.first_step:])), default=0.0)
         worst, param_diff = "", 0.0
         for name, ref_tensor in ref.params.items():
             diff = (self.params[name].float() - ref_tensor.float()).abs().max().item()
@@ -156,22 +167,76 @@ class Run:
 
 
 def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, device_memory=None, trace=True,
-          memory=True, **kwargs) -> Run | None:
+          memory=True, checkpoint_dir=None, checkpoint_every=None, checkpoint_async=False, resume_from=None,
+          **kwargs) -> Run | None:
     """Run ``strategy`` for ``steps`` optimizer steps on ``world_size`` ranks; see README for options.
 
     ``world_size`` defaults to 1 for ``single`` and 4 otherwise (under torchrun: its WORLD_SIZE).
     Under torchrun every rank calls this; rank 0 gets the Run and the other ranks ``None``.
+
+    Checkpoints (``mpkit.parallel.checkpoint``): ``checkpoint_dir`` saves the model and optimizer
+    into ``<dir>/step_000004`` etc. after every ``checkpoint_every`` steps (default: after the
+    last), ``checkpoint_async=True`` with DCP's asynchronous save. ``resume_from``: a checkpoint
+    (or a directory of them: the newest) to start from, saved by any strategy and layout; the
+    run then trains from its step up to ``steps`` (counted from the very first step), and its
+    ``losses`` are those of the steps it ran. ``resume_from="latest"``: the newest checkpoint in
+    ``checkpoint_dir`` if there is one, else a fresh start (what a restarted job passes).
     """
     if world_size is None:
         world_size = 1 if strategy == "single" else (env_int("WORLD_SIZE") if in_torchrun() else 4)
     elif in_torchrun() and is_whole(world_size):
         check_torchrun_world(world_size)
     cfg = make_config(strategy, world_size, **kwargs)
+    cfg = replace(cfg, checkpointing=checkpointing(cfg, checkpoint_dir, checkpoint_every, checkpoint_async,
+                                                   resume_from))
     result = launch(get_strategy(strategy).run_rank, world_size=cfg.world_size, args=(cfg,), timeout=timeout, backend=backend,
                     device_memory=device_memory, trace=trace, memory=memory)
     if result is None:  # a rank other than 0 under torchrun: rank 0 holds the Run
         return None
     return Run(cfg, list(result), result)
+
+
+def checkpointing(cfg, directory, every, asynchronous, resume_from) -> Checkpointing:
+    """``train``'s checkpoint arguments checked, and ``resume_from`` resolved to one checkpoint."""
+    if directory is None and (every is not None or asynchronous):
+        raise ValueError("checkpoint_every= and checkpoint_async= go with checkpoint_dir=<a directory to save into>")
+    if directory is not None and not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"checkpoint_dir={directory!r} must be a path (a str or pathlib.Path)")
+    if every is not None and (not is_whole(every) or every < 1):
+        raise ValueError(f"checkpoint_every={every!r}: pass a whole number of steps >= 1 between saves")
+    if not isinstance(asynchronous, bool):
+        raise ValueError(f"checkpoint_async={asynchronous!r} must be True (dcp.async_save) or False")
+    reason = get_strategy(cfg.strategy).no_checkpoint
+    if reason and (directory is not None or resume_from is not None):
+        raise ValueError(f"strategy={cfg.strategy!r} does not take checkpoints: {reason}")
+    resume, start = _resolve_resume(resume_from, directory)
+    if start >= cfg.steps:
+        raise ValueError(f"the checkpoint {resume} holds step {start}, and steps={cfg.steps}: nothing is left to "
+                         f"train; steps counts from the very first step, so pass steps > {start}")
+    return Checkpointing(None if directory is None else os.path.abspath(directory),
+                         None if every is None else int(every), resume, start, not asynchronous)
+
+
+def _resolve_resume(resume_from, directory) -> tuple[str | None, int]:
+    """(the checkpoint to load, its step); (None, 0) for a fresh start."""
+    if resume_from is None:
+        return None, 0
+    if resume_from == "latest":
+        if directory is None:
+            raise ValueError("resume_from='latest' resumes from checkpoint_dir: pass checkpoint_dir= too")
+        found = checkpoint.latest(directory)
+        return (None, 0) if found is None else (str(found), checkpoint.read_info(found)["step"])
+    if not isinstance(resume_from, (str, os.PathLike)):
+        raise TypeError(f"resume_from={resume_from!r} must be a path to a checkpoint (or to a directory of them), "
+                        f"or 'latest'")
+    path = Path(resume_from)
+    if path.is_dir() and not (path / checkpoint.INFO).exists():
+        found = checkpoint.latest(path)
+        if found is None:
+            raise ValueError(f"resume_from={str(resume_from)!r} holds no complete checkpoint; pass a checkpoint "
+                             f"directory (one with {checkpoint.INFO}) or a directory of them")
+        path = found
+    return str(path.resolve()), checkpoint.read_info(path)["step"]
 
 
 def _single_in_process(cfg) -> Run:
