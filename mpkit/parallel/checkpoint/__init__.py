@@ -27,8 +27,9 @@ asynchronous save never interleaves with training's collectives).
 from __future__ import annotations
 
 import json
-import time
+import warnings
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,9 @@ def save(path, module, optimizer=None, *, step=0, extra=None, prefix="", group=N
     ``overwrite=True`` replaces an existing checkpoint (for the instant between two renames the
     old one is at ``.<name>.replaced``)."""
     saving = _start(path, module, optimizer, step, extra, prefix, group, overwrite)
-    metadata = dcp.save(saving.state, storage_writer=saving.writer(), planner=SavePlanner(),
-                        process_group=saving.world.group, no_dist=not saving.world.distributed)
+    with saving.world.quiet():
+        metadata = dcp.save(saving.state, storage_writer=saving.writer(), planner=SavePlanner(),
+                            process_group=saving.world.group, no_dist=not saving.world.distributed)
     return saving.finish(metadata)
 
 
@@ -106,20 +108,28 @@ def load(path, module, optimizer=None, *, prefix="", group=None) -> Loaded:
     world.agree(info if isinstance(info, Exception) else None, coordinator=True)
     placed = _attempt(placements, module, prefix)
     mine = {} if isinstance(placed, Exception) else {f"model.{n}": p for n, p in placed.items()}
-    problem = placed if isinstance(placed, Exception) else _problem(_compare_model(info, mine)
+    problem = placed if isinstance(placed, Exception) else _problem(path, _compare_model(info, mine)
                                                                       or _compare_optimizer(info, optimizer))
-    held = set().union(*world.gather(set(mine)))
+    gathered = world.gather((str(path.resolve()), set(mine)))
+    paths = sorted({p for p, _ in gathered})
+    held = set().union(*(keys for _, keys in gathered))
     extra_keys = sorted(k[6:] for k in info["tensors"] if k.startswith("model.") and k not in held)
-    world.agree(problem or _problem(extra_keys and f"the checkpoint holds tensors this model does not: "
+    if len(paths) > 1:
+        problem = CheckpointError(f"the ranks load different paths ({', '.join(paths)}); pass every rank the same")
+    world.agree(problem or _problem(path, extra_keys and f"the checkpoint holds tensors this model does not: "
                                                    f"{_names(extra_keys)}"))
     state = model_state(placed)
     if optimizer is not None:
-        _materialize(optimizer, placed, info)
+        inner, created, unsaved = _materialize(optimizer, placed, info)
         state.update(optimizer_state(optimizer, placed))
-    world.agree(_problem(_compare_optimizer_state(info, state, placed, optimizer)))
+        problem = _problem(path, _compare_optimizer_state(info, state))
+        for p in created if problem else unsaved:  # refused: as it was; else no state where none was saved
+            inner.state.pop(p, None)
+        world.agree(problem)
     planner = LoadPlanner()
-    dcp.load(state, storage_reader=dcp.FileSystemReader(path), planner=planner, process_group=world.group,
-             no_dist=not world.distributed)
+    with world.quiet():
+        dcp.load(state, storage_reader=dcp.FileSystemReader(path), planner=planner, process_group=world.group,
+                 no_dist=not world.distributed)
     if optimizer is not None:
         _restore_groups(optimizer, info["optimizer"]["param_groups"])
     return Loaded(path, info["step"], info.get("extra"), planner.report)
@@ -202,7 +212,7 @@ def _compare_model(info, mine: dict) -> str:
     saved, problems = info["tensors"], []
     missing = [k for k in mine if k not in saved]
     if missing:
-        problems.append(f"missing from the checkpoint: {_names(missing)}")
+        problems.append(f"missing from the checkpoint: {_names(k[6:] for k in missing)}")
     for key, placed in mine.items():
         if key in saved:
             shape, dtype = tuple(saved[key]["shape"]), saved[key]["dtype"]
@@ -223,34 +233,39 @@ def _compare_optimizer(info, optimizer) -> str:
     if saved["class"] != _optimizer_class(optimizer):
         return f"it was saved with optimizer {saved['class']}, this optimizer is {_optimizer_class(optimizer)}"
     if len(saved["param_groups"]) != len(optimizer.param_groups):
-        return (f"it was saved with {len(saved['param_groups'])} parameter group(s), this optimizer has "
-                f"{len(optimizer.param_groups)}")
+        return (f"its optimizer has {len(saved['param_groups'])} parameter groups, this one "
+                f"{len(optimizer.param_groups)}: build the optimizer with the same groups (the same weight-decay split)")
     return ""
 
 
-def _compare_optimizer_state(info, state: dict, placed: dict, optimizer) -> str:
-    if optimizer is None:
-        return ""
-    saved = {k for k in info["tensors"] if k.startswith("optim.")}
-    mine = {k for k in state if k.startswith("optim.")}
-    names = {id(p.tensor): n for n, p in placed.items()}
-    held = {names[id(p)] for p in optimizer_params(optimizer) if id(p) in names}
-    wanted = {k for k in saved if _param_of(k, held) is not None}
-    missing, extra = sorted(wanted - mine), sorted(mine - saved)
-    if missing or extra:
-        return ("the optimizer state differs: " + "; ".join(
-            part for part in (f"this optimizer has no {_names(missing)}" if missing else "",
-                              f"the checkpoint has no {_names(extra)}" if extra else "") if part))
+def _compare_optimizer_state(info, state: dict) -> str:
+    """Each parameter's state keys against the checkpoint's, for the parameters that have saved
+    state. State this optimizer keeps for a parameter with none saved (a ZeRO-1 slice that covers
+    a parameter which never had a gradient) stays as created, zero, and is dropped from ``state``."""
+    saved, mine = _by_param(info["tensors"]), _by_param(state)
+    for name, keys in mine.items():
+        if name not in saved:
+            for key in keys:
+                del state[f"optim.{name}.{key}"]
+        elif keys != saved[name]:
+            return (f"the optimizer state of {name} differs: the checkpoint holds {', '.join(sorted(saved[name]))}, "
+                    f"this optimizer keeps {', '.join(sorted(keys))}")
     return ""
 
 
-def _param_of(key: str, held: set):
-    name = key[len("optim."):].rsplit(".", 1)[0]
-    return name if name in held else None
+def _by_param(keys) -> dict:
+    """{parameter name: {state key}} of the ``optim.<name>.<key>`` keys."""
+    out = {}
+    for key in keys:
+        if key.startswith("optim."):
+            name, _, what = key[len("optim."):].rpartition(".")
+            out.setdefault(name, set()).add(what)
+    return out
 
 
-def _problem(text):
-    return CheckpointError(text) if text else None
+def _problem(path, text):
+    """A ``CheckpointError`` saying why ``path`` does not fit (None when ``text`` is empty)."""
+    return CheckpointError(f"cannot load {path}: {text}") if text else None
 
 
 def _names(keys, most=5) -> str:
@@ -293,36 +308,44 @@ def _restore_groups(optimizer, saved: list) -> None:
                 g[key] = tuple(value) if isinstance(current, tuple) else value
 
 
-def _materialize(optimizer, placed: dict, info) -> None:
+def _materialize(optimizer, placed: dict, info):
     """Create the state tensors the checkpoint will fill (as torch's ``set_optimizer_state_dict``
     does): one step with zero gradients and lr 0 for the parameters that have saved state and none
-    yet; drop the state of parameters that have none in the checkpoint."""
+    yet, their new state then zeroed. Returns the optimizer that holds the state (a
+    ``ShardedOptimizer``'s inner one), the parameters it created state for, and those whose
+    state the checkpoint has none of (the caller drops it once the load goes ahead)."""
     names = {id(p.tensor): n for n, p in placed.items()}
-    saved = {k[len("optim."):].rsplit(".", 1)[0] for k in info["tensors"] if k.startswith("optim.")}
+    saved = _by_param(info["tensors"])
     has_saved = {id(p) for p in optimizer_params(optimizer) if names.get(id(p)) in saved}
     if isinstance(optimizer, ShardedOptimizer):
         inner = optimizer.inner
-        targets = {id(s.shard): s.shard for s in optimizer.shards if s is not None
-                   and any(id(p) in has_saved for p in s.params)}
+        targets = {id(s.shard) for s in optimizer.shards if s is not None and any(id(p) in has_saved for p in s.params)}
     else:
-        inner, targets = optimizer, {i: p for group in optimizer.param_groups for p in group["params"]
-                                     if (i := id(p)) in has_saved}
+        inner, targets = optimizer, has_saved
     every = [p for group in inner.param_groups for p in group["params"]]
-    for p in every:
-        if id(p) not in targets:
-            inner.state.pop(p, None)
-    fresh = [p for p in targets.values() if not inner.state.get(p)]
-    if not fresh:
-        return
+    fresh = [p for p in every if id(p) in targets and not inner.state.get(p)]
+    unsaved = [p for p in every if id(p) not in targets and inner.state.get(p)]
+    if fresh:
+        _zero_step(inner, every, {id(p) for p in fresh})
+    return inner, fresh, unsaved
+
+
+def _zero_step(inner, every, fresh_ids) -> None:
+    """One step of ``inner`` with lr 0 and zero gradients on ``fresh_ids`` only (the others have
+    none, so it skips them), then their new state zeroed; every gradient and lr put back."""
     grads, lrs = [p.grad for p in every], [g.get("lr") for g in inner.param_groups]
     try:
         for p in every:
-            p.grad = torch.zeros_like(p) if any(p is q for q in fresh) else None
+            p.grad = torch.zeros_like(p) if id(p) in fresh_ids else None
         for g in inner.param_groups:
             if "lr" in g:
                 g["lr"] = torch.zeros_like(g["lr"]) if torch.is_tensor(g["lr"]) else 0.0
         with torch.no_grad():
             inner.step()
+            for p in every:
+                for value in inner.state[p].values() if id(p) in fresh_ids else ():
+                    if torch.is_tensor(value) and value.dim() > 0:
+                        value.zero_()
     finally:
         for p, grad in zip(every, grads):
             p.grad = grad
@@ -351,6 +374,14 @@ class _World:
                 _groups.update(world=world, group=dist.new_group(backend="gloo", group_desc="checkpoint"))
             group = _groups["group"]
         self.group, self.rank, self.size = group, dist.get_rank(group), dist.get_world_size(group)
+
+    @contextmanager
+    def quiet(self):
+        """Without a process group DCP warns that it assumes one process: here that is the intent."""
+        with warnings.catch_warnings():
+            if not self.distributed:
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            yield
 
     def gather(self, obj) -> list:
         if not self.distributed:
