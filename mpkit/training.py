@@ -20,6 +20,7 @@ from mpkit.runtime.env import env_int, in_torchrun
 from mpkit.runtime.launch import check_torchrun_world, launch
 from mpkit.runtime.result import LaunchResult
 from mpkit.strategies import get_strategy, make_config
+from mpkit.strategies.checkpointing import step_dir
 
 _REFERENCE_KEYS = ("steps", "batch_size", "lr", "optimizer", "seed", "precision", "loss_scale")  # bf16 vs bf16
 
@@ -213,8 +214,15 @@ def checkpointing(cfg, directory, every, asynchronous, resume_from) -> Checkpoin
     if start >= cfg.steps:
         raise ValueError(f"the checkpoint {resume} holds step {start}, and steps={cfg.steps}: nothing is left to "
                          f"train; steps counts from the very first step, so pass steps > {start}")
-    return Checkpointing(None if directory is None else os.path.abspath(directory),
+    plan = Checkpointing(None if directory is None else os.path.abspath(directory),
                          None if every is None else int(every), resume, start, not asynchronous)
+    taken = [step_dir(plan.directory, k).name for k in range(start + 1, cfg.steps + 1)
+             if plan.due(k, cfg.steps) and step_dir(plan.directory, k).exists()]
+    if taken:
+        raise ValueError(f"checkpoint_dir={directory!r} already holds {', '.join(taken)} from an earlier run, which "
+                         f"this run would save again; continue that run with resume_from='latest', or pass an empty "
+                         f"checkpoint_dir (checkpoints are never written over)")
+    return plan
 
 
 def _resolve_resume(resume_from, directory) -> tuple[str | None, int]:

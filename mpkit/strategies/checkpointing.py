@@ -75,7 +75,7 @@ class LoopCheckpoints:
         with self.ctx.trace.span("compute", name="checkpoint save"):
             self._wait()
             args = (path, self.state.module, self.state.optimizer)
-            kwargs = {"step": steps_done, "extra": extra, "prefix": self.state.prefix, "overwrite": True}
+            kwargs = {"step": steps_done, "extra": extra, "prefix": self.state.prefix}
             if self.plan.blocking:
                 saved = checkpoint.save(*args, **kwargs)
             else:
