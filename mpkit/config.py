@@ -26,13 +26,15 @@ class Checkpointing:
     """``mpkit.train``'s checkpoint arguments, resolved by ``train`` before any rank starts:
     save into ``directory`` (``step_000004``, ...) after every ``every`` steps (None: after the
     last one), ``blocking=False`` with ``dcp.async_save``; start from the checkpoint
-    ``resume_from``, which holds ``start_step`` steps."""
+    ``resume_from``, which holds ``start_step`` steps. ``failure``: (step, rank) where the run
+    kills that rank once (SIGKILL), to watch a job lose a rank and come back."""
 
     directory: str | None = None
     every: int | None = None
     resume_from: str | None = None
     start_step: int = 0
     blocking: bool = True
+    failure: tuple[int, int] | None = None
 
     @property
     def saves(self) -> bool:

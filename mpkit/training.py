@@ -169,7 +169,7 @@ class Run:
 
 def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, device_memory=None, trace=True,
           memory=True, checkpoint_dir=None, checkpoint_every=None, checkpoint_async=False, resume_from=None,
-          **kwargs) -> Run | None:
+          simulate_failure=None, **kwargs) -> Run | None:
     """Run ``strategy`` for ``steps`` optimizer steps on ``world_size`` ranks; see README for options.
 
     ``world_size`` defaults to 1 for ``single`` and 4 otherwise (under torchrun: its WORLD_SIZE).
@@ -182,6 +182,8 @@ def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, de
     run then trains from its step up to ``steps`` (counted from the very first step), and its
     ``losses`` are those of the steps it ran. ``resume_from="latest"``: the newest checkpoint in
     ``checkpoint_dir`` if there is one, else a fresh start (what a restarted job passes).
+    ``simulate_failure=(step, rank)``: that rank kills itself (SIGKILL) as it starts that step, once
+    per ``checkpoint_dir`` (a marker there remembers it), as a machine that fails mid-run.
     """
     if world_size is None:
         world_size = 1 if strategy == "single" else (env_int("WORLD_SIZE") if in_torchrun() else 4)
@@ -189,7 +191,7 @@ def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, de
         check_torchrun_world(world_size)
     cfg = make_config(strategy, world_size, **kwargs)
     cfg = replace(cfg, checkpointing=checkpointing(cfg, checkpoint_dir, checkpoint_every, checkpoint_async,
-                                                   resume_from))
+                                                   resume_from, simulate_failure))
     result = launch(get_strategy(strategy).run_rank, world_size=cfg.world_size, args=(cfg,), timeout=timeout, backend=backend,
                     device_memory=device_memory, trace=trace, memory=memory)
     if result is None:  # a rank other than 0 under torchrun: rank 0 holds the Run
@@ -197,10 +199,12 @@ def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, de
     return Run(cfg, list(result), result)
 
 
-def checkpointing(cfg, directory, every, asynchronous, resume_from) -> Checkpointing:
+def checkpointing(cfg, directory, every, asynchronous, resume_from, failure=None) -> Checkpointing:
     """``train``'s checkpoint arguments checked, and ``resume_from`` resolved to one checkpoint."""
-    if directory is None and (every is not None or asynchronous):
-        raise ValueError("checkpoint_every= and checkpoint_async= go with checkpoint_dir=<a directory to save into>")
+    if directory is None and (every is not None or asynchronous or failure is not None):
+        raise ValueError("checkpoint_every=, checkpoint_async= and simulate_failure= go with checkpoint_dir=<a "
+                         "directory to save into>")
+    _check_failure(failure, cfg)
     if directory is not None and not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"checkpoint_dir={directory!r} must be a path (a str or pathlib.Path)")
     if every is not None and (not is_whole(every) or every < 1):
@@ -215,7 +219,8 @@ def checkpointing(cfg, directory, every, asynchronous, resume_from) -> Checkpoin
         raise ValueError(f"the checkpoint {resume} holds step {start}, and steps={cfg.steps}: nothing is left to "
                          f"train; steps counts from the very first step, so pass steps > {start}")
     plan = Checkpointing(None if directory is None else os.path.abspath(directory),
-                         None if every is None else int(every), resume, start, not asynchronous)
+                         None if every is None else int(every), resume, start, not asynchronous,
+                         None if failure is None else (int(failure[0]), int(failure[1])))
     taken = [step_dir(plan.directory, k).name for k in range(start + 1, cfg.steps + 1)
              if plan.due(k, cfg.steps) and step_dir(plan.directory, k).exists()]
     if taken:
@@ -223,6 +228,15 @@ def checkpointing(cfg, directory, every, asynchronous, resume_from) -> Checkpoin
                          f"this run would save again; continue that run with resume_from='latest', or pass an empty "
                          f"checkpoint_dir (checkpoints are never written over)")
     return plan
+
+
+def _check_failure(failure, cfg) -> None:
+    if failure is None:
+        return
+    if (not isinstance(failure, (tuple, list)) or len(failure) != 2 or not all(is_whole(v) for v in failure)
+            or not 0 <= failure[0] < cfg.steps or not 0 <= failure[1] < cfg.world_size):
+        raise ValueError(f"simulate_failure={failure!r}: pass (step, rank) with 0 <= step < steps={cfg.steps} and "
+                         f"0 <= rank < world_size={cfg.world_size}, e.g. simulate_failure=(1, 0)")
 
 
 def _resolve_resume(resume_from, directory) -> tuple[str | None, int]:

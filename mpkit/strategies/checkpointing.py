@@ -7,14 +7,17 @@ A strategy hands ``run_steps`` what it trains as a ``Resumable`` (its module as 
 step k is a function of (seed, k), so a run resumed at step k sees the batches it would have seen.
 
 With a directory, rank 0 also appends one JSON line per event to ``<dir>/history.jsonl`` (the
-run's start and the step it resumed from, every step's start, every save, the end), with the
-restart count torchrun gives the process: an elastic run's failure, restart and replayed steps
-can be drawn from it after the failed attempt's processes are gone.
+run's start and the step it resumed from, every step's start, every save, the end), with its
+process id and torchrun's restart count: an elastic run's failure, restart and replayed steps can
+be drawn from it after the failed attempt's processes are gone. (Each "start" begins an attempt;
+the count is the node's own, ``TORCHELASTIC_RESTART_COUNT``, which stays 0 on a node whose
+workers were healthy and restarted only because another node's failed: pytorch/pytorch#108158.)
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +68,11 @@ class LoopCheckpoints:
 
     def before_step(self, k: int) -> None:
         self._log("step", k)
+        if self.plan.failure == (k, self.ctx.rank):
+            marker = Path(self.plan.directory) / f".simulated_failure_step{k}_rank{self.ctx.rank}"
+            if not marker.exists():  # once: the restarted job goes past this step
+                marker.touch()
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def after_step(self, steps_done: int) -> None:
         if not self.plan.due(steps_done, self.steps):
