@@ -1,9 +1,11 @@
 """Every exercise, in teaching order: the lab that teaches it, its stub, hints and cases."""
 from __future__ import annotations
 
-from mpkit.exercises import collectives, data_parallel, layout, model_parallel, pipeline, tensor_parallel, zero
+from mpkit.exercises import (checkpoint, collectives, data_parallel, layout, model_parallel, pipeline, tensor_parallel,
+                             zero)
 
-EXERCISES = {ex.name: ex for module in (data_parallel, model_parallel, tensor_parallel, pipeline, collectives, zero, layout) for ex in module.EXERCISES}
+EXERCISES = {ex.name: ex for module in (data_parallel, model_parallel, tensor_parallel, pipeline, collectives, zero, layout,
+                                        checkpoint) for ex in module.EXERCISES}
 
 
 def get(name: str):
