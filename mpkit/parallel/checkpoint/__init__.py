@@ -37,10 +37,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from mpkit.parallel.checkpoint.planners import LoadPlanner, LoadReport, SavePlanner
+from mpkit.parallel.checkpoint.planners import LoadPlanner, LoadReport, SavePlanner, Snapshot
 from mpkit.parallel.checkpoint.state import model_state, optimizer_params, optimizer_state, placements
-from mpkit.parallel.checkpoint.store import (INFO, CheckpointError, base_info, commit, complete, latest, prepare,
-                                             read_info, verify)
+from mpkit.parallel.checkpoint.store import (INFO, CheckpointError, base_info, check_files, commit, complete, digests,
+                                             latest, prepare, read_info, verify)
 from mpkit.parallel.sharded_optimizer import ShardedOptimizer
 
 
@@ -88,7 +88,8 @@ def async_save(path, module, optimizer=None, *, step=0, extra=None, prefix="", g
     committed (renamed into place) as soon as the last rank's files are written."""
     saving = _start(path, module, optimizer, step, extra, prefix, group, overwrite)
     saving.future = dcp.async_save(saving.state, storage_writer=saving.writer(), planner=SavePlanner(),
-                                   process_group=saving.world.group, no_dist=not saving.world.distributed)
+                                   process_group=saving.world.group, no_dist=not saving.world.distributed,
+                                   async_stager=Snapshot())
     saving.state = None  # staged: the live tensors may change now
     if saving.world.rank == 0:
         saving.future.add_done_callback(saving.commit_when_written)
@@ -104,8 +105,9 @@ def load(path, module, optimizer=None, *, prefix="", group=None) -> Loaded:
     extra or of another shape or dtype, another optimizer (or optimizer state missing)."""
     world = _World(group)
     path = Path(path)
-    info = world.from_coordinator(_attempt(verify, path) if world.rank == 0 else None)
+    info = world.from_coordinator(_attempt(read_info, path) if world.rank == 0 else None)
     world.agree(info if isinstance(info, Exception) else None, coordinator=True)
+    world.agree(_attempt(check_files, path, info, sorted(info["files"])[world.rank::world.size]))  # each its share
     placed = _attempt(placements, module, prefix)
     mine = {} if isinstance(placed, Exception) else {f"model.{n}": p for n, p in placed.items()}
     problem = placed if isinstance(placed, Exception) else _problem(path, _compare_model(info, mine)
@@ -149,14 +151,19 @@ class Saving:
         return dcp.FileSystemWriter(self.staging, sync_files=True)
 
     def finish(self, metadata) -> Saved:
-        """Rank 0 commits; every rank learns the outcome (and returns only once it is in place)."""
-        outcome = _attempt(self.commit, metadata) if self.world.rank == 0 else None
+        """Each rank digests the files it wrote, rank 0 commits; every rank learns the outcome (and
+        returns only once the checkpoint is in place)."""
+        mine = sorted(f.name for f in self.staging.iterdir() if f.name.startswith(f"__{self.world.rank}_"))
+        digested = {}
+        for part in self.world.gather(digests(self.staging, mine)):
+            digested.update(part)
+        outcome = _attempt(self.commit, metadata, digested) if self.world.rank == 0 else None
         return self._result(self.world.from_coordinator(outcome), metadata)
 
-    def commit(self, metadata) -> dict:
+    def commit(self, metadata, digested=None) -> dict:
         tensors = {fqn: {"shape": list(md.size), "dtype": str(md.properties.dtype).removeprefix("torch.")}
                    for fqn, md in metadata.state_dict_metadata.items() if hasattr(md, "size")}
-        return commit(self.path, self.staging, {**self.info, "tensors": tensors})
+        return commit(self.path, self.staging, {**self.info, "tensors": tensors}, digested)
 
     def commit_when_written(self, future) -> None:
         """Rank 0's callback on the writes' future: commit as soon as every rank's files are written."""

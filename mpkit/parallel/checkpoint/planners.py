@@ -26,8 +26,9 @@ from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadat
 from torch.distributed.checkpoint.planner import (LoadPlan, SavePlan, TensorWriteData, WriteItem,
                                                   WriteItemType)
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.checkpoint.staging import AsyncStager
 
-from mpkit.parallel.checkpoint.chunks import Sharded
+from mpkit.parallel.checkpoint.chunks import Chunk, Sharded
 
 
 def _split(state_dict):
@@ -119,3 +120,23 @@ class LoadPlanner(DefaultLoadPlanner):
     def lookup_tensor(self, index: MetadataIndex):
         value = self.state_dict[index.fqn]
         return value.at(index.offset) if isinstance(value, Sharded) else super().lookup_tensor(index)
+
+
+class Snapshot(AsyncStager):
+    """``async_save``'s staging step, chunk by chunk: each chunk copied (only its own elements, not
+    the whole buffer a view lives in, as a deep copy of the dict would), so training may change the
+    live tensors while a background thread writes the copies. Complete when ``stage`` returns."""
+
+    _synchronize_after_execute = False
+
+    def stage(self, state_dict):
+        return {key: _copy(value) for key, value in state_dict.items()}
+
+    def close(self) -> None:
+        pass
+
+
+def _copy(value):
+    if isinstance(value, Sharded):
+        return Sharded(value.shape, [Chunk(c.offsets, c.tensor.detach().clone()) for c in value.chunks])
+    return value.detach().clone()

@@ -57,10 +57,17 @@ def prepare(path: Path, overwrite: bool) -> Path:
     return staging
 
 
-def commit(path: Path, staging: Path, info: dict) -> dict:
-    """Hash the staged files, write ``mpkit.json`` last, then rename the staging directory to ``path``."""
-    files = sorted(f for f in staging.iterdir() if f.is_file())
-    info = {**info, "files": {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in files}}
+def digests(folder: Path, names) -> dict:
+    """{file name: {"bytes", "sha256"}} of ``names`` in ``folder`` (each rank digests its own files)."""
+    return {name: {"bytes": (folder / name).stat().st_size, "sha256": _sha256(folder / name)} for name in names}
+
+
+def commit(path: Path, staging: Path, info: dict, digested: dict | None = None) -> dict:
+    """Digest the staged files (those not in ``digested`` already), write ``mpkit.json`` last, then
+    rename the staging directory to ``path``."""
+    digested = dict(digested or {})
+    rest = sorted(f.name for f in staging.iterdir() if f.is_file() and f.name not in digested)
+    info = {**info, "files": dict(sorted({**digested, **digests(staging, rest)}.items()))}
     _write_synced(staging / INFO, json.dumps(info, indent=1, sort_keys=True))
     _fsync_dir(staging)
     if path.exists():  # overwrite=True: the old one moves aside for the two renames' instant, then goes
@@ -104,15 +111,24 @@ def read_info(path) -> dict:
         raise CheckpointError(f"{path} has checkpoint format version {info.get('format_version')!r} (written by mpkit "
                               f"{info.get('mpkit_version')}), this mpkit {mpkit_version()} reads format version "
                               f"{FORMAT_VERSION}: load it with the mpkit that wrote it")
+    if not isinstance(info.get("files"), dict) or ".metadata" not in info["files"]:
+        raise CheckpointError(f"{path / INFO} lists no DCP .metadata file: the checkpoint cannot be trusted")
     return info
 
 
 def verify(path) -> dict:
     """``read_info`` and every recorded file present with its size and SHA-256."""
-    path = Path(path)
     info = read_info(path)
-    for name, want in sorted(info.get("files", {}).items()):
-        f = path / name
+    check_files(path, info, sorted(info["files"]))
+    return info
+
+
+def check_files(path, info: dict, names) -> None:
+    """Files ``names`` of the checkpoint at ``path`` as ``info`` recorded them (a load spreads the
+    files over its ranks, each digesting its share)."""
+    path = Path(path)
+    for name in names:
+        want, f = info["files"][name], path / name
         if not f.is_file():
             raise CheckpointError(f"{path}: file {name} is missing")
         size = f.stat().st_size
@@ -122,9 +138,6 @@ def verify(path) -> dict:
         if _sha256(f) != want["sha256"]:
             raise CheckpointError(f"{path}: file {name} does not match the SHA-256 recorded at save time: its "
                                   f"content changed (a corrupted disk or copy)")
-    if ".metadata" not in info.get("files", {}):
-        raise CheckpointError(f"{path}: {INFO} lists no DCP .metadata file")
-    return info
 
 
 def complete(directory) -> list[Path]:
