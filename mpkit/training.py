@@ -20,7 +20,7 @@ from mpkit.runtime.env import env_int, in_torchrun
 from mpkit.runtime.launch import check_torchrun_world, launch
 from mpkit.runtime.result import LaunchResult
 from mpkit.strategies import get_strategy, make_config
-from mpkit.strategies.checkpointing import step_dir
+from mpkit.strategies.checkpointing import read_history, step_dir
 
 _REFERENCE_KEYS = ("steps", "batch_size", "lr", "optimizer", "seed", "precision", "loss_scale")  # bf16 vs bf16
 
@@ -72,6 +72,12 @@ class Run:
     @property
     def extra(self):
         return [o.extra for o in self.outputs]
+
+    def history(self) -> list[dict]:
+        """The events logged in ``checkpoint_dir`` (``history.jsonl``: every run's start, steps, saves and
+        end, this run's and the runs before it in that directory); ``mpkit.plot.restarts`` draws them."""
+        directory = self.config.checkpointing.directory
+        return [] if directory is None else read_history(directory)
 
     @property
     def checkpoints(self) -> list[Path]:
