@@ -9,7 +9,6 @@ resharding from 4 ranks to 1), equals the one-device run of K steps within ``par
 (the parallel run summed the same gradients in another order)."""
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh

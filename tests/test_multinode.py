@@ -6,12 +6,11 @@ node rank 0, so the c10d form is the one that works.
 """
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-from torchrun_nodes import node_command, start_nodes, stop
+from torchrun_nodes import node_command, run_nodes
 
 ROOT = Path(__file__).resolve().parents[1]
 ATOL = 1e-5  # float32 reduction order only, as in test_cli_run
@@ -22,18 +21,9 @@ ATOL = 1e-5  # float32 reduction order only, as in test_cli_run
 def test_two_torchrun_nodes_with_c10d_rendezvous_match_single(strategy, tmp_path, no_leftovers):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     logs = [(tmp_path / f"node{n}.out", tmp_path / f"node{n}.err") for n in range(2)]
-    nodes = []
-    try:
-        deadline = time.monotonic() + 120
-        nodes = start_nodes(lambda port: node_command(
-            port, f"mpkit-test-{strategy}-{os.getpid()}-{port}", "-m", "mpkit", "run", "--strategy", strategy,
-            "--world-size", "4", "--steps", "3", "--json", "--compare"), logs, env, deadline, ROOT)
-        for node in nodes:
-            node.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        stop([node for node in nodes if node.poll() is None])
-    for node, (_, err) in zip(nodes, logs):
-        assert node.returncode == 0, err.read_text()[-3000:]
+    run_nodes(lambda port: node_command(port, f"mpkit-test-{strategy}-{os.getpid()}-{port}", "-m", "mpkit", "run",
+                                        "--strategy", strategy, "--world-size", "4", "--steps", "3", "--json",
+                                        "--compare"), logs, env, 120, ROOT)
     printed = [json.loads(line) for out, _ in logs for line in out.read_text().splitlines() if line.startswith("{")]
     assert len(printed) == 1, printed  # global rank 0 reports, on whichever node c10d made node 0
     run = printed[0]

@@ -53,6 +53,21 @@ def start_nodes(command, logs, env, deadline, cwd):
     pytest.fail(f"another process took the rendezvous port before our store bound it, {PORT_ATTEMPTS} times")
 
 
+def run_nodes(command, logs, env, seconds, cwd) -> None:
+    """Both nodes started (``start_nodes``), waited for up to ``seconds`` in all and stopped; each
+    must have exited 0 (else its stderr's end is the failure)."""
+    nodes = []
+    try:
+        deadline = time.monotonic() + seconds
+        nodes = start_nodes(command, logs, env, deadline, cwd)
+        for node in nodes:
+            node.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        stop([node for node in nodes if node.poll() is None])
+    for node, (_, err) in zip(nodes, logs):
+        assert node.returncode == 0, err.read_text()[-3000:]
+
+
 def node_command(port, run_id, *program, nproc=2, restarts=0):
     """One node's command, exactly the form of PyTorch's docs (and lab 07); ``program``: what each
     worker runs (``"-m", "mpkit", "run", ...`` or a script and its arguments). ``restarts``: torchrun

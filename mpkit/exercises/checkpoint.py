@@ -16,18 +16,9 @@ import torch
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorProperties, TensorStorageMetadata
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from mpkit.exercises import harness
-from mpkit.exercises.common import Case, Exercise, failed, passed
+from mpkit.exercises.common import Case, Exercise, failed, passed, pure_results
 from mpkit.exercises.result import Text
 from mpkit.simulator.formulas import young_interval
-
-
-def _pure_body(ctx, recorder, fn, calls):
-    return [recorder.call(fn, *args) for args in calls]
-
-
-def _results(fn, calls, timeout):
-    return harness.run(_pure_body, 1, (fn, calls), timeout)[0]["out"]
 
 
 # ---- resharding ----
@@ -89,7 +80,7 @@ def _floor_bounds(numel, ranks):
 
 def _judge_reshard(case, fn, timeout):
     calls = case.params["calls"]
-    for args, value in zip(calls, _results(fn, calls, timeout)):
+    for args, value in zip(calls, pure_results(fn, calls, timeout)):
         numel, n, m = args
         want, got = dcp_reads(*args), _normal(value) if isinstance(value, (list, tuple)) else None
         call = f"reshard_reads(numel={numel}, saved_ranks={n}, new_ranks={m})"
@@ -135,7 +126,7 @@ def _interval_hint(args, got_every, got_waste):
 
 def _judge_interval(case, fn, timeout):
     calls = case.params["calls"]
-    for args, value in zip(calls, _results(fn, calls, timeout)):
+    for args, value in zip(calls, pure_results(fn, calls, timeout)):
         want_every, want_waste = expected_interval(*args)
         call = f"checkpoint_every(step_seconds={args[0]}, checkpoint_seconds={args[1]}, mtbf_seconds={args[2]:g})"
         ok = isinstance(value, (tuple, list)) and len(value) == 2

@@ -14,6 +14,7 @@ import html
 import ipywidgets as w
 from IPython.display import display
 
+from mpkit.widgets.controls import LanguageControls
 from mpkit.i18n import LANG_LABELS, LANGS, check_lang, t
 from mpkit.plot.checkpoints import checkpoint_interval as draw_interval, duration
 from mpkit.simulator.formulas import daly_interval, mtbf_of, waste_fraction, young_interval
@@ -21,7 +22,7 @@ from mpkit.simulator.formulas import daly_interval, mtbf_of, waste_fraction, you
 LLAMA3_MTBF_HOURS = mtbf_of(419, 54) / 3600
 
 
-class IntervalChoice:
+class IntervalChoice(LanguageControls):
     """Controls (δ in s, M in h, R and τ in min) -> the numbers the status line shows."""
 
     def __init__(self, checkpoint=120.0, mtbf_hours=LLAMA3_MTBF_HOURS, restart_minutes=10.0, interval_minutes=None,
@@ -39,20 +40,12 @@ class IntervalChoice:
         self.status = w.HTML()
         self.output = w.Output()
         self.numbers = {}
-        self._label()
-        for control in self.controls.values():
-            control.observe(self._changed, names="value")
-        self.update()
+        self._watch()
 
     def _label(self):
         lang = self.controls["lang"].value
         for key in ("checkpoint", "mtbf", "restart", "interval"):
             self.controls[key].description = t(f"ckpt_w_{key}", lang)
-
-    def _changed(self, change):
-        if change["owner"] is self.controls["lang"]:
-            self._label()
-        self.update()
 
     def seconds(self) -> dict:
         c = self.controls
