@@ -38,10 +38,6 @@ class Sharded:
     shape: tuple
     chunks: list
 
-    @property
-    def dtype(self):
-        return self.chunks[0].tensor.dtype if self.chunks else None
-
     def at(self, offsets) -> torch.Tensor:
         """The chunk starting at global ``offsets`` (what a DCP ``MetadataIndex`` names)."""
         offsets = tuple(offsets)
