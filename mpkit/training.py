@@ -258,7 +258,10 @@ def _resolve_resume(resume_from, directory) -> tuple[str | None, int]:
         raise TypeError(f"resume_from={resume_from!r} must be a path to a checkpoint (or to a directory of them), "
                         f"or 'latest'")
     path = Path(resume_from)
-    if path.is_dir() and not (path / checkpoint.INFO).exists():
+    if not path.is_dir():
+        raise ValueError(f"resume_from={str(resume_from)!r} is not a checkpoint directory (it does not exist or is a "
+                         f"file); pass a checkpoint, a directory of them, or 'latest'")
+    if not (path / checkpoint.INFO).exists():
         found = checkpoint.latest(path)
         if found is None:
             raise ValueError(f"resume_from={str(resume_from)!r} holds no complete checkpoint; pass a checkpoint "

@@ -100,20 +100,6 @@ def test_eight_rank_3d_resumes_as_four_rank_dp_with_the_history_of_both(tmp_path
                       ("start", 2), ("step", 2), ("save", 3), ("end", 3)]
 
 
-def test_checkpoint_arguments_are_checked_in_the_caller(tmp_path):
-    with pytest.raises(ValueError, match="checkpoint_every= and checkpoint_async= go with checkpoint_dir"):
-        mpkit.train("dp", world_size=2, checkpoint_every=2)
-    with pytest.raises(ValueError, match="checkpoint_every=0"):
-        mpkit.train("dp", world_size=2, checkpoint_dir=tmp_path, checkpoint_every=0)
-    with pytest.raises(ValueError, match="does not take checkpoints: its parameters and optimizer live on the server"):
-        mpkit.train("ps", world_size=2, checkpoint_dir=tmp_path)
-    with pytest.raises(ValueError, match="holds no complete checkpoint"):
-        mpkit.train("dp", world_size=2, resume_from=tmp_path)
-    with pytest.raises(ValueError, match="resume_from='latest' resumes from checkpoint_dir"):
-        mpkit.train("dp", world_size=2, resume_from="latest")
-    assert not any(tmp_path.iterdir())  # nothing ran
-
-
 def test_a_rerun_into_a_used_directory_is_refused_and_latest_continues_it(tmp_path_factory):
     full = saved_run("dp", tmp_path_factory)
     directory = full.config.checkpointing.directory
