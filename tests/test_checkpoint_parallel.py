@@ -18,7 +18,7 @@ import mpkit
 from mpkit.models import MixtureOfExperts
 from mpkit.parallel import DataParallel, ShardedOptimizer, expert_parallel, pipeline, tensor_parallel
 from mpkit.parallel import checkpoint
-from mpkit.parallel.expert_parallel import synchronize_gradients
+from mpkit.parallel.expert_parallel import synchronize_expert_gradients
 from parallel_models import ATOL, batch, deep_net, make_net, param_groups, regression_batch, shard
 
 K, N, WORLD = 2, 4, 4
@@ -109,7 +109,7 @@ def ep_case(ctx, seed):
 
     def run(m, x, y):
         F.cross_entropy(m(x), y).backward()
-        synchronize_gradients(m)
+        synchronize_expert_gradients(m)
     return model, opt, _deep_step(model, opt, ctx.rank, WORLD, run)
 
 

@@ -217,8 +217,9 @@ def test_no_duplicate_statements(items):
 
 def test_pitfalls_defined_and_used(items, pitfalls):
     # a small taxonomy a student can read in one table; lab 11 (long sequences, experts) added two kinds of
-    # mistake of its own, content round 3 one (compute estimates), lab 12 (failures, checkpoints) two
-    assert 12 <= len(pitfalls) <= 24
+    # mistake of its own, content round 3 one (compute estimates), round 4 one (data parallelism at scale),
+    # lab 12 (failures, checkpoints) two
+    assert 12 <= len(pitfalls) <= 25
     for tag, names in pitfalls.items():
         assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", tag), tag
         assert _bilingual_ok(names), tag

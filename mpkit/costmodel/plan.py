@@ -337,9 +337,12 @@ class LayoutTable:
         lay, s = best.setup.layout, best.setup
         if lay.dp == 1:
             return t("plan_dp_none", lang)
-        how = t("plan_dp_zero" if s.zero >= 2 else ("plan_dp_overlap" if s.overlap_dp else "plan_dp_exposed"), lang)
-        return t("plan_dp", lang, dp=lay.dp, link=self._link_text(best.links["dp"], lang),
-                 gb=best.comm_bytes["dp"] / 1e9, how=how, share=best.time["dp"] / best.step_time)
+        link, gb = self._link_text(best.links["dp"], lang), best.comm_bytes["dp"] / 1e9
+        share = best.time["dp"] / best.step_time
+        if s.zero >= 2:  # one gradient's reduce-scatter per micro-batch, m of them per step
+            return t("plan_dp_zero", lang, dp=lay.dp, link=link, gb=gb, m=best.micro_batches, share=share)
+        how = t("plan_dp_overlap" if s.overlap_dp else "plan_dp_exposed", lang)
+        return t("plan_dp", lang, dp=lay.dp, link=link, gb=gb, how=how, share=share)
 
     def _explain_cp(self, best, lang):
         """Context parallelism, where it was asked for or the model's sequences are split."""
@@ -496,7 +499,7 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     PyTorch op, as torchtitan without compile) and ``overlap_dp`` (gradient reduction hidden behind
     backward) describe the training software; ``stack`` ("megatron", "deepspeed", "torchtitan",
     "llm-foundry", "llama3", "generic"; ``mpkit.simulator.hardware.STACKS``) prices matmuls at the rate
-    that software's published runs imply on this GPU (None: the hardware's own). ``cp``: context
+    that software's published runs imply on this GPU (None: the hardware preset's fitted rate). ``cp``: context
     parallel ranks per sequence (1: none; a size, a list of sizes or "search": the divisors of the
     GPUs), sitting just outside TP in either rank order; ``attention``: how they exchange keys and
     values ("ring", "all-gather" as Llama 3, "ulysses"); ``ep``: expert parallel ranks, carved out

@@ -117,12 +117,23 @@ def wire_bytes(trace, n: int) -> dict[int, dict[str, float]]:
             for rank, kinds in trace.bytes_by_kind().items()}
 
 
-def bus_bandwidth(algbw: float, N: int) -> float:
-    """nccl-tests bus bandwidth of an all-reduce: algbw · 2(N-1)/N (nccl-tests doc/PERFORMANCE.md),
-    where algbw = S / time. It is the per-link rate the ring achieved, comparable to hardware peak."""
+BUS_FACTORS = {  # nccl-tests doc/PERFORMANCE.md: busbw = algbw x this, per collective
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n, "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0,
+}
+
+
+def bus_bandwidth(algbw: float, N: int, collective: str = "all_reduce") -> float:
+    """nccl-tests bus bandwidth: algbw x a factor of the collective (``BUS_FACTORS``; all-reduce
+    2(N-1)/N, reduce-scatter, all-gather and all-to-all (N-1)/N, broadcast and reduce 1), where
+    algbw = S / time and S is the full tensor (the gathered output, the scattered input). It is the
+    rate the busiest link achieved, comparable to the hardware's peak whatever N is."""
     _positive(algbw=algbw)
     require_whole(N=N)
-    return algbw * 2 * (N - 1) / N
+    if collective not in BUS_FACTORS:
+        raise ValueError(f"collective={collective!r}: use one of {', '.join(map(repr, BUS_FACTORS))}")
+    return algbw * BUS_FACTORS[collective](N)
 
 
 # ---- memory ----------------------------------------------------------------------------------

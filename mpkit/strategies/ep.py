@@ -7,7 +7,7 @@ ranks that own those experts, and a second all-to-all brings the outputs back
 (``mpkit.parallel.expert_parallel``). After backward the router, attention, LayerNorms,
 embedding and head are averaged over the ranks like data-parallel gradients, and the experts'
 gradients, which already hold every rank's tokens, are divided by the world size
-(``synchronize_gradients``). Capacity is per sequence, so the dropped tokens are the ones a
+(``synchronize_expert_gradients``). Capacity is per sequence, so the dropped tokens are the ones a
 single device drops.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 import torch.distributed as dist
 
 from mpkit.parallel.expert_parallel import (ExpertParallelMoE, check_expert_split, expert_load, expert_parallel,
-                                            full_expert_parameters, synchronize_gradients)
+                                            full_expert_parameters, synchronize_expert_gradients)
 from mpkit.simulator.engine import Compute
 from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
@@ -50,7 +50,7 @@ def run_rank(ctx, cfg, group=None):
     def step(x, y):
         loss = forward_backward(ctx, cfg, model, x, y, mp)
         loads.append([{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in s.items()} for s in expert_load(model)])
-        synchronize_gradients(model, group)
+        synchronize_expert_gradients(model, group)
         optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=dist.group.WORLD)  # experts: per rank
         return loss.item()
 

@@ -26,7 +26,7 @@ MODEL_CHOICES = (*MODELS, "7B", "13B", "70B")
 HARDWARE_CHOICES = (*GPU_PRESETS, *MULTI_NODE)
 PINS = {"tp": (1, 2, 4, 8, 16, 32), "zero": ZERO_STAGES, "recompute": RECOMPUTE,  # None: searched
         "cp": (1, 2, 4, 8, 16, 32), "ep": (1, 2, 4, 8, 16, 32),  # None: plan's "search"
-        "stack": tuple(STACKS)}  # None: the hardware's own matmul efficiency
+        "stack": tuple(STACKS)}  # None: the hardware preset's fitted matmul efficiency
 SWITCHES = ("sequence_parallel", "flash", "fused")  # the software's on/off assumptions (plan's keywords)
 
 
@@ -110,7 +110,7 @@ def planner(model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=153
             attention="ring") -> w.Widget:
     """The planner widget; the ``Planner`` behind it is ``widget.planner``. ``tp``, ``zero``,
     ``recompute``, ``cp`` and ``ep`` start pinned where given (None: searched; cp and ep are 1
-    unless given), ``stack`` names the training software (None: the hardware's own matmul rate),
+    unless given), ``stack`` names the training software (None: the hardware preset's fitted matmul rate),
     ``sequence_parallel``, ``flash`` and ``fused`` (plan's keywords) on or off, ``attention`` CP's
     K/V exchange; each is a control."""
     state = Planner(model, hardware, gpus, global_batch, lang, top, tp=tp, zero=zero, recompute=recompute,
