@@ -71,9 +71,9 @@ def run_nodes(command, logs, env, seconds, cwd) -> None:
 def node_command(port, run_id, *program, nproc=2, restarts=0):
     """One node's command, exactly the form of PyTorch's docs (and lab 07); ``program``: what each
     worker runs (``"-m", "mpkit", "run", ...`` or a script and its arguments). ``restarts``: torchrun
-    restarts the workers up to that many times (checking on them every second, not every 5)."""
+    restarts the workers up to that many times."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(nproc),
-            *(["--max-restarts", str(restarts), "--monitor-interval", "1"] if restarts else []),
+            *(["--max-restarts", str(restarts)] if restarts else []),
             "--rdzv-backend", "c10d", "--rdzv-id", run_id, "--rdzv-endpoint", f"127.0.0.1:{port}", *program]
 
 
