@@ -100,7 +100,7 @@ def test_eight_rank_3d_resumes_as_four_rank_dp_with_the_history_of_both(tmp_path
                       ("start", 2), ("step", 2), ("save", 3), ("end", 3)]
 
 
-def test_a_rerun_into_a_used_directory_is_refused_and_latest_continues_it(tmp_path_factory):
+def test_a_rerun_into_a_used_directory_is_refused_and_a_finished_run_has_nothing_left(tmp_path_factory):
     full = saved_run("dp", tmp_path_factory)
     directory = full.config.checkpointing.directory
     with pytest.raises(ValueError, match="already holds step_000002 from an earlier run"):
