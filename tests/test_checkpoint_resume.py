@@ -5,8 +5,8 @@ Exact resume (tolerance 0): ``steps=3`` with ``checkpoint_every=2`` saves after 
 strategy resumed from that checkpoint runs the one step left, and its parameters and that step's
 loss are bit for bit those of the uninterrupted run (the same ops on the same values in the same
 order; the data of a step is a function of the seed and the step). fp16 adds the loss
-scaler, which a huge first scale makes back off before the save: resumed without it, step 2 would
-overflow and be skipped.
+scaler: a huge first scale backs off at every overflowing step, and resumed without its state step 2
+would start from the first scale again (the test compares the scale's history).
 
 Resharding: 4-rank dp x tp with ZeRO-1 into 2-rank pp and fsdp into tp (mlp, Adam: its state is
 resharded too; ``RESHARD_ATOL``), 8-rank 3d into 4-rank dp (gpt: qkv split by heads, three chunks
