@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import load, machine_info  # benchmarks/machine.py (also puts the checkout on sys.path)
+from _common.machine import load, machine_info  # (also puts the checkout on sys.path)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

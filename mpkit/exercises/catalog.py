@@ -1,11 +1,12 @@
 """Every exercise, in teaching order: the lab that teaches it, its stub, hints and cases."""
 from __future__ import annotations
 
-from mpkit.exercises import (checkpoint, collectives, data_parallel, layout, model_parallel, pipeline, tensor_parallel,
-                             zero)
+from mpkit.exercises import (accumulation, checkpointing, collectives, data_parallel, faults, fsdp, halving_doubling,
+                             layout, loss_scaling, model_parallel, pipeline, pipeline_bubble, tensor_parallel, zero)
 
-EXERCISES = {ex.name: ex for module in (data_parallel, model_parallel, tensor_parallel, pipeline, collectives, zero, layout,
-                                        checkpoint) for ex in module.EXERCISES}
+MODULES = (data_parallel, model_parallel, tensor_parallel, pipeline, pipeline_bubble, collectives, halving_doubling, zero,
+           fsdp, accumulation, loss_scaling, checkpointing, layout, faults)
+EXERCISES = {ex.name: ex for module in MODULES for ex in module.EXERCISES}
 
 
 def get(name: str):

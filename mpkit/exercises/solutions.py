@@ -8,8 +8,8 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from mpkit.parallel.pipeline.schedules import (Backward, Forward, OptimizerStep, RecvAct, RecvGrad, SendAct,
-                                               SendGrad)
+from mpkit.parallel.pipeline.schedules import (Backward, BackwardInput, BackwardWeight, Forward, OptimizerStep,
+                                               RecvAct, RecvGrad, SendAct, SendGrad)
 
 
 def ring_reduce_scatter(ctx, tensor):
@@ -58,6 +58,36 @@ def ring_all_reduce(ctx, tensor):
     return tensor
 
 
+def halving_doubling_all_reduce(ctx, tensor):
+    n, r = ctx.world_size, ctx.rank
+    if n & (n - 1):
+        raise ValueError(f"halving-doubling needs a power-of-two number of ranks; got {n}")
+    flat = tensor.view(-1)
+
+    def exchange(send, into, peer, add):
+        incoming = torch.empty_like(into)
+        works = [dist.isend(send.clone(), peer), dist.irecv(incoming, peer)]
+        for work in works:
+            work.wait()
+        if add:
+            into += incoming
+        else:
+            into.copy_(incoming)
+
+    lo, hi, ranges, d = 0, flat.numel(), [], n // 2
+    while d >= 1:  # reduce-scatter: give half of [lo, hi) away, sum the other half
+        mid, peer = (lo + hi) // 2, r ^ d
+        keep, give = ((lo, mid), (mid, hi)) if r < peer else ((mid, hi), (lo, mid))
+        exchange(flat[give[0]:give[1]], flat[keep[0]:keep[1]], peer, add=True)
+        ranges.append((lo, hi, peer))
+        (lo, hi), d = keep, d // 2
+    for outer_lo, outer_hi, peer in reversed(ranges):  # all-gather: the same pairs, backwards
+        other = (hi, outer_hi) if lo == outer_lo else (outer_lo, lo)
+        exchange(flat[lo:hi], flat[other[0]:other[1]], peer, add=False)
+        lo, hi = outer_lo, outer_hi
+    return tensor
+
+
 def average_gradients(ctx, model):
     for p in model.parameters():
         if p.grad is not None:
@@ -97,6 +127,18 @@ class BucketedGradientSync:
                 q.grad.copy_(flat[offset:offset + q.numel()].view_as(q))
                 offset += q.numel()
         self.ready, self.pending = [0] * len(self.buckets), []
+
+
+def accumulate_gradients(ctx, ddp, micro_batches):
+    total = sum(len(y) for _, y in micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        loss = F.cross_entropy(ddp(x), y) * (len(y) / total)  # per token: weight by the micro-batch's tokens
+        if i < len(micro_batches) - 1:
+            with ddp.no_sync():
+                loss.backward()
+        else:
+            loss.backward()
+    ddp.finish_gradient_synchronization()
 
 
 def layerwise_step(ctx, stage, x, y, loss_fn, act_shape):
@@ -179,6 +221,61 @@ def one_f_one_b_schedule(rank, p, m):
     return program + [OptimizerStep()]
 
 
+def zb_h1_schedule(rank, p, m):
+    warmup = min(p - rank - 1, m)
+    order, deferred = [("F", k) for k in range(warmup)], []
+
+    def backward(k):  # B now; its W waits while this rank may still hold it (rank r: up to r pending)
+        order.append(("B", k))
+        deferred.append(k)
+        if len(deferred) > rank:
+            order.append(("W", deferred.pop(0)))
+    for k in range(m - warmup):
+        order.append(("F", warmup + k))
+        backward(k)
+    for k in range(m - warmup, m):
+        backward(k)
+    order += [("W", k) for k in deferred]
+    program = []
+    for kind, mb in order:
+        if kind == "F":
+            program += [RecvAct(mb, rank, rank - 1)] if rank > 0 else []
+            program += [Forward(mb, rank)] + ([SendAct(mb, rank, rank + 1)] if rank < p - 1 else [])
+        elif kind == "B":
+            program += [RecvGrad(mb, rank, rank + 1)] if rank < p - 1 else []
+            program += [BackwardInput(mb, rank)] + ([SendGrad(mb, rank, rank - 1)] if rank > 0 else [])
+        else:
+            program.append(BackwardWeight(mb, rank))
+    return program + [OptimizerStep()]
+
+
+def interleaved_schedule(rank, p, m):
+    v = 2
+    last = v * p - 1
+
+    def chunk_and_mb(k, backward):  # micro-batches go round in groups of p, chunk by chunk
+        chunk = (k // p) % v
+        return (v - 1 - chunk if backward else chunk) * p + rank, (k // (p * v)) * p + k % p
+
+    def forward(k):
+        stage, mb = chunk_and_mb(k, False)
+        return (([RecvAct(mb, stage, (stage - 1) % p)] if stage > 0 else []) + [Forward(mb, stage)]
+                + ([SendAct(mb, stage, (stage + 1) % p)] if stage < last else []))
+
+    def backward(k):
+        stage, mb = chunk_and_mb(k, True)
+        return (([RecvGrad(mb, stage, (stage + 1) % p)] if stage < last else []) + [Backward(mb, stage)]
+                + ([SendGrad(mb, stage, (stage - 1) % p)] if stage > 0 else []))
+    total = v * m
+    warmup = min((p - rank - 1) * 2 + (v - 1) * p, total)
+    program = [ins for k in range(warmup) for ins in forward(k)]
+    for k in range(total - warmup):
+        program += forward(warmup + k) + backward(k)
+    for k in range(total - warmup, total):
+        program += backward(k)
+    return program + [OptimizerStep()]
+
+
 def zero1_step(ctx, params, grad, optimizer):
     n, r = ctx.world_size, ctx.rank
     sizes = [len(piece) for piece in params.tensor_split(n)]
@@ -200,6 +297,87 @@ def zero1_step(ctx, params, grad, optimizer):
     params.copy_(torch.cat([gathered[i * width:i * width + sizes[i]] for i in range(n)]))
 
 
+class FSDPLinear(torch.autograd.Function):
+    @staticmethod
+    def gather(shard, unit):
+        flat = torch.empty(unit.world_size * shard.numel())
+        dist.all_gather_into_tensor(flat, shard.detach().contiguous())
+        out_features, in_features = unit.shape
+        return flat[:out_features * in_features].view(unit.shape), flat[out_features * in_features:unit.numel]
+
+    @staticmethod
+    def forward(ctx, x, shard, unit):
+        weight, bias = FSDPLinear.gather(shard, unit)
+        ctx.save_for_backward(x, shard)  # not the full parameters: they go when forward returns
+        ctx.unit = unit
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, shard = ctx.saved_tensors
+        unit = ctx.unit
+        weight, _ = FSDPLinear.gather(shard, unit)  # gathered again for the input gradient
+        grad_x = grad_out @ weight
+        flat = torch.zeros(unit.world_size * shard.numel())
+        flat[:unit.numel] = torch.cat([(grad_out.t() @ x).reshape(-1), grad_out.sum(0)])
+        grad_shard = torch.empty_like(shard)
+        dist.reduce_scatter_tensor(grad_shard, flat)
+        return grad_x, grad_shard / unit.world_size, None
+
+
+class DynamicLossScaler:
+    def scale(self, loss):
+        return loss * self.value
+
+    def __init__(self, ctx, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        self.value, self.growth, self.backoff = float(init_scale), growth_factor, backoff_factor
+        self.interval, self.good, self.found_inf = growth_interval, 0, False
+
+    def step(self, optimizer):
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        for g in grads:
+            g.div_(self.value)
+        flag = torch.tensor([float(any(not torch.isfinite(g).all() for g in grads))])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # the ranks hold different gradients: agree
+        self.found_inf = bool(flag.item())
+        if not self.found_inf:
+            optimizer.step()
+
+    def update(self):
+        if self.found_inf:
+            self.value, self.good = self.value * self.backoff, 0
+        else:
+            self.good += 1
+            if self.good == self.interval:
+                self.value, self.good = self.value * self.growth, 0
+
+    def get_scale(self):
+        return self.value
+
+
+def checkpoint_block(block, x):
+    class Checkpoint(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, *params):  # the parameters as inputs: the output needs grad even when x does not
+            ctx.rng = torch.get_rng_state()
+            ctx.save_for_backward(x)
+            with torch.no_grad():
+                return block(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            with torch.random.fork_rng(devices=[]), torch.enable_grad():
+                torch.set_rng_state(ctx.rng)  # dropout draws the forward's mask again
+                again = x.detach().requires_grad_(x.requires_grad)
+                out = block(again)
+                torch.autograd.backward(out, grad)
+            return (again.grad,) + (None,) * len(params)
+
+    params = [p for p in block.parameters() if p.requires_grad]
+    return Checkpoint.apply(x, *params)
+
+
 def rank_coordinates(rank, dp, pp, tp):
     rest, tp_index = divmod(rank, tp)
     dp_index, pp_index = divmod(rest, pp)
@@ -208,8 +386,8 @@ def rank_coordinates(rank, dp, pp, tp):
 
 def process_groups(dp, pp, tp):
     groups = {"dp": {}, "pp": {}, "tp": {}}
-    for rank in range(dp * pp * tp):
-        coords = dict(zip(("dp", "pp", "tp"), rank_coordinates(rank, dp, pp, tp)))
+    for rank in range(dp * pp * tp):  # tp innermost, dp outermost (its own cell: no other exercise's function)
+        coords = {"dp": rank // (pp * tp), "pp": rank // tp % pp, "tp": rank % tp}
         for dim in groups:
             key = tuple(v for d, v in coords.items() if d != dim)
             groups[dim].setdefault(key, []).append(rank)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 
+from mpkit.vocabulary import CLOSED_FORM_SCHEDULES, RECOMPUTE, SCHEDULES
 from mpkit.whole import is_number, is_whole
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -27,8 +27,9 @@ def require_whole(**values) -> None:
 
 
 def _schedule(schedule: str) -> str:
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
+    if schedule not in CLOSED_FORM_SCHEDULES:
+        known = "has no closed form (mpkit.parallel.simulate plays its lists)" if schedule in SCHEDULES else "is unknown"
+        raise ValueError(f"schedule={schedule!r} {known}; use one of {', '.join(CLOSED_FORM_SCHEDULES)}")
     return schedule
 
 
@@ -177,9 +178,6 @@ def bytes_per_parameter(recipe: str) -> int:
     return sum(PRECISION_RECIPES[recipe])
 
 
-RECOMPUTE = ("none", "selective", "full")
-
-
 def activation_memory_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
                                 recompute: str = "none") -> float:
     """Activation bytes one transformer layer keeps for backward (Korthikanti et al. 2022,
@@ -190,8 +188,9 @@ def activation_memory_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sequ
     drops the attention-score terms (5·a·s/h: recomputed in backward), ``"full"`` keeps only each
     layer's input, 2·s·b·h (split t ways under sequence parallelism)."""
     require_whole(s=s, b=b, h=h, a=a, t=t)
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r} is unknown; use one of {', '.join(RECOMPUTE)}")
+    if recompute not in RECOMPUTE or recompute == "op":
+        known = "has no per-layer formula (mpkit.sim.plan prices it)" if recompute == "op" else "is unknown"
+        raise ValueError(f"recompute={recompute!r} {known}; use one of none, selective, full")
     split = t if sequence_parallel else 1
     if recompute == "full":
         return 2 * s * b * h / split
@@ -243,8 +242,6 @@ def ring_reduce_scatter_time(S: float, N: int, alpha: float, beta: float) -> flo
     _alpha_beta(alpha, beta)
     return (N - 1) * (alpha + S / N * beta)
 
-
-ring_all_gather_time = ring_reduce_scatter_time
 
 
 def tree_allreduce_time(S: float, N: int, alpha: float, beta: float) -> float:

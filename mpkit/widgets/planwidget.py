@@ -16,10 +16,12 @@ import ipywidgets as w
 
 from mpkit.widgets.controls import LanguageControls
 from mpkit.i18n import LANG_LABELS, LANGS, t
-from mpkit.costmodel.analytic import CP_ATTENTION, MODELS, RECOMPUTE
+from mpkit.costmodel.analytic import CP_ATTENTION
+from mpkit.costmodel.shapes import MODELS
 from mpkit.simulator.formulas import ZERO_STAGES
 from mpkit.simulator.hardware import STACKS
 from mpkit.simulator.hardware import GPU_PRESETS, MULTI_NODE
+from mpkit.vocabulary import RECOMPUTE
 from mpkit.costmodel.plan import plan
 
 MODEL_CHOICES = (*MODELS, "7B", "13B", "70B")
