@@ -400,6 +400,22 @@ def memory_per_gpu(params, dp, pp, tp, zero_stage):
             + 12 * psi / (dp if zero_stage >= 1 else 1))
 
 
+def reshard_reads(numel, saved_ranks, new_ranks):
+    def bounds(ranks):
+        sizes = [len(piece) for piece in torch.empty(numel).tensor_split(ranks)]
+        return [(sum(sizes[:r]), sum(sizes[:r + 1])) for r in range(ranks)]
+
+    saved = bounds(saved_ranks)
+    return [[(r, max(a, lo), min(b, hi)) for r, (a, b) in enumerate(saved) if max(a, lo) < min(b, hi)]
+            for lo, hi in bounds(new_ranks)]
+
+
+def checkpoint_every(step_seconds, checkpoint_seconds, mtbf_seconds):
+    every = max(1, round((2 * checkpoint_seconds * mtbf_seconds) ** 0.5 / step_seconds))
+    tau = every * step_seconds
+    return every, checkpoint_seconds / tau + tau / (2 * mtbf_seconds)
+
+
 def definitions(exercise) -> list:
     """The top-level classes and functions that make up ``exercise``'s solution (its ``target``'s names)."""
     names = [n.strip(" ()") for n in exercise.target.split(",")]
