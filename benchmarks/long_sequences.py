@@ -11,7 +11,7 @@ where PyTorch has one.
       the ranks agree on shapes and options), alone, forward only;
     - the expert-parallel MoE layer against the same layer on one device (torch has no MoE layer).
 (b) Strategies, ``Run.step_times`` (median of steps 2.., median over runs): sp against tp, cp (ring,
-    Ulysses) against single, ep against single. Compared variants take turns (``benchmarks/turns.py``).
+    Ulysses) against single, ep against single. Compared variants take turns (``benchmarks/_common/turns.py``).
 
 Every measurement is taken twice (``--repeat 2``, the default): the spread between the two is the
 noise floor. Memory tracking is off.
@@ -36,7 +36,7 @@ from mpkit.models import MixtureOfExperts
 from mpkit.parallel import (all_gather_attention, all_reduce_sequence_parallel_gradients, expert_parallel,
                             ring_attention, sequence_parallel, shard_sequence, ulysses_attention)
 from mpkit.parallel.ring_functions import agree, options
-from turns import medians_taking_turns  # benchmarks/turns.py
+from _common.turns import medians_taking_turns
 
 WORLD = 2
 B, S, H, HEADS = 8, 256, 128, 8

@@ -6,7 +6,7 @@ ring and torch's own bf16 attention on one device (the BENCHMARKS.md table "Ring
 - **mpkit before** (``--before``, default the commit this work started from, b1fc4c4): the same
   ring with its running max, sum and output kept in the input dtype. Loaded from git.
 - **reference**: ring-flash-attention's algorithm on torch's CPU flash kernel
-  (``benchmarks/ring_flash_reference.py``, which says which file and commit it follows): each block
+  (``benchmarks/_common/ring_flash_reference.py``, which says which file and commit it follows): each block
   computed by the flash kernel (bf16 output, fp32 log-sum-exp), merged in fp32.
 - **torch SDPA bf16**: ``F.scaled_dot_product_attention`` on the whole sequence, one device.
 
@@ -30,7 +30,7 @@ import torch
 
 import mpkit
 from mpkit.parallel import ring_attention, shard_sequence
-from ring_flash_reference import errors, inputs, reference_ring, sdpa_bf16, truth  # benchmarks/
+from _common.ring_flash_reference import errors, inputs, reference_ring, sdpa_bf16, truth
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -143,6 +143,10 @@ STRINGS = {
     'tour_error': {"ko": '오류', "en": 'error'},
     'tour_caveat': {"ko": '주의: 시뮬레이션 장치 시간입니다. 레이어마다 마이크로배치 하나의 순전파에서 {ms:g} ms(역전파는 그 두 배) 동안 잠들어 장치의 계산 시간을 대신하므로, 랭크마다 전용 장치가 있는 것처럼 동작합니다. 이 시간은 배치·마이크로배치 크기나 텐서 분할과 상관없이 같으므로 시간 열은 속도 향상을 보여 주지 않습니다. 읽을 것은 결과 일치(차이), 랭크별 메모리, 버블(스텝의 첫 순전파부터 마지막 역전파까지 계산하지 않은 시간의 비율, 스텝 1 이후의 중앙값)입니다. pp(마이크로배치 {m}개)의 버블은 공식 (p-1)/(m+p-1)에 가깝고 mp의 (p-1)/p보다 훨씬 작습니다 (04번 실습). 실제 하드웨어의 시간은 mpkit.sim.predict로 예측하세요.', "en": 'Caveat: this is simulated device time. Every layer sleeps {ms:g} ms per micro-batch forward (twice that backward) in place of device work, so every rank behaves like a dedicated device. That time is the same whatever the batch, micro-batch or tensor split, so the time column shows no speed-up. Read parity (diff), memory per rank and the bubble (the idle share of a step from its first forward to its last backward, median over the steps after step 0): pp with {m} micro-batches sits near the formula (p-1)/(m+p-1), far below mp\'s (p-1)/p (lab 04). For times on real hardware use mpkit.sim.predict.'},
     'tour_plots': {"ko": '그림: {out}/ 에 PNG {n}개', "en": 'plots: {n} PNGs in {out}/'},
+    # ---- mpkit.parallel: precision and recomputation misused (warnings and errors, both languages at once) ----
+    'warn_fp16_no_scaler': {"ko": "precision='fp16'의 autocast에 손실 스케일러(loss scaler)가 없습니다. 손실 스케일링(loss scaling) 없이 역전파하면 fp16에서 작은 그래디언트(gradient)는 대부분 0이 됩니다(한 실험에서 8,385개 중 8,327개). 손실을 키울 스케일러를 넘기거나(autocast_layers(layers, 'fp16', scaler=LossScaler()); MixedPrecision('fp16', scaler=LossScaler())는 스스로 넘깁니다), 범위가 fp32와 같은 'bf16'을 쓰세요.", "en": "precision='fp16' autocast has no loss scaler: without loss scaling most small gradients underflow to 0 in fp16 (8,327 of 8,385 in one probe). Pass the scaler that scales the loss (autocast_layers(layers, 'fp16', scaler=LossScaler()); MixedPrecision('fp16', scaler=LossScaler()) passes its own), or use 'bf16', which has fp32's range."},
+    'err_fp16_pipeline_group': {"ko": "이 파라미터(parameter)는 {world}개 랭크(rank)에 나뉜 파이프라인(pipeline)의 스테이지(stage)입니다. 다른 스테이지의 그래디언트(gradient)는 다른 랭크에 있으므로, 이 랭크만 fp16 오버플로를 검사하면 랭크마다 건너뛰는 스텝이 달라지고 손실 스케일(loss scale)이 서로 어긋납니다. 파이프라인의 그룹을 넘기세요: mp.step(optimizer, pipe.parameters(), group=dist.group.WORLD) (또는 pipeline(..., group=...)에 준 그룹).", "en": "these parameters are stages of a pipeline over {world} ranks: the other stages' gradients are on other ranks, so checking fp16 overflows on this rank alone lets the ranks skip different steps and their loss scales drift apart. Pass the pipeline's group: mp.step(optimizer, pipe.parameters(), group=dist.group.WORLD) (or the group given to pipeline(..., group=...))."},
+    'warn_recompute_batchnorm': {"ko": "재계산(recomputation)이 훈련 모드의 BatchNorm을 담은 레이어(layer) {layer}을(를) 감쌉니다: 역전파에서 순전파를 다시 실행하므로 BatchNorm의 running 통계가 스텝마다 두 번 갱신됩니다(torch.utils.checkpoint도 같습니다). BatchNorm이 있는 레이어는 재계산에서 빼거나, 통계를 고정하려면 BatchNorm을 eval 모드로 두세요.", "en": "recomputation wraps layer {layer}, which holds BatchNorm in training mode: the backward runs its forward again, so BatchNorm's running statistics update twice per step (torch.utils.checkpoint does the same). Leave the layers with BatchNorm out of recomputation, or put BatchNorm in eval mode to freeze its statistics."},
     # ---- plot.staleness ----
     'staleness_title': {"ko": '파라미터 서버 (비동기): 적용된 업데이트마다의 손실', "en": 'Parameter server (async): loss of each applied update'},
     'staleness_loss': {"ko": '손실', "en": 'loss'},
@@ -253,6 +257,28 @@ STRINGS = {
     'plan_w_status': {"ko": '메모리에 맞는 레이아웃 {fit}개, 맞지 않는 레이아웃 {dropped}개 ({seconds:.2f}초)', "en": '{fit} layouts fit, {dropped} do not ({seconds:.2f} s)'},
     'plan_plain_fits': {"ko": 'ZeRO도 재계산도 필요 없습니다: 사용 가능한 {cap:.1f} GB 중 {gb:.1f} GB.', "en": 'Neither ZeRO nor recomputation is needed: {gb:.1f} GB of {cap:.1f} GB usable.'},
 
+    # ---- checkpoints and failures (plot.checkpoint_interval, plot.restarts, sim.checkpoint_interval) ----
+    'ckpt_interval_title': {"ko": '체크포인트 간격에 따른 낭비 (저장 {checkpoint}, 평균 고장 간격 {mtbf}, 재시작 {restart})', "en": 'Waste vs checkpoint interval (save {checkpoint}, MTBF {mtbf}, restart {restart})'},
+    'ckpt_interval_x': {"ko": '체크포인트 사이의 작업 시간 τ (분, 로그 눈금)', "en": 'work between checkpoints τ (minutes, log scale)'},
+    'ckpt_interval_y': {"ko": '벽시계 시간 중 낭비 비율', "en": 'share of wall time wasted'},
+    'ckpt_total': {"ko": '기대 낭비 (Daly 2006)', "en": 'expected waste (Daly 2006)'},
+    'ckpt_saving_part': {"ko": '저장 비용 δ/τ', "en": 'saving cost δ/τ'},
+    'ckpt_lost_part': {"ko": '장애로 잃는 작업 τ/(2M)', "en": 'work lost to failures τ/(2M)'},
+    'ckpt_young': {"ko": 'Young: √(2δM) = {value}', "en": 'Young: √(2δM) = {value}'},
+    'ckpt_daly': {"ko": 'Daly: {value}', "en": 'Daly: {value}'},
+    'ckpt_chosen': {"ko": '선택한 간격 {value}', "en": 'chosen interval {value}'},
+    'ckpt_w_checkpoint': {"ko": '저장 시간(초)', "en": 'save time (s)'},
+    'ckpt_w_mtbf': {"ko": '평균 고장 간격(시간)', "en": 'MTBF (hours)'},
+    'ckpt_w_restart': {"ko": '재시작(분)', "en": 'restart (min)'},
+    'ckpt_w_interval': {"ko": '간격(분)', "en": 'interval (min)'},
+    'ckpt_w_status': {"ko": '간격 {interval}: 낭비 {waste:.1%}, 장애 한 번에 평균 {lost} 작업을 다시 하고 {restart} 동안 재시작. 최적: Young {young}, Daly {daly} (낭비 {best:.1%}).', "en": 'Interval {interval}: {waste:.1%} wasted; each failure redoes {lost} of work on average and restarts for {restart}. Optimum: Young {young}, Daly {daly} ({best:.1%} wasted).'},
+    'restarts_title': {"ko": '장애, 재시작, 다시 실행한 스텝', "en": 'Failure, restart and replayed steps'},
+    'restarts_x': {"ko": '첫 시작 뒤 시간(초)', "en": 'seconds since the first start'},
+    'restarts_attempt': {"ko": '시도 {n} (스텝 {step}부터)', "en": 'attempt {n} (from step {step})'},
+    'restarts_step': {"ko": '스텝', "en": 'step'},
+    'restarts_replayed': {"ko": '다시 실행한 스텝', "en": 'replayed step'},
+    'restarts_save': {"ko": '체크포인트 저장', "en": 'checkpoint saved'},
+    'restarts_failure': {"ko": '장애', "en": 'failure'},
 }
 
 
@@ -269,4 +295,10 @@ def t(key: str, lang: str, **values) -> str:
     return text.format(**values) if values else text
 
 
-__all__ = ["LANGS", "LANG_LABELS", "STRINGS", "check_lang", "t"]
+def both(key: str, **values) -> str:
+    """The Korean and the English string for ``key``, one line each: for a warning or an error that
+    has no language option (it reaches whoever runs the code)."""
+    return "\n".join(t(key, lang, **values) for lang in LANGS)
+
+
+__all__ = ["LANGS", "LANG_LABELS", "STRINGS", "check_lang", "t", "both"]

@@ -1,6 +1,6 @@
 """Ring attention in bf16 is as accurate as a flash-attention-style ring (issue 45): its output and
 gradient errors against float64 stay within 2x of ring-flash-attention's algorithm run on torch's
-CPU flash kernel (``benchmarks/ring_flash_reference.py``, which says which file and commit it
+CPU flash kernel (``benchmarks/_common/ring_flash_reference.py``, which says which file and commit it
 follows), on the same inputs, for 2 ranks, causal and not. The statistics and accumulators are
 fp32, so the log-sum-exp is returned in fp32 and within 1e-5 of float64's.
 
@@ -17,7 +17,7 @@ import torch
 import mpkit
 from mpkit.parallel import ring_attention, shard_sequence
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ring_flash_reference.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "_common" / "ring_flash_reference.py"
 spec = importlib.util.spec_from_file_location("ring_flash_reference", SCRIPT)
 reference = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(reference)

@@ -550,6 +550,20 @@ class ExpertParallelMoE:
             if p.grad is not None:
                 dist.all_reduce(p.grad)
                 p.grad /= n
+def reshard_reads(numel, saved_ranks, new_ranks):
+    def bounds(ranks):
+        sizes = [len(piece) for piece in torch.empty(numel).tensor_split(ranks)]
+        return [(sum(sizes[:r]), sum(sizes[:r + 1])) for r in range(ranks)]
+
+    saved = bounds(saved_ranks)
+    return [[(r, max(a, lo), min(b, hi)) for r, (a, b) in enumerate(saved) if max(a, lo) < min(b, hi)]
+            for lo, hi in bounds(new_ranks)]
+
+
+def checkpoint_every(step_seconds, checkpoint_seconds, mtbf_seconds):
+    every = max(1, round((2 * checkpoint_seconds * mtbf_seconds) ** 0.5 / step_seconds))
+    tau = every * step_seconds
+    return every, checkpoint_seconds / tau + tau / (2 * mtbf_seconds)
 
 
 def definitions(exercise) -> list:

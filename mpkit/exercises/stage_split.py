@@ -11,8 +11,7 @@ gpt: the embedding and the head are light, the blocks heavy).
 """
 from __future__ import annotations
 
-from mpkit.exercises.common import Case, Exercise, failed, passed
-from mpkit.exercises.layout import _results
+from mpkit.exercises.common import Case, Exercise, failed, passed, pure_results
 from mpkit.exercises.result import Text
 from mpkit.models import ModelConfig, build_model
 from mpkit.parallel.pipeline.split import partition
@@ -87,7 +86,7 @@ def _bytes_hint(got, want, per):
 
 def _judge(case, fn, timeout):
     sizes, ranks, optimizer = case_sizes(case), case.params["ranks"], case.params["optimizer"]
-    got = _results(fn, [(list(sizes), ranks, optimizer)], timeout)[0]
+    got = pure_results(fn, [(list(sizes), ranks, optimizer)], timeout)[0]
     if not isinstance(got, (list, tuple)) or len(got) != 2:
         return failed(case, Text(f"두 값을 기대했는데 {got!r}입니다.", f"expected two values, got {got!r}."), SHAPE)
     stages, nbytes = _as_stages(got[0], ranks), got[1]

@@ -21,6 +21,8 @@ classes: one implementation per mechanism.
 - ``MixedPrecision``, ``LossScaler``, ``autocast_layers``: bf16/fp16 compute with fp32 master weights,
   fp16's dynamic loss scaling; ``recompute_layers``: full or selective recomputation.
 - ``Layout``: the dp x pp x tp rank grid of 3D parallelism (and the planner's cp dimension); ``ring_all_reduce``: a collective by hand.
+- ``checkpoint`` (a subpackage: ``from mpkit.parallel import checkpoint``): distributed checkpoints of
+  any layout above on ``torch.distributed.checkpoint``, loaded into any other, committed atomically.
 """
 from mpkit.parallel.collectives import ring_all_reduce
 from mpkit.parallel.buckets import plan_buckets

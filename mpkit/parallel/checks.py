@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from mpkit.observe import active
 
@@ -37,6 +38,22 @@ def trainable_parameters(module: nn.Module, what: str) -> list[nn.Parameter]:
         raise ValueError(f"{what}: the module has no trainable parameters (every parameter has "
                          f"requires_grad=False); there is nothing to synchronise")
     return params
+
+
+# Parameters whose gradients are split over the ranks of a world (a pipeline's stages: each rank holds
+# others), by that world's size: a check of their gradients on one rank alone sees only its share.
+_SPLIT_GRADIENTS = WeakIdKeyDictionary()  # by identity: a tensor's == is elementwise
+
+
+def mark_split_gradients(params, world_size: int) -> None:
+    """Record that ``params``' gradients are one rank's share of a world of ``world_size`` ranks."""
+    for p in params:
+        _SPLIT_GRADIENTS[p] = world_size
+
+
+def split_gradients_world(params) -> int:
+    """The largest world any of ``params``' gradients are split over (1: each rank holds them all)."""
+    return max((_SPLIT_GRADIENTS.get(p, 1) for p in params), default=1)
 
 
 def broadcast_module(module: nn.Module, group=None, parameters: bool = True, buffers: bool = True) -> None:

@@ -21,6 +21,7 @@ from mpkit.parallel.expert_parallel import (ExpertParallelMoE, check_expert_spli
 from mpkit.simulator.engine import Compute
 from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import (forward_backward, group_mean, local_batch, mixed_precision, optimizer_step,
                                    prepare_layers, run_steps)
 from mpkit.strategies.sp import require_gpt
@@ -53,7 +54,7 @@ def run_rank(ctx, cfg, group=None):
         optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=dist.group.WORLD)  # experts: per rank
         return loss.item()
 
-    losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt))
+    losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt), state=Resumable(model, opt, mp=mp))
     return RankOutput(losses=group_mean(ctx, losses, group), params=full_expert_parameters(model, group),
                       extra={"expert_load": loads, **mp.report(),
                              "first_expert": [m.first for m in model.modules() if isinstance(m, ExpertParallelMoE)]})

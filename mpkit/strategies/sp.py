@@ -22,6 +22,7 @@ from mpkit.parallel.sequence_parallel import all_reduce_sequence_parallel_gradie
 from mpkit.parallel.tensor_parallel import full_parameters
 from mpkit.strategies import tp as tensor_strategy
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import (forward_backward, full_batch, mixed_precision, optimizer_step, prepare_layers,
                                    run_steps)
 
@@ -71,7 +72,7 @@ def run_rank(ctx, cfg, group=None):
         optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=dist.group.WORLD)
         return loss.item()
 
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt), state=Resumable(model, opt, mp=mp))
     return RankOutput(losses=losses, params=full_parameters(model),
                       extra={"parameters_per_rank": sum(p.numel() for p in model.parameters()), **mp.report()})
 
