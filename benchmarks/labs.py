@@ -8,7 +8,7 @@
     (``--rounds``) so the run-to-run spread, the noise floor, stands next to the figures.
 
     python benchmarks/labs.py [NOTEBOOK ...]                      # (a)
-    python benchmarks/labs.py --exercises [--reps 3] [--rounds 2]  # (b)
+    python benchmarks/labs.py --exercises [--reps 3] [--rounds 2] [--only NAME,NAME]  # (b)
 """
 from __future__ import annotations
 
@@ -84,12 +84,14 @@ def seconds(name, fn, reps):
     return statistics.median(times)
 
 
-def exercises(reps, rounds):
+def exercises(reps, rounds, only=()):
+    """(b); ``only``: these exercises' checks (with their deadlock or loop row, if any) instead of all."""
+    chosen = [(label, name, fn) for label, name, fn in cases() if not only or name in only]
     print(machine_info(), f"load before: {load()}")
-    rows = {label: [seconds(name, fn, reps) for _ in range(rounds)] for label, name, fn in cases()}
+    rows = {label: [seconds(name, fn, reps) for _ in range(rounds)] for label, name, fn in chosen}
     print(f"| check | cases | median s ({reps} runs), round 1 .. {rounds} | spread between rounds |")
     print("|---|---|---|---|")
-    for (label, name, _), values in zip(cases(), rows.values()):
+    for (label, name, _), values in zip(chosen, rows.values()):
         spread = max(values) - min(values)
         print(f"| {label} | {len(EXERCISES[name].cases)} | {' / '.join(f'{v:.2f}' for v in values)} | {spread:.2f} |")
     print(f"load after: {load()}")
@@ -101,9 +103,14 @@ def main(argv=None):
     parser.add_argument("--exercises", action="store_true", help="(b): the exercises' checks instead of the labs")
     parser.add_argument("--reps", type=int, default=3, help="(b)")
     parser.add_argument("--rounds", type=int, default=2, help="(b)")
+    parser.add_argument("--only", default="", help="(b): comma-separated exercise names (default: every exercise)")
     args = parser.parse_args(argv)
+    only = {name for name in args.only.split(",") if name}
+    if only - set(EXERCISES):
+        parser.error(f"--only: unknown exercise(s) {', '.join(sorted(only - set(EXERCISES)))}; use names from "
+                     f"`mpkit exercise list`")
     if args.exercises:
-        exercises(args.reps, args.rounds)
+        exercises(args.reps, args.rounds, only)
     else:
         labs(args.notebooks)
 

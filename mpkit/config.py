@@ -22,6 +22,32 @@ MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"kind"}
 
 
 @dataclass(frozen=True)
+class Checkpointing:
+    """``mpkit.train``'s checkpoint arguments, resolved by ``train`` before any rank starts:
+    save into ``directory`` (``step_000004``, ...) after every ``every`` steps (None: after the
+    last one), ``blocking=False`` with ``dcp.async_save``; start from the checkpoint
+    ``resume_from``, which holds ``start_step`` steps. ``failure``: (step, rank) where the run
+    kills that rank once (SIGKILL), to watch a job lose a rank and come back."""
+
+    directory: str | None = None
+    every: int | None = None
+    resume_from: str | None = None
+    start_step: int = 0
+    blocking: bool = True
+    failure: tuple[int, int] | None = None
+
+    @property
+    def saves(self) -> bool:
+        return self.directory is not None
+
+    def due(self, steps_done: int, steps: int) -> bool:
+        """Whether a save follows the step that brings the count to ``steps_done`` (of ``steps``)."""
+        if not self.saves:
+            return False
+        return steps_done == steps if self.every is None else steps_done % self.every == 0
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     strategy: str
     world_size: int
@@ -36,6 +62,7 @@ class TrainConfig:
     precision: str = "fp32"  # "bf16" / "fp16": autocast compute, fp32 master weights (mpkit.parallel.precision)
     recompute: str | None = None  # "full" / "selective": activation checkpointing (mpkit.parallel.recompute)
     loss_scale: float = DEFAULT_LOSS_SCALE  # fp16's first dynamic loss scale
+    checkpointing: Checkpointing = field(default_factory=Checkpointing)  # set by mpkit.train
 
     def option(self, name):
         return self.options[name]
@@ -136,5 +163,5 @@ def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=
                        None if recompute == "none" else recompute, float(loss_scale))
 
 
-__all__ = ["TrainConfig", "OPTIMIZERS", "PRECISIONS", "DEFAULT_LOSS_SCALE", "MODEL_FIELDS",
+__all__ = ["TrainConfig", "Checkpointing", "OPTIMIZERS", "PRECISIONS", "DEFAULT_LOSS_SCALE", "MODEL_FIELDS",
            "model_config", "build_config", "check_precision_name", "check_recompute"]

@@ -261,6 +261,28 @@ STRINGS = {
     'plan_w_status': {"ko": '메모리에 맞는 레이아웃 {fit}개, 맞지 않는 레이아웃 {dropped}개 ({seconds:.2f}초)', "en": '{fit} layouts fit, {dropped} do not ({seconds:.2f} s)'},
     'plan_plain_fits': {"ko": 'ZeRO도 재계산도 필요 없습니다: 사용 가능한 {cap:.1f} GB 중 {gb:.1f} GB.', "en": 'Neither ZeRO nor recomputation is needed: {gb:.1f} GB of {cap:.1f} GB usable.'},
 
+    # ---- checkpoints and failures (plot.checkpoint_interval, plot.restarts, sim.checkpoint_interval) ----
+    'ckpt_interval_title': {"ko": '체크포인트 간격에 따른 낭비 (저장 {checkpoint}, 평균 고장 간격 {mtbf}, 재시작 {restart})', "en": 'Waste vs checkpoint interval (save {checkpoint}, MTBF {mtbf}, restart {restart})'},
+    'ckpt_interval_x': {"ko": '체크포인트 사이의 작업 시간 τ (분, 로그 눈금)', "en": 'work between checkpoints τ (minutes, log scale)'},
+    'ckpt_interval_y': {"ko": '벽시계 시간 중 낭비 비율', "en": 'share of wall time wasted'},
+    'ckpt_total': {"ko": '기대 낭비 (Daly 2006)', "en": 'expected waste (Daly 2006)'},
+    'ckpt_saving_part': {"ko": '저장 비용 δ/τ', "en": 'saving cost δ/τ'},
+    'ckpt_lost_part': {"ko": '장애로 잃는 작업 τ/(2M)', "en": 'work lost to failures τ/(2M)'},
+    'ckpt_young': {"ko": 'Young: √(2δM) = {value}', "en": 'Young: √(2δM) = {value}'},
+    'ckpt_daly': {"ko": 'Daly: {value}', "en": 'Daly: {value}'},
+    'ckpt_chosen': {"ko": '선택한 간격 {value}', "en": 'chosen interval {value}'},
+    'ckpt_w_checkpoint': {"ko": '저장 시간(초)', "en": 'save time (s)'},
+    'ckpt_w_mtbf': {"ko": '평균 고장 간격(시간)', "en": 'MTBF (hours)'},
+    'ckpt_w_restart': {"ko": '재시작(분)', "en": 'restart (min)'},
+    'ckpt_w_interval': {"ko": '간격(분)', "en": 'interval (min)'},
+    'ckpt_w_status': {"ko": '간격 {interval}: 낭비 {waste:.1%}, 장애 한 번에 평균 {lost} 작업을 다시 하고 {restart} 동안 재시작. 최적: Young {young}, Daly {daly} (낭비 {best:.1%}).', "en": 'Interval {interval}: {waste:.1%} wasted; each failure redoes {lost} of work on average and restarts for {restart}. Optimum: Young {young}, Daly {daly} ({best:.1%} wasted).'},
+    'restarts_title': {"ko": '장애, 재시작, 다시 실행한 스텝', "en": 'Failure, restart and replayed steps'},
+    'restarts_x': {"ko": '첫 시작 뒤 시간(초)', "en": 'seconds since the first start'},
+    'restarts_attempt': {"ko": '시도 {n} (스텝 {step}부터)', "en": 'attempt {n} (from step {step})'},
+    'restarts_step': {"ko": '스텝', "en": 'step'},
+    'restarts_replayed': {"ko": '다시 실행한 스텝', "en": 'replayed step'},
+    'restarts_save': {"ko": '체크포인트 저장', "en": 'checkpoint saved'},
+    'restarts_failure': {"ko": '장애', "en": 'failure'},
 }
 
 

@@ -164,6 +164,29 @@ def layerwise_step(ctx, stage, x, y, loss_fn, act_shape):
     return loss
 
 
+def balanced_stages(layer_parameters, ranks, optimizer):
+    def needed(limit):  # ranks used when each takes layers from the front until the next would pass limit
+        count, total = 1, 0
+        for size in layer_parameters:
+            count, total = (count + 1, size) if total + size > limit else (count, total + size)
+        return count
+
+    lo, hi = max(layer_parameters), sum(layer_parameters)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if needed(mid) <= ranks else (mid + 1, hi)
+    stages, start, n = [], 0, len(layer_parameters)
+    for r in range(ranks):
+        end, total = start + 1, layer_parameters[start]
+        while end < n - (ranks - r - 1) and total + layer_parameters[end] <= lo:  # leave a layer for every later rank
+            total += layer_parameters[end]
+            end += 1
+        stages.append(list(range(start, end)))
+        start = end
+    per = 4 + 4 + (8 if optimizer == "adam" else 0)  # weight, gradient, Adam's two moments (fp32)
+    return stages, [sum(layer_parameters[i] for i in stage) * per for stage in stages]
+
+
 class CopyToParallelRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -410,6 +433,149 @@ def memory_per_gpu(params, dp, pp, tp, zero_stage):
     psi = params / (pp * tp)
     return (2 * psi / (dp if zero_stage >= 3 else 1) + 2 * psi / (dp if zero_stage >= 2 else 1)
             + 12 * psi / (dp if zero_stage >= 1 else 1))
+
+
+class GatherFromSequenceParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = x.new_empty((dist.get_world_size() * x.shape[0], *x.shape[1:]))
+        dist.all_gather_into_tensor(out, x.contiguous())  # rank j's shard lands in rows j·s/N ..
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.new_empty((grad.shape[0] // dist.get_world_size(), *grad.shape[1:]))
+        dist.reduce_scatter_tensor(out, grad.contiguous())  # the ranks' partial gradients, this rank's tokens
+        return out
+
+
+class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = x.new_empty((x.shape[0] // dist.get_world_size(), *x.shape[1:]))
+        dist.reduce_scatter_tensor(out, x.contiguous())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.new_empty((dist.get_world_size() * grad.shape[0], *grad.shape[1:]))
+        dist.all_gather_into_tensor(out, grad.contiguous())
+        return out
+
+
+def ring_attention_merge(ctx, q, k, v):
+    n, r, c = ctx.world_size, ctx.rank, q.shape[2] // 2
+
+    def positions(rank):  # chunks rank and 2N-1-rank of the 2N chunks
+        return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * n - 1 - rank) * c, (2 * n - rank) * c)])
+
+    def finite(t):  # -inf (a query that saw no key yet) as 0, so exp(s - lse) stays 0 and never NaN
+        return torch.where(torch.isinf(t), torch.zeros_like(t), t)
+
+    mine, scaled = positions(r), q.float() * q.shape[-1] ** -0.5
+    out, lse = torch.zeros(scaled.shape), torch.full(scaled.shape[:-1], float("-inf"))  # fp32 statistics
+    kv = torch.stack([k, v])
+    for step in range(n):
+        if step < n - 1:  # pass the block on while this one is computed
+            arriving = torch.empty_like(kv)
+            hops = [dist.isend(kv, (r + 1) % n), dist.irecv(arriving, (r - 1) % n)]
+        seen = mine[:, None] >= positions((r - step) % n)[None, :]  # the owner of kv is rank r - step
+        if seen.any():
+            s = (scaled @ kv[0].float().transpose(-2, -1)).masked_fill(~seen, float("-inf"))
+            block_lse = s.logsumexp(-1)
+            block_out = torch.exp(s - finite(block_lse)[..., None]) @ kv[1].float()
+            new = torch.logaddexp(lse, block_lse)
+            out = (torch.exp(lse - finite(new))[..., None] * out
+                   + torch.exp(block_lse - finite(new))[..., None] * block_out)
+            lse = new
+        if step < n - 1:
+            for hop in hops:
+                hop.wait()
+            kv = arriving
+    return out.to(q.dtype), lse
+
+
+def ulysses_head_swap(ctx, q, k, v):
+    n = ctx.world_size
+
+    def exchange(x, scatter_dim, gather_dim):  # block j of scatter_dim to rank j; received blocks joined in rank order
+        send = torch.stack(x.chunk(n, dim=scatter_dim)).contiguous()
+        received = torch.empty_like(send)
+        dist.all_to_all_single(received, send)
+        return torch.cat(received.unbind(0), dim=gather_dim)
+
+    class AllToAll(torch.autograd.Function):
+        @staticmethod
+        def forward(fctx, x, scatter_dim, gather_dim):
+            fctx.dims = (scatter_dim, gather_dim)
+            return exchange(x, scatter_dim, gather_dim)
+
+        @staticmethod
+        def backward(fctx, grad):  # every gradient block goes back to the rank its values came from
+            scatter_dim, gather_dim = fctx.dims
+            return exchange(grad, gather_dim, scatter_dim), None, None
+
+    q, k, v = (AllToAll.apply(t, 1, 2) for t in (q, k, v))  # [b, H, s/N, d] -> [b, H/N, s, d]
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return AllToAll.apply(out, 2, 1)  # -> [b, H, s/N, d]
+
+
+class ExpertParallelMoE:
+    class AllToAll(torch.autograd.Function):  # dimension 0 cut in N blocks, block j to rank j; backward: back again
+        @staticmethod
+        def forward(fctx, x):
+            out = torch.empty_like(x)
+            dist.all_to_all_single(out, x.contiguous())
+            return out
+
+        @staticmethod
+        def backward(fctx, grad):
+            out = torch.empty_like(grad)
+            dist.all_to_all_single(out, grad.contiguous())
+            return out
+
+    def __init__(self, ctx, router, experts, num_experts, top_k, capacity):
+        self.ctx, self.router, self.experts = ctx, router, experts
+        self.num_experts, self.top_k, self.capacity = num_experts, top_k, capacity
+
+    def forward(self, x):
+        n, e, cap = self.ctx.world_size, self.num_experts, self.capacity
+        weights, chosen = torch.softmax(self.router(x), dim=-1).topk(self.top_k, dim=-1)
+        choice = chosen.t().reshape(-1)  # every token's first choice in token order, then the second choices
+        token = torch.arange(len(x)).repeat(self.top_k)
+        slot = (F.one_hot(choice, e).cumsum(0) - 1)[torch.arange(len(choice)), choice]
+        kept = slot < cap  # beyond an expert's capacity the choice is dropped
+        buffer = x.new_zeros(e, cap, x.shape[1]).index_put((choice[kept], slot[kept]), x[token[kept]])
+        arrived = self.AllToAll.apply(buffer).view(n, e // n, cap, -1)  # [source rank, my expert, slot, h]
+        done = torch.stack([expert(arrived[:, j].reshape(n * cap, -1)).view(n, cap, -1)
+                            for j, expert in enumerate(self.experts)], dim=1)
+        back = self.AllToAll.apply(done.reshape(e, cap, -1))  # [expert, slot, h] on the tokens' rank
+        combined = weights.t().reshape(-1)[kept, None] * back[choice[kept], slot[kept]]
+        return x.new_zeros(x.shape).index_add(0, token[kept], combined)
+
+    def synchronize_gradients(self):
+        n = self.ctx.world_size
+        for p in self.experts.parameters():  # they already hold every rank's tokens' gradient: N x the mean's
+            if p.grad is not None:
+                p.grad /= n
+        for p in self.router.parameters():  # replicated, trained on this rank's tokens: average as in DP
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= n
+def reshard_reads(numel, saved_ranks, new_ranks):
+    def bounds(ranks):
+        sizes = [len(piece) for piece in torch.empty(numel).tensor_split(ranks)]
+        return [(sum(sizes[:r]), sum(sizes[:r + 1])) for r in range(ranks)]
+
+    saved = bounds(saved_ranks)
+    return [[(r, max(a, lo), min(b, hi)) for r, (a, b) in enumerate(saved) if max(a, lo) < min(b, hi)]
+            for lo, hi in bounds(new_ranks)]
+
+
+def checkpoint_every(step_seconds, checkpoint_seconds, mtbf_seconds):
+    every = max(1, round((2 * checkpoint_seconds * mtbf_seconds) ** 0.5 / step_seconds))
+    tau = every * step_seconds
+    return every, checkpoint_seconds / tau + tau / (2 * mtbf_seconds)
 
 
 def definitions(exercise) -> list:

@@ -24,6 +24,8 @@ classes: one implementation per mechanism.
   ``build_mesh``: its one ``DeviceMesh`` and process groups by name (``Mesh``);
   ``parallelize(model, mesh, plan)``: every parallelism above applied to one model by a ``Plan``.
 - ``ring_all_reduce``: a collective by hand.
+- ``checkpoint`` (a subpackage: ``from mpkit.parallel import checkpoint``): distributed checkpoints of
+  any layout above on ``torch.distributed.checkpoint``, loaded into any other, committed atomically.
 """
 from mpkit.parallel.collectives import ring_all_reduce
 from mpkit.parallel.buckets import plan_buckets

@@ -288,6 +288,7 @@ class Parallelized:
     def __init__(self, mesh: Mesh, plan: Plan, parts: dict, mp: MixedPrecision, device, prefix):
         self.mesh, self.plan, self.stages, self.mp, self.device = mesh, plan, parts, mp, device
         self._prefix = prefix  # None: the model unpipelined, its own names
+        self.prefix = prefix or ""  # the single model's name of the pipeline's layer sequence (a checkpoint's)
         lay = mesh.layout
         self.dp_group = mesh.group("dp_cp")
         self._replicas = lay.size("dp_cp")

@@ -4,6 +4,7 @@ Every function takes ``lang="en"`` or ``lang="ko"`` and returns a matplotlib Fig
 """
 from mpkit.plot.bubble import bubble
 from mpkit.plot.breakdown import breakdown
+from mpkit.plot.checkpoints import checkpoint_interval, restarts
 from mpkit.plot.collectives import collectives
 from mpkit.plot.comm import comm
 from mpkit.i18n import LANGS
@@ -15,4 +16,4 @@ from mpkit.plot.style import save
 from mpkit.plot.timeline import timeline
 
 __all__ = ["timeline", "memory", "memory_over_time", "comm", "bubble", "breakdown", "timelines", "staleness", "collectives",
-           "save", "LANGS"]
+           "checkpoint_interval", "restarts", "save", "LANGS"]

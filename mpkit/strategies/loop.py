@@ -20,6 +20,7 @@ from mpkit.parallel.mesh import build_mesh
 from mpkit.parallel.parallelize import Parallelized, Plan, mean_losses, parallelize
 from mpkit.parallel.pipeline.split import split_layers
 from mpkit.parallel.plans import builtin_structure
+from mpkit.strategies.checkpointing import LoopCheckpoints, Resumable
 from mpkit.parallel.precision import LossScaler, MixedPrecision
 from mpkit.parallel.recompute import recompute_layers
 from mpkit.strategies.base import RankOutput, optimizer_spec
@@ -29,20 +30,25 @@ class NonFiniteLoss(FloatingPointError):
     """The loss of a step is NaN or infinite (a learning rate too large, an overflow)."""
 
 
-def run_steps(ctx, cfg: TrainConfig, step, data, *, track=()) -> list[float]:
+def run_steps(ctx, cfg: TrainConfig, step, data, *, track=(), state: Resumable | None = None) -> list[float]:
     """``step(x, y) -> loss (float) or None`` for each of ``cfg.steps`` steps on ``data(k)``, inside
-    ``ctx.memory.track(*track)``; returns this rank's losses."""
+    ``ctx.memory.track(*track)``; returns this rank's losses. ``state``: what the run's checkpoints
+    hold (``checkpointing.Resumable``): with ``resume_from`` the loop starts at the checkpoint's
+    step (and returns the losses from there on), with ``checkpoint_dir`` it saves as asked."""
     losses = []
+    checkpoints = LoopCheckpoints(ctx, cfg, state)
     with ctx.memory.track(*track):
-        for k in range(cfg.steps):
+        for k in range(checkpoints.resume(), cfg.steps):
             ctx.set_step(k)
+            checkpoints.before_step(k)
             loss = step(*data(k))
-            if loss is None:
-                continue
-            if cfg.check_finite and not math.isfinite(loss):
+            if loss is not None and cfg.check_finite and not math.isfinite(loss):
                 raise NonFiniteLoss(f"step {k}: the loss is {loss} on rank {ctx.rank}. Lower the learning rate "
                                     f"(lr={cfg.lr:g}), or pass check_finite=False to keep training anyway")
-            losses.append(loss)
+            if loss is not None:
+                losses.append(loss)
+            checkpoints.after_step(k + 1)
+        checkpoints.finish()
     ctx.set_step(None)
     return losses
 
@@ -157,10 +163,12 @@ def parallelized(ctx, cfg: TrainConfig, layout: Layout, plan: Plan) -> Paralleli
 
 
 def train_parallelized(ctx, cfg: TrainConfig, par: Parallelized, step=None, every_rank: bool = False) -> RankOutput:
-    """The one loop on ``par`` (``step``: ``par.step`` or a caller's wrapper of it), then the global
+    """The one loop on ``par`` (``step``: ``par.step`` or a caller's wrapper of it; checkpoints of
+    ``par.model`` and ``par.optimizer`` as the run asks), then the global
     losses (the mean over dp x cp, where the last stage is) and the full parameters. They are
     reported by the first replica of every stage, or by ``every_rank``; ``extra``: the precision."""
-    losses = run_steps(ctx, cfg, step or par.step, full_batch(ctx, cfg), track=par.tracked)
+    losses = run_steps(ctx, cfg, step or par.step, full_batch(ctx, cfg), track=par.tracked,
+                       state=Resumable(par.model, par.optimizer, par.prefix, par.mp))
     if par.holds_last_stage and par.mesh.size("dp_cp") > 1:
         losses = par.mean_losses(losses)
     params = par.full_parameters()  # a collective: every rank takes part

@@ -14,6 +14,7 @@ import html
 
 import ipywidgets as w
 
+from mpkit.widgets.controls import LanguageControls
 from mpkit.i18n import LANG_LABELS, LANGS, t
 from mpkit.costmodel.analytic import CP_ATTENTION
 from mpkit.costmodel.shapes import MODELS
@@ -31,7 +32,7 @@ PINS = {"tp": (1, 2, 4, 8, 16, 32), "zero": ZERO_STAGES, "recompute": RECOMPUTE,
 SWITCHES = ("sequence_parallel", "flash", "fused")  # the software's on/off assumptions (plan's keywords)
 
 
-class Planner:
+class Planner(LanguageControls):
     """Controls -> ``plan`` -> table and explanation. ``result`` is the latest good LayoutTable."""
 
     def __init__(self, model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8,
@@ -62,10 +63,7 @@ class Planner:
         self.table = w.HTML()
         self.explanation = w.HTML()
         self.result = None
-        self._label()
-        for control in self.controls.values():
-            control.observe(self._changed, names="value")
-        self.update()
+        self._watch()
 
     def _label(self):
         lang = self.controls["lang"].value
@@ -76,11 +74,6 @@ class Planner:
             auto = "-" if key == "stack" else t("plan_w_auto", lang)
             value, control.options = control.value, [(auto, None), *control.options[1:]]
             control.value = value
-
-    def _changed(self, change):
-        if change["owner"] is self.controls["lang"]:
-            self._label()
-        self.update()
 
     def arguments(self) -> dict:
         c = self.controls
