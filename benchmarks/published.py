@@ -65,7 +65,7 @@ TORCHTITAN_FSDP = dict(sequence_parallel=False, flash=True, overlap_dp=True, zer
 # Rank orders as the stacks build them (mpkit.layout): Megatron-LM puts PP outermost (tp-cp-ep-dp-pp from
 # the inside out, megatron/core/parallel_state.py's default order); Llama 3 405B used [TP, CP, PP, DP]
 # from the inside out (Dubey et al. 2024 §3.3.2): DP outermost
-MEGATRON_ORDER, LLAMA3_ORDER = dict(order="pp-dp-tp"), dict(order="dp-pp-tp")
+MEGATRON_ORDER, LLAMA3_ORDER = dict(order="megatron"), dict(order="dp-pp-cp-tp")
 
 # MPT shapes: mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (ALiBi, no biases,
 # GeLU MLP of 4x, vocab 50368, flash/triton attention)
@@ -445,7 +445,7 @@ def main():
                                            f"{f', CP {free.setup.layout.cp}' if free.setup.layout.cp > 1 else ''}"
                                            f"{f', ZeRO-{free.setup.zero}' if free.setup.zero else ''}"
                                            f"{', PP outermost' if free.setup.layout.dims[0] == 'pp' else ''}")
-        outer = ", PP outermost" if lay.order == "pp-dp-tp" and lay.dp > 1 and lay.pp > 1 else ""
+        outer = ", PP outermost" if lay.dims[0] == "pp" and lay.dp > 1 and lay.pp > 1 else ""
         outer += f", CP {lay.cp}" if lay.cp > 1 else ""
         print(f"| {run.source} | {run.label} | {run.gpus} | {lay.dp} x {lay.pp} x {lay.tp}{outer}, "
               f"{best.micro_batches}x{best.setup.micro_batch}, {best.setup.recompute} | {unit[run.metric]} | "

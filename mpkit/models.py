@@ -146,11 +146,14 @@ class Embedding(Layer):
 
 
 class SelfAttention(nn.Module):
-    """Causal multi-head attention; ``qkv`` and ``proj`` are the layers tensor parallel splits."""
+    """Causal multi-head attention; ``qkv`` and ``proj`` are the layers tensor parallel splits.
+    The forward reads the number of heads off ``qkv``'s output (its width over 3·head_dim), so a
+    tensor-parallel ``qkv`` that keeps this rank's heads gives this rank's heads (torchtitan's
+    attention views its projections the same way)."""
 
     def __init__(self, hidden, heads):
         super().__init__()
-        self.heads = heads
+        self.heads, self.head_dim = heads, hidden // heads
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
 
@@ -159,7 +162,7 @@ class SelfAttention(nn.Module):
     def forward(self, x):
         qkv = self.qkv(x)
         b, s = qkv.shape[:2]  # the whole sequence even when x is a sequence-parallel shard
-        q, k, v = qkv.view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.view(b, s, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)  # -1: the heads this rank holds
         y = self.core(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 

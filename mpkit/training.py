@@ -65,8 +65,9 @@ class Run:
 
     @property
     def mesh(self):
-        """Where the ranks sit on the dp x pp x tp grid (``mpkit.parallel.Layout``: ``coords(rank)``,
-        ``groups(dim)``); None for the parameter server, which has no grid."""
+        """Where the ranks sit: the run's ``mpkit.parallel.Layout``, every dimension (dp, pp, cp, tp;
+        ep inside dp) in the run's rank order (``str(run.mesh)``: "dp=2 x pp=2 x cp=1 x tp=2"),
+        ``coords(rank)``, ``groups(name)``; None for the parameter server, which has no grid."""
         return get_strategy(self.strategy).mesh(self.config)
 
     @property

@@ -123,6 +123,22 @@ TRAIN = [  # (train keyword arguments, what the error must say)
      "strategy 'pp'"),
     (dict(strategy="pp", world_size=4, schedule="dualpipev", micro_batches=4),
      "schedule='dualpipev' needs micro_batches >= 2*(pipeline ranks)=8"),
+    # issue 46: a bool is no size (dp=True reached rank 0's tensor_split as a raw TypeError)
+    (dict(strategy="3d", world_size=2, dp=True, pp=2), "dp=True must be a whole number >= 1: how many ranks"),
+    (dict(strategy="3d", world_size=2, pp=2, tp=True), "tp=True must be a whole number >= 1"),
+    (dict(strategy="3d", world_size=2, pp=2, cp=True, model="gpt"), "cp=True must be a whole number >= 1"),
+    (dict(strategy="3d", world_size=2, dp=2, ep=True), "ep=True must be a whole number >= 1"),
+    # the mesh's other options (issue 42)
+    (dict(strategy="3d", world_size=4, dp=2, pp=2, order="tp-dp-pp"), "order='tp-dp-pp' is unknown; pass the four "
+                                                                        "dimensions dp, pp, cp, tp outermost first"),
+    (dict(strategy="3d", world_size=4, dp=4, ep=2, model="gpt"), "ep=2 spreads the experts of a mixture of experts"),
+    (dict(strategy="3d", world_size=4, dp=4, ep=3, model="gpt", experts=6), "ep=3 does not divide dp=4"),
+    (dict(strategy="3d", world_size=4, dp=2, cp=2, model="gpt", experts=4), "sp=True and cp > 1 cut the sequence"),
+    (dict(strategy="3d", world_size=4, dp=4, fsdp=True, zero=True), "exclude each other; pick one"),
+    (dict(strategy="3d", world_size=4, dp=2, tp=2, fsdp="yes"), "fsdp='yes' must be True"),
+    (dict(strategy="3d", world_size=2, dp=2, ep=2, fsdp=True, model="gpt", experts=4),
+     "fsdp=True with ep=2 (experts and the rest average over different groups) is not supported"),
+    (dict(strategy="3d", world_size=4, pp=2, tp=2, fsdp=True), "fsdp=True shards over the dp x cp ranks, and dp*cp = 1"),
     # checkpoints (lab 12): every argument checked before any rank starts or any file is written
     (dict(checkpoint_every=2), "checkpoint_every=, checkpoint_async= and simulate_failure= go with checkpoint_dir"),
     (dict(checkpoint_dir="never-made", checkpoint_every=0), "checkpoint_every=0: pass a whole number of steps >= 1"),

@@ -1,7 +1,8 @@
 """The package's layering, as ARCHITECTURE.md draws it: each module imports only its own layer or
 lower ones, each folder of ``mpkit/`` is one layer (so no folder imports a folder above it), the
-import graph has no cycle, and imports inside functions are kept for heavy optional dependencies
-(never to dodge a cycle)."""
+import graph has no cycle, no strategy module imports another (what they share lives in
+``strategies/base.py``, ``loop.py``, ``checks.py``, ``programs.py`` or in ``mpkit.parallel``), and
+imports inside functions are kept for heavy optional dependencies (never to dodge a cycle)."""
 import ast
 import subprocess
 import sys
@@ -134,6 +135,27 @@ def test_no_import_points_up():
 def test_the_import_graph_has_no_cycle():
     edges = {name: {dep for dep, _ in deps if dep in GRAPH and dep != name} for name, deps in GRAPH.items()}
     assert cycles(edges) == []  # the whole checkout's files: tests/test_import_cycles.py
+
+
+def strategy_imports(graph, strategies) -> list:
+    """"<strategy> imports <strategy>" for every import of one strategy module by another."""
+    return sorted(f"{name} imports {dep}" for name in strategies for dep, _ in graph.get(name, [])
+                  if dep in strategies and dep != name)
+
+
+def test_no_strategy_imports_another():
+    from mpkit.strategies import REGISTRY
+
+    strategies = {module for module, _ in REGISTRY.values()}
+    assert strategies <= set(GRAPH)
+    assert strategy_imports(GRAPH, strategies) == []
+
+
+def test_a_strategy_importing_another_is_caught():
+    graph = {"mpkit.strategies.mp": [("mpkit.strategies.pp", False), ("mpkit.strategies.loop", False)],
+             "mpkit.strategies.pp": [("mpkit.strategies.checks", False)]}
+    assert strategy_imports(graph, {"mpkit.strategies.mp", "mpkit.strategies.pp"}) == [
+        "mpkit.strategies.mp imports mpkit.strategies.pp"]
 
 
 def test_function_local_imports_are_only_heavy_optional_dependencies():

@@ -20,7 +20,7 @@ import mpkit
 from mpkit.models import Block, ModelConfig
 from mpkit.parallel import (all_reduce_sequence_parallel_gradients, full_parameters, scatter_to_sequence_parallel_region,
                             gather_from_sequence_parallel_region, sequence_parallel, tensor_parallel)
-from mpkit.strategies.tp import builtin_plan
+from mpkit.parallel.plans import megatron_plan as builtin_plan
 
 ATOL = 1e-5
 CFG = ModelConfig(kind="gpt", hidden=32, heads=4, seq_len=16)

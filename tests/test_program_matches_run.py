@@ -22,6 +22,7 @@ CASES = [("single", 1, {}), ("dp", 2, {}), ("dp", 2, {"overlap": True, "bucket_m
          ("zero1", 2, {}), ("fsdp", 2, {}), ("mp", 2, {}), ("tp", 2, {}), ("pp", 2, {"schedule": "1f1b"}),
          ("pp", 2, {"schedule": "interleaved"}), ("ps", 3, {"mode": "sync"}),
          ("3d", 8, {"dp": 2, "tp": 2, "pp": 2, "model": "gpt"}), ("3d", 4, {"dp": 2, "pp": 2, "zero": True}),
+         ("3d", 4, {"dp": 2, "pp": 2, "order": "megatron"}),  # the program reads the run's order: PP outermost
          ("sp", 2, {"model": "gpt"}), ("cp", 2, {"model": "gpt"}), ("cp", 4, {"model": "gpt", "attention": "ulysses"}),
          ("ep", 2, {"model": "gpt", "experts": 4, "top_k": 2})]
 

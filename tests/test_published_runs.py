@@ -44,7 +44,7 @@ def test_the_recommendation_is_the_simplest_layout_within_the_models_error_and_s
     from mpkit.costmodel.analytic import Transformer
     from mpkit.costmodel.plan import MEDIAN_ERROR, plan
     table = plan(Transformer(36, 4096, 32, seq_len=2048, vocab=51200), "Nx8xA100-ib", 128, 512,
-                 sequence_parallel=False, flash=False, zero=0, recompute="full", overlap_dp=False, order="pp-dp-tp")
+                 sequence_parallel=False, flash=False, zero=0, recompute="full", overlap_dp=False, order="pp-dp-cp-tp")
     best, simple = table.best, table.recommended
     assert best.setup.layout.pp > 1 and simple.setup.layout.pp == 1
     assert simple.step_time <= best.step_time * (1 + MEDIAN_ERROR)

@@ -100,7 +100,7 @@ def test_layout_takes_numpy_integers_as_plain_ints_and_refuses_the_rest():
     import numpy as np
 
     layout = Layout(np.int64(2), 1, np.int32(2))
-    assert layout == Layout(2, 1, 2) and type(layout.dp) is int and layout.coords(3) == {"dp": 1, "pp": 0, "tp": 1}
+    assert layout == Layout(2, 1, 2) and type(layout.dp) is int and layout.coords(3) == {"dp": 1, "pp": 0, "cp": 0, "tp": 1}
     for bad in (True, 2.0, 0):
         with pytest.raises(ValueError, match=f"dp={bad!r} must be a whole number >= 1"):
             Layout(dp=bad)

@@ -184,7 +184,7 @@ def test_tp_stays_inside_a_node_when_nvlink_is_faster():
     table = plan("gpt3-175b", "8x8xH100-ib", gpus=64, global_batch=512)
     best = table.best
     assert best.links["tp"] == "intra"
-    tp_group = Layout(*best.setup.layout.shape).group_of(0, "tp")
+    tp_group = best.setup.layout.group_of(0, "tp")
     assert len({r // 8 for r in tp_group}) == 1
     assert all(e.setup.layout.tp <= 8 for e in table.rows + table.dropped)  # searched within a node
     wide = table.across_nodes()  # the best layout at the narrowest TP across nodes, priced on InfiniBand

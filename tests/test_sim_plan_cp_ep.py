@@ -20,12 +20,12 @@ def test_cp_sits_just_outside_tp_as_in_llama3_figure5_and_megatron_core():
     assert llama.dims == ("dp", "pp", "cp", "tp") and llama.world_size == 16
     assert [llama.group_of(0, d) for d in ("tp", "cp", "pp", "dp")] == [[0, 1], [0, 2], [0, 4], [0, 8]]
     # Megatron-Core's default "tp-cp-ep-dp-pp" (innermost first): DP inside PP
-    megatron = Layout(dp=2, pp=2, tp=2, cp=2, order="pp-dp-tp")
+    megatron = Layout(dp=2, pp=2, tp=2, cp=2, order="pp-dp-cp-tp")
     assert megatron.dims == ("pp", "dp", "cp", "tp")
     assert [megatron.group_of(0, d) for d in ("tp", "cp", "dp", "pp")] == [[0, 1], [0, 2], [0, 4], [0, 8]]
     for rank in range(16):
         assert megatron.rank(**megatron.coords(rank)) == rank
-    assert Layout(2, 2, 2).dims == ("dp", "pp", "tp") and Layout(2, 2, 2).shape == (2, 2, 2)  # cp=1: the 3D grid
+    assert Layout(2, 2, 2).dims == ("dp", "pp", "cp", "tp") and Layout(2, 2, 2).shape == (2, 2, 1, 2)  # cp=1: size 1
 
 
 def test_ep_is_carved_out_of_dp():
@@ -52,9 +52,9 @@ def test_llama3_405b_128k_priced_with_its_published_layout_and_explained():
     # Dubey et al. 2024, Table 4, third row: 16,384 H100s, TP 8, CP 16, PP 16, DP 8, 131,072-token
     # sequences, 16 per DP group (16M tokens per batch); CP by all-gathering K and V (§3.3.2)
     table = plan(LLAMA3_128K, "Nx8xH100-ib", gpus=16384, global_batch=8 * 16, tp=8, pp=16, cp=16, dp=8,
-                 attention="all-gather", order="dp-pp-tp")
+                 attention="all-gather", order="dp-pp-cp-tp")
     best = table.best
-    assert best is not None and best.setup.layout == Layout(8, 16, 8, "dp-pp-tp", cp=16)
+    assert best is not None and best.setup.layout == Layout(8, 16, 8, "dp-pp-cp-tp", cp=16)
     assert best.global_batch * LLAMA3_128K.seq_len == 16 * 2 ** 20
     assert "cp 16, K/V exchanged by all-gather" in str(table).splitlines()[1]
     text = table.explain("en")
@@ -120,7 +120,7 @@ def test_simplest_prefers_fewer_dimensions_only_within_the_band():
 
 def test_the_explanation_gives_the_rank_formula_with_cp():
     table = plan(LLAMA3_128K, "Nx8xH100-ib", gpus=16384, global_batch=128, tp=8, pp=16, cp=16, dp=8,
-                 attention="all-gather", order="dp-pp-tp")
+                 attention="all-gather", order="dp-pp-cp-tp")
     assert "·cp·tp + cp index·tp + tp index" in table.explain("en")
     lay = table.best.setup.layout
     c = lay.coords(12345)  # the formula the sentence gives: (dp·pp + pp)·cp·tp + cp·tp + tp

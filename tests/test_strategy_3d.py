@@ -37,7 +37,7 @@ def test_two_by_two_by_two_on_eight_ranks():
     run = run3d(2, 2, 2)
     cmp = run.compare_to_reference()
     assert cmp.loss <= LOSS_ATOL and cmp.params <= PARAM_ATOL, cmp
-    assert str(run.mesh) == "dp=2 x pp=2 x tp=2"
+    assert str(run.mesh) == "dp=2 x pp=2 x cp=1 x tp=2"
 
 
 @pytest.mark.timeout(240)
@@ -87,17 +87,18 @@ def test_plots_group_ranks_by_mesh_and_colour_dimensions():
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert {"tensor-parallel comm (tp)", "pipeline comm (pp)", "data-parallel comm (dp)"} <= set(legend)
     colours = {tuple(round(c, 3) for c in p.get_facecolor()[:3]) for p in ax.patches if p.get_gid() == "comm"}
-    expected = {tuple(round(int(h[i:i + 2], 16) / 255, 3) for i in (1, 3, 5)) for h in GROUP_COLOURS.values()}
+    expected = {tuple(round(int(h[i:i + 2], 16) / 255, 3) for i in (1, 3, 5))
+                for h in (GROUP_COLOURS[g] for g in ("tp", "pp", "dp"))}
     assert expected <= colours
     memory = mpkit.plot.memory({"2x2x1": run3d(2, 2, 1), "1x2x2": run3d(1, 2, 2)})
     assert len(memory.axes[0].get_xticklabels()) == 8  # four ranks of each layout, side by side
 
 
 @pytest.mark.parametrize("options,message", [
-    (dict(world_size=4, dp=2, tp=2, pp=2), r"dp\*pp\*tp = 2\*2\*2 = 8 ranks, but world_size=4"),
+    (dict(world_size=4, dp=2, tp=2, pp=2), r"dp\*pp\*cp\*tp = 2\*2\*1\*2 = 8 ranks, but world_size=4"),
     (dict(world_size=3, dp=1, tp=3, pp=1), r"tp size tp=3 does not divide heads=4"),
     (dict(world_size=8, dp=1, tp=1, pp=8), r"pp=8 is more than the 6 layers of the model; use pp<=6"),
-    (dict(world_size=2, dp=1, tp=1, pp=2, zero=True), r"zero=True shards the optimizer state over the dp"),
+    (dict(world_size=2, dp=1, tp=1, pp=2, zero=True), r"zero=True shards over the dp x cp ranks, and dp\*cp = 1"),
     (dict(world_size=2, dp=2, tp=1, pp=1, micro_batches=3), r"micro_batches=3 does not divide batch_size/dp=16"),
 ])
 def test_bad_layouts_are_clear_errors(options, message):

@@ -36,7 +36,7 @@ def test_composed_equals_single(world_size, options):
     (dict(cp=2, tp=2, model="mlp"), "model='gpt'"),
     (dict(cp=4, seq_len=12), "multiple of 8"),
     (dict(cp=2, tp=2, attention="ulysses", heads=2, hidden=32), "heads/tp"),
-    (dict(cp=2, dp=1), "dp\\*cp\\*pp\\*tp = 1\\*2\\*1\\*1 = 2 ranks, but world_size=4"),
+    (dict(cp=2, dp=1), "dp\\*pp\\*cp\\*tp = 1\\*1\\*2\\*1 = 2 ranks, but world_size=4"),
 ])
 def test_bad_combinations_fail_before_any_rank_starts(options, message):
     options = {"model": "gpt", **options}

@@ -172,7 +172,7 @@ class Setup:
     def describe(self, micro_batches: int, lang: str = "en") -> str:
         sched = "" if self.layout.pp == 1 else (
             f", {self.schedule}" + (f" v={self.virtual}" if self.schedule == "interleaved" else ""))
-        order = t("plan_pp_outermost", lang) if self.layout.order == "pp-dp-tp" else ""
+        order = t("plan_pp_outermost", lang) if self.layout.dims[0] == "pp" else ""
         hybrid = t("plan_hsdp", lang, shard=self.shard) if 0 < self.shard < self.layout.dp else ""
         hybrid += t("plan_keep_params", lang) if self.zero == 3 and not self.reshard_after_forward else ""
         hybrid += ", FP8" if self.fp8 else ""

@@ -23,10 +23,11 @@ from mpkit.parallel.expert_parallel import expert_parallel
 from mpkit.parallel.pipeline.schedules import chunks_per_rank, placement, schedule
 from mpkit.parallel.pipeline.simulation import simulate
 from mpkit.parallel.pipeline.split import partition
+from mpkit.parallel.plans import split_builtin
 from mpkit.parallel.sharded_optimizer import shard_numel
 from mpkit.pricing.pricing import Pricer
 from mpkit.strategies.fsdp import unsharded_bytes
-from mpkit.strategies.tp import shard as tp_shard
+from mpkit.strategies.three_d import layout_of
 from mpkit.vocabulary import CLOSED_FORM_SCHEDULES
 
 
@@ -132,14 +133,14 @@ def predict_memory(strategy: str, plan: Pricer) -> list[PredictedMemory]:
         values["other"] += _scale(plan, largest)  # one unit's gathered parameters at a time
         return [PredictedMemory(r, values, cap) for r in range(n)]
     if strategy == "tp":
-        prof = plan.piece(tp=n, shard=tp_shard)
+        prof = plan.piece(tp=n, shard=split_builtin)
         numel = prof.total_param_bytes // 4
         values = _states(plan, numel, 0, sum(len(s) for s in prof.layer_shapes.values()), 1)
         values["activations"] = _scale(plan, prof.memory["activations"])
         values["other"] = _scale(plan, prof.memory["other"])
         return [PredictedMemory(r, values, cap) for r in range(n)]
     if strategy == "sp":  # tp's slices; every stored activation split t ways (Korthikanti: 34/t per layer)
-        prof = plan.piece(tp=n, shard=tp_shard)
+        prof = plan.piece(tp=n, shard=split_builtin)
         values = _states(plan, prof.total_param_bytes // 4, 0, sum(len(s) for s in prof.layer_shapes.values()), 1)
         values["activations"] = _scale(plan, plan.piece(batch=plan.batch).memory["activations"] / n)
         values["other"] = _scale(plan, prof.memory["other"])
@@ -168,7 +169,7 @@ def predict_memory(strategy: str, plan: Pricer) -> list[PredictedMemory]:
         o = plan.options
         v = o["virtual_stages"] if o["schedule"] == "interleaved" else 1
         return _pipeline_memory(plan, cap, o["schedule"], o["micro_batches"], v,
-                                Layout(dp=o["dp"], pp=o["pp"], tp=o["tp"]), o["zero"])
+                                layout_of(o), o["zero"])
     raise ValueError(f"no memory model for strategy={strategy!r}")
 
 
@@ -185,7 +186,7 @@ def _pipeline_memory(plan, cap, name, m, v, grid, zero=False):
     p = grid.pp
     groups = partition([b // 4 for b in plan.piece(batch=1).param_bytes.values()], p * v)
     mb = plan.batch // grid.dp // m
-    shard = tp_shard if grid.tp > 1 else None
+    shard = split_builtin if grid.tp > 1 else None
     out = []
     where = placement(name, p, v)
     for rank in range(grid.world_size):

@@ -16,8 +16,9 @@ key/value heads and a node's GPUs, pp at most the layers), every micro-batch siz
 schedule, ZeRO stage and activation recomputation; drops what does not fit in GPU memory (with
 the reason); ranks the rest by the step time ``mpkit.costmodel.analytic.estimate`` prices. Which link
 a TP, PP or DP group uses comes from ``mpkit.parallel.Layout``, the same rank grid the real
-3D run uses, in both rank orders where dp and pp exceed 1 (DP outermost as the run and
-picotron, PP outermost as Megatron-LM); the table and the explanation say which won. The table
+3D run uses, in both published rank orders where dp and pp exceed 1 (DP outermost as picotron and
+mpkit's default, PP outermost as Megatron-LM and torchtitan; the 3d run takes either as ``order=``);
+the table and the explanation say which won. The table
 also states what it assumed of the training software (sequence parallelism, flash attention,
 overlapped DP reduction) and shows MFU beside HFU. TP wider than a node is searched only when pinned (``tp=16``), but priced honestly
 on the link between nodes: the explanation compares the winner with such a layout. Context
@@ -39,7 +40,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from mpkit.i18n import check_lang, t
-from mpkit.layout import ORDERS, Layout
+from mpkit.layout import DEFAULT_ORDER, ORDERS, Layout, normalize_order
 from mpkit.simulator import formulas
 from mpkit.costmodel.analytic import CP_ATTENTION, Estimate, Setup, aligned, estimate
 from mpkit.costmodel.shapes import Transformer, transformer, whole_number
@@ -72,6 +73,19 @@ def _divisors(n: int, limit: int) -> list[int]:
 def _flag(name, value):
     if not isinstance(value, bool) and type(value).__name__ != "bool_":  # numpy's bool is one too
         raise ValueError(f"{name}={value!r} must be True or False")
+
+
+def _planned_order(order):
+    """A pinned rank order as ``Layout`` spells it (a preset or an old spelling accepted); the
+    planner prices the published orders, ``ORDERS`` (TP innermost, CP next: its link model
+    assumes the TP and CP groups are the innermost blocks)."""
+    if order is None:
+        return None
+    spelled = normalize_order(order)
+    if spelled not in ORDERS:
+        raise ValueError(f"order={order!r}: the planner prices the published orders {' and '.join(map(repr, ORDERS))} "
+                         f"(TP innermost, CP next; DP or PP outermost); mpkit.parallel.Layout takes any order")
+    return spelled
 
 
 def _choice(name, value, allowed):
@@ -246,7 +260,7 @@ class LayoutTable:
         """The rank order of the winner, and where the other order would put PP and DP (only where
         both dp and pp exceed 1 do the orders differ)."""
         lay = best.setup.layout
-        text = t("plan_order_pp" if lay.order == "pp-dp-tp" else "plan_order_dp", lang)
+        text = t("plan_order_pp" if lay.dims[0] == "pp" else "plan_order_dp", lang)
         text += " " + t("plan_order_cp", lang) if lay.cp > 1 else ""
         if lay.dp == 1 or lay.pp == 1:
             return text
@@ -452,7 +466,6 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
     _choice("zero", pinned["zero"], formulas.ZERO_STAGES)
     _choice("recompute", pinned["recompute"], RECOMPUTE)
     _choice("schedule", pinned["schedule"], CLOSED_FORM_SCHEDULES)
-    _choice("order", pinned["order"], tuple(ORDERS))
     dims = {d: pinned[d] for d in ("dp", "tp", "pp") if pinned[d] is not None}
     cp = pinned["cps"][0] if len(pinned["cps"]) == 1 else 1
     if cp > 1:
@@ -503,8 +516,9 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     shard (hybrid sharding, HSDP: the ZeRO stage within groups of ``shard`` neighbouring DP ranks,
     replicas across them; priced only when pinned), reshard_after_forward (ZeRO-3: False keeps the
     gathered weights from forward to backward, as FSDP2's option), fp8 (the blocks' matmuls in FP8,
-    H100 presets), order (the rank order, outermost first: "dp-pp-tp" as picotron and mpkit's 3d run, or
-    "pp-dp-tp" as Megatron-LM; both are searched where dp and pp exceed 1);
+    H100 presets), order (the rank order, outermost first: "dp-pp-cp-tp" as picotron and mpkit's 3d run's
+    default, or "pp-dp-cp-tp" as Megatron-LM and torchtitan, or a preset name of ``mpkit.layout.PRESETS``;
+    both are searched where dp and pp exceed 1);
     the rest is searched (tp only within a node's GPUs unless pinned). ``sequence_parallel``,
     ``flash`` (fused causal attention), ``fused`` (each norm and activation one kernel, as
     Megatron's kernels or torch.compile give; False: a Llama block run eagerly, one kernel per
@@ -513,7 +527,7 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     "llm-foundry", "llama3", "generic"; ``mpkit.simulator.hardware.STACKS``) prices matmuls at the rate
     that software's published runs imply on this GPU (None: the hardware preset's fitted rate). ``cp``: context
     parallel ranks per sequence (1: none; a size, a list of sizes or "search": the divisors of the
-    GPUs), sitting just outside TP in either rank order; ``attention``: how they exchange keys and
+    GPUs), just outside TP in both orders; ``attention``: how they exchange keys and
     values ("ring", "all-gather" as Llama 3, "ulysses"); ``ep``: expert parallel ranks, carved out
     of DP as in Megatron-Core (a size, a list or "search"; mixture-of-experts models only).
     The table's header states every one of these."""
@@ -530,7 +544,7 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     if global_batch is None:
         raise ValueError("global_batch is required: the sequences per optimizer step (GPT-3 used 1536)")
     pinned = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, zero=zero, recompute=recompute,
-                  schedule=schedule, virtual=virtual, order=order, shard=shard)
+                  schedule=schedule, virtual=virtual, order=_planned_order(order), shard=shard)
     software = dict(sequence_parallel=sequence_parallel, flash=flash, overlap_dp=overlap_dp,
                     reshard_after_forward=reshard_after_forward, fp8=fp8, fused=fused)
     whole_number("gpus", gpus)
@@ -593,7 +607,7 @@ def _candidates(model: Transformer, gpus, global_batch, pinned, max_micro_batch,
                 skipped["plan_skip_shard", shard] += 1
                 continue
             orders = [pinned["order"]] if pinned["order"] else (
-                list(ORDERS) if dp > 1 and pp > 1 else ["dp-pp-tp"])  # one dimension of 1: the same grid
+                list(ORDERS) if dp > 1 and pp > 1 else [DEFAULT_ORDER])  # one dimension of 1: the same grid
             layouts = [Layout(dp, pp, tp, order, cp, ep) for order in orders]
             straddle = [lay for lay in layouts if not aligned(lay, per_node)]
             if straddle:

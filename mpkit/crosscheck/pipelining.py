@@ -1,5 +1,5 @@
 """The same pipeline with PyTorch's own ``torch.distributed.pipelining`` (cross-check and
-benchmark baseline for ``pp``): the same stages (``pp.all_stages``, balanced by parameter count), one ``PipelineStage`` built
+benchmark baseline for ``pp``): the same stages (``loop.all_stages``, balanced by parameter count), one ``PipelineStage`` built
 by hand per rank, ``ScheduleGPipe`` or ``Schedule1F1B``.
 
 It runs on CPU/gloo in torch 2.13. Its communication is internal, so the trace holds one
@@ -11,8 +11,7 @@ Run it with ``mpkit.launch(run_rank, world_size, args=(make_config("pp", ...),))
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from mpkit.strategies.base import RankOutput, make_optimizer
-from mpkit.strategies.loop import full_batch, optimizer_step, run_steps
-from mpkit.strategies.pp import all_stages
+from mpkit.strategies.loop import all_stages, full_batch, optimizer_step, run_steps
 
 TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 

@@ -1,7 +1,7 @@
 """The layer-wise split of ``mp`` with PyTorch's RPC framework: what the seed note means by
 "torch.distributed.rpc: 모델 병렬화를 구현" (cross-check for ``mp``).
 
-Rank r owns stage r, the same cut as ``mp`` (``pp.all_stages``). Rank 0 drives every step: its own
+Rank r owns stage r, the same cut as ``mp`` (``loop.all_stages``). Rank 0 drives every step: its own
 stage, then ``rpc_sync`` hands the activation to the next stage's owner, which runs it and
 returns the result; rank 0 computes the loss, ``dist_autograd.backward`` carries the gradients
 back across the ranks, and ``DistributedOptimizer`` updates each stage's parameters where they
@@ -16,8 +16,7 @@ from torch.distributed.optim import DistributedOptimizer
 from mpkit.runtime.launch import launch
 from mpkit.strategies import make_config
 from mpkit.strategies.base import RankOutput, optimizer_spec
-from mpkit.strategies.loop import full_batch, run_steps
-from mpkit.strategies.pp import all_stages
+from mpkit.strategies.loop import all_stages, full_batch, run_steps
 from mpkit.strategies.rpcworld import join_rpc
 
 _stage = None  # this process's stage: the driver's calls run it where its parameters live

@@ -40,7 +40,6 @@ def run_rank(ctx, cfg):
     for i, layer in enumerate(model.layers):
         if isinstance(layer, Block):
             _permute_rows(layer.attn.qkv, order)
-            layer.attn.heads //= t
             parallelize_module(layer, mesh, plan)
         elif cfg.model.kind == "mlp" and i % 2 == 0 and i + 1 < len(model.layers):
             parallelize_module(layer, mesh, {"fc": ColwiseParallel()})

@@ -1,8 +1,10 @@
 """Lab 10 exercises: where a rank sits on the dp x pp x tp grid, the process groups of a layout,
-and the model-state memory per GPU for a layout and ZeRO stage.
+the groups in a given rank order (the lesson that orders differ: mpkit's and picotron's DP outermost,
+Megatron-Core's PP outermost), and the model-state memory per GPU for a layout and ZeRO stage.
 
-mpkit lays ranks out as ``mpkit.layout.Layout`` does (tensor parallel innermost, then pipeline,
-data parallel outermost: rank = (dp·pp + pp_index)·tp + tp_index), and prices memory with
+mpkit lays ranks out as ``mpkit.layout.Layout`` does (by default tensor parallel innermost, then
+context, pipeline, data parallel outermost: with cp = 1, rank = (dp·pp + pp_index)·tp + tp_index;
+``Layout(order=...)`` any other order), and prices memory with
 ``mpkit.simulator.formulas.zero_memory`` (mixed-precision Adam, 2 + 2 + 12 bytes per parameter); the
 checker compares with both. Groups may come in any order.
 """
@@ -10,10 +12,11 @@ from __future__ import annotations
 
 from mpkit.exercises.common import Case, Exercise, failed, passed, pure_results
 from mpkit.exercises.result import Text
-from mpkit.layout import DIMS, Layout
+from mpkit.layout import DIMS as MESH_DIMS, Layout
 from mpkit.simulator.formulas import zero_memory
 
 LAYOUTS = [(2, 2, 2), (1, 4, 2), (4, 1, 2), (2, 3, 1)]
+DIMS = ("dp", "pp", "tp")  # the exercises' grid: cp = 1
 
 
 def _order_hint(layout, got_of):
@@ -35,7 +38,7 @@ def _judge_coords(case, fn, timeout):
     def as_dict(value):
         return dict(zip(DIMS, value)) if isinstance(value, (tuple, list)) and len(value) == 3 else value
     for rank, value in enumerate(got):
-        want = layout.coords(rank)
+        want = {d: layout.coords(rank)[d] for d in DIMS}
         if as_dict(value) != want:
             hint = None
             if isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()):
@@ -83,6 +86,68 @@ def _judge_groups(case, fn, timeout):
             return failed(case, Text(f"{dim} 그룹: 기댓값 {want}, 실제 {have}.", f"{dim} groups: expected {want}, got {have}."),
                           hint)
     return passed(case)
+
+
+ORDER_CASES = [  # (sizes, order outermost first, what the case is)
+    ({"dp": 2, "pp": 2, "cp": 1, "tp": 2}, ("dp", "pp", "cp", "tp"),
+     Text("mpkit·picotron의 순서(DP가 가장 바깥), dp=2 pp=2 tp=2", "mpkit's and picotron's order (DP outermost), dp=2 pp=2 tp=2")),
+    ({"dp": 2, "pp": 2, "cp": 1, "tp": 2}, ("pp", "dp", "cp", "tp"),
+     Text("Megatron-Core의 tp-cp-ep-dp-pp(안쪽부터), dp=2 pp=2 tp=2", "Megatron-Core's tp-cp-ep-dp-pp (innermost first), dp=2 pp=2 tp=2")),
+    ({"dp": 2, "pp": 2, "cp": 2, "tp": 2}, ("pp", "dp", "cp", "tp"),
+     Text("Megatron-Core의 순서, 4D 2x2x2x2", "Megatron-Core's order, 4-D 2x2x2x2")),
+    ({"dp": 3, "pp": 1, "cp": 2, "tp": 2}, ("tp", "dp", "pp", "cp"),
+     Text("흔치 않은 순서 tp-dp-pp-cp, dp=3 cp=2 tp=2", "an unusual order tp-dp-pp-cp, dp=3 cp=2 tp=2")),
+]
+
+
+def _order_layout(sizes, order):
+    return Layout(dp=sizes["dp"], pp=sizes["pp"], tp=sizes["tp"], cp=sizes["cp"], order="-".join(order))
+
+
+def _judge_ordered(case, fn, timeout):
+    sizes, order = case.params["sizes"], case.params["order"]
+    got = pure_results(fn, [(dict(sizes), tuple(order))], timeout)[0]
+    call = f"groups_in_order({sizes}, {tuple(order)})"
+    if not isinstance(got, dict) or set(got) != set(MESH_DIMS):
+        return failed(case, Text(f"{call}: {{'dp': ..., 'pp': ..., 'cp': ..., 'tp': ...}} 사전을 기대했는데 {got!r}입니다.",
+                                 f"{call}: expected a dict {{'dp': ..., 'pp': ..., 'cp': ..., 'tp': ...}}, got {got!r}."))
+    try:
+        have = {d: _normal(got[d]) for d in MESH_DIMS}
+    except (TypeError, ValueError):
+        return failed(case, Text(f"{call}: 그룹은 랭크 번호의 목록이어야 합니다; 실제 {got!r}.",
+                                 f"{call}: each group must be a list of rank numbers; got {got!r}."))
+    layout = _order_layout(sizes, order)
+    want = {d: _normal(layout.groups(d)) for d in MESH_DIMS}
+    wrong = next((d for d in MESH_DIMS if have[d] != want[d]), None)
+    if wrong is None:
+        return passed(case)
+    detail = Text(f"{call}: {wrong} 그룹의 기댓값 {want[wrong]}, 실제 {have[wrong]}.",
+                  f"{call}: {wrong} groups expected {want[wrong]}, got {have[wrong]}.")
+    return failed(case, detail, _ordered_hint(sizes, order, have, wrong))
+
+
+def _ordered_hint(sizes, order, have, wrong):
+    """The classic mistakes: mpkit's default order whatever ``order`` says, ``order`` read innermost
+    first, another dimension's groups under this name."""
+    def groups_in(o):
+        lay = _order_layout(sizes, o)
+        return {d: _normal(lay.groups(d)) for d in MESH_DIMS}
+    if tuple(order) != MESH_DIMS and have == groups_in(MESH_DIMS):
+        return Text("order를 읽지 않았습니다: 이 그룹들은 mpkit의 기본 순서 dp-pp-cp-tp입니다. order의 첫 차원이 가장 바깥(가장 느리게 "
+                    "바뀜), 마지막 차원이 가장 안쪽(이웃한 랭크)입니다.", "you ignored order: these are the groups of mpkit's "
+                    "default dp-pp-cp-tp. The first dimension of order is outermost (changes slowest), the last "
+                    "innermost (adjacent ranks).")
+    if have == groups_in(tuple(reversed(order))):
+        return Text("order를 거꾸로 읽었습니다: order는 가장 바깥 차원부터 씁니다(Megatron-Core의 \"tp-cp-ep-dp-pp\"는 안쪽부터 쓴 것이라 "
+                    "바깥부터는 ('pp', 'dp', 'cp', 'tp')).", "you read order innermost first: order lists the dimensions "
+                    "outermost first (Megatron-Core's \"tp-cp-ep-dp-pp\" is written innermost first: outermost first it "
+                    "reads ('pp', 'dp', 'cp', 'tp')).")
+    swapped = next((d for d in MESH_DIMS if d != wrong and have[wrong] == groups_in(order)[d]), None)
+    if swapped:
+        return Text(f"'{wrong}'에 넣은 그룹은 {swapped} 그룹입니다: 한 {wrong} 그룹은 {wrong} 좌표만 다른 랭크들입니다.",
+                    f"what you gave as '{wrong}' are the {swapped} groups: a {wrong} group is the ranks that differ only "
+                    f"in their {wrong} coordinate.")
+    return None
 
 
 MEMORY_CASES = [(7e9, 8, 1, 1, 0), (7e9, 8, 1, 1, 1), (7e9, 8, 1, 1, 2), (7e9, 8, 1, 1, 3), (175e9, 8, 8, 8, 1),
@@ -142,6 +207,14 @@ STUB_GROUPS = '''def process_groups(dp, pp, tp):
     For each dimension, the groups of ranks that differ only in that coordinate."""
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''
+STUB_ORDERED = '''def groups_in_order(sizes, order):
+    """{'dp': [...], 'pp': [...], 'cp': [...], 'tp': [...]}: 랭크를 order 순서(가장 바깥 차원부터)로 놓았을 때 차원마다의 그룹들
+    (그 차원의 좌표만 다른 랭크들). sizes: {'dp': 2, 'pp': 2, 'cp': 1, 'tp': 2}; order: 예 ('dp', 'pp', 'cp', 'tp')(mpkit),
+    ('pp', 'dp', 'cp', 'tp')(Megatron-Core). 마지막(가장 안쪽) 차원의 좌표가 가장 빨리 바뀝니다.
+    The groups of every dimension (ranks that differ only in that coordinate) when ranks are laid out in
+    order, outermost dimension first; the last (innermost) dimension's coordinate changes fastest."""
+    raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
+'''
 STUB_MEMORY = '''def memory_per_gpu(params, dp, pp, tp, zero_stage):
     """혼합 정밀도 Adam(파라미터 2 + 그래디언트 2 + 옵티마이저 12 바이트)으로 GPU 하나가 가지는 모델 상태 바이트(활성값 제외).
     ZeRO-0/1/2/3은 dp 그룹 안에서 나눕니다.
@@ -173,6 +246,22 @@ EXERCISES = [
              "Compute each rank's coordinates and collect ranks under the key of the other two coordinates "
              "(dict.setdefault(key, []).append(rank)).")),
         _layout_cases(), _judge_groups),
+    Exercise("groups_in_order", "10", Text("주어진 랭크 순서의 좌표와 그룹", "Coordinates and groups in a given rank order"),
+             STUB_ORDERED, (
+        Text("order의 마지막 차원이 가장 빨리 바뀝니다: 랭크 0, 1, 2, ...는 먼저 가장 안쪽 차원의 좌표가 바뀝니다. Megatron-Core의 "
+             "\"tp-cp-ep-dp-pp\"는 안쪽부터 쓴 것이라 바깥부터는 ('pp', 'dp', 'cp', 'tp')입니다.",
+             "The last dimension of order changes fastest: ranks 0, 1, 2, ... step through the innermost coordinate "
+             "first. Megatron-Core's \"tp-cp-ep-dp-pp\" is written innermost first: outermost first it reads "
+             "('pp', 'dp', 'cp', 'tp')."),
+        Text("order = (d0, d1, d2, d3), 크기 n일 때 랭크 = ((c0·n1 + c1)·n2 + c2)·n3 + c3. 좌표는 가장 안쪽 차원부터 divmod로 풉니다.",
+             "For order = (d0, d1, d2, d3) with sizes n: rank = ((c0·n1 + c1)·n2 + c2)·n3 + c3. Read the coordinates "
+             "back with divmod, innermost dimension first."),
+        Text("랭크마다 rest = 랭크; for d in reversed(order): rest, c[d] = divmod(rest, sizes[d]). 그다음 "
+             "차원 d마다 d를 뺀 좌표를 키로 랭크를 모으세요(dict.setdefault(key, []).append(랭크)).",
+             "for rank in range(world): rest = rank; for d in reversed(order): rest, c[d] = divmod(rest, sizes[d]). "
+             "Then for each dimension d collect ranks under the key of the other coordinates "
+             "(dict.setdefault(key, []).append(rank)).")),
+        [Case(name, 1, {"sizes": sizes, "order": order}) for sizes, order, name in ORDER_CASES], _judge_ordered),
     Exercise("memory_per_gpu", "10", Text("레이아웃과 ZeRO 단계별 GPU당 메모리", "Memory per GPU by layout and ZeRO stage"),
              STUB_MEMORY, (
         Text("먼저 모델을 pp·tp로 나눈 뒤(GPU 하나의 몫 Ψ), ZeRO는 그 몫을 dp로 더 나눕니다.",

@@ -417,6 +417,18 @@ def process_groups(dp, pp, tp):
     return {dim: list(found.values()) for dim, found in groups.items()}
 
 
+def groups_in_order(sizes, order):
+    groups = {dim: {} for dim in order}
+    for rank in range(sizes["dp"] * sizes["pp"] * sizes["cp"] * sizes["tp"]):
+        coords, rest = {}, rank
+        for dim in reversed(order):  # the innermost dimension changes fastest
+            rest, coords[dim] = divmod(rest, sizes[dim])
+        for dim in groups:
+            key = tuple(v for d, v in sorted(coords.items()) if d != dim)
+            groups[dim].setdefault(key, []).append(rank)
+    return {dim: list(found.values()) for dim, found in groups.items()}
+
+
 def memory_per_gpu(params, dp, pp, tp, zero_stage):
     psi = params / (pp * tp)
     return (2 * psi / (dp if zero_stage >= 3 else 1) + 2 * psi / (dp if zero_stage >= 2 else 1)

@@ -20,7 +20,10 @@ classes: one implementation per mechanism.
   all-to-all dispatch and combine, with a capacity or dropless; ``synchronize_expert_gradients``.
 - ``MixedPrecision``, ``LossScaler``, ``autocast_layers``: bf16/fp16 compute with fp32 master weights,
   fp16's dynamic loss scaling; ``recompute_layers``: full or selective recomputation.
-- ``Layout``: the dp x pp x tp rank grid of 3D parallelism (and the planner's cp dimension); ``ring_all_reduce``: a collective by hand.
+- ``Layout``: the dp x pp x cp x tp rank grid (ep carved out of dp) in a rank order that is data;
+  ``build_mesh``: its one ``DeviceMesh`` and process groups by name (``Mesh``);
+  ``parallelize(model, mesh, plan)``: every parallelism above applied to one model by a ``Plan``.
+- ``ring_all_reduce``: a collective by hand.
 - ``checkpoint`` (a subpackage: ``from mpkit.parallel import checkpoint``): distributed checkpoints of
   any layout above on ``torch.distributed.checkpoint``, loaded into any other, committed atomically.
 """
@@ -29,6 +32,8 @@ from mpkit.parallel.buckets import plan_buckets
 from mpkit.parallel.checks import broadcast_module
 from mpkit.parallel.data_parallel import DataParallel
 from mpkit.layout import Layout
+from mpkit.parallel.mesh import Mesh, build_mesh
+from mpkit.parallel.parallelize import Parallelized, Plan, parallelize
 from mpkit.parallel.pipeline import Pipeline, pipeline, schedule, simulate
 from mpkit.parallel.precision import LossScaler, MixedPrecision, autocast_layers
 from mpkit.parallel.recompute import recompute_layers
@@ -53,7 +58,7 @@ from mpkit.parallel.tensor_parallel import (
 
 __all__ = ["DataParallel", "ShardedOptimizer", "ColumnParallelLinear", "RowParallelLinear", "Split",
            "tensor_parallel", "full_parameters", "head_split", "pipeline", "Pipeline", "schedule", "simulate",
-           "Layout", "plan_buckets", "broadcast_module", "ring_all_reduce",
+           "Layout", "Mesh", "build_mesh", "Plan", "Parallelized", "parallelize", "plan_buckets", "broadcast_module", "ring_all_reduce",
            "sequence_parallel", "all_reduce_sequence_parallel_gradients", "scatter_to_sequence_parallel_region",
            "gather_from_sequence_parallel_region", "reduce_scatter_to_sequence_parallel_region",
            "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",

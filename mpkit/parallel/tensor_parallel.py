@@ -138,9 +138,10 @@ class _ShardedLinear(nn.Module):
     def sharded(self, param_name: str) -> bool:
         return param_name == "weight" or self.dim == 0
 
-    def gather(self, param_name: str) -> torch.Tensor:
-        """The full tensor of ``weight``/``bias`` in the original layer's layout (a collective)."""
-        local = getattr(self, param_name).detach()
+    def gather(self, param_name: str, local: torch.Tensor | None = None) -> torch.Tensor:
+        """The full tensor of ``weight``/``bias`` in the original layer's layout (a collective).
+        ``local``: this rank's slice when the parameter itself holds less (a shard of it, under FSDP)."""
+        local = getattr(self, param_name).detach() if local is None else local
         if not self.sharded(param_name):
             return local.clone()
         dim = self.dim if param_name == "weight" else 0

@@ -26,8 +26,9 @@ CATEGORY_COLOURS = {
     "parameters": "#34495E", "gradients": "#E9C46A", "optimizer": "#E76F51",
     "activations": "#2A9D8F", "other": "#BAB0AC",
 }
-# On a 3D mesh, communication is coloured by the dimension it ran in (its group's name).
-GROUP_COLOURS = {"tp": "#C44E52", "pp": "#E8A33D", "dp": "#2A9D8F"}
+# On a mesh, communication is coloured by the group it ran in (its name: mpkit.layout.GROUPS).
+GROUP_COLOURS = {"tp": "#C44E52", "pp": "#E8A33D", "dp": "#2A9D8F", "cp": "#8172B3", "dp_cp": "#55A868",
+                 "ep": "#64B5CD", "edp": "#937860"}
 IDLE_COLOUR = "#D9D9D9"
 IDLE_HATCH = "////"
 IDEAL_EDGE = "#222222"

@@ -4,9 +4,9 @@ Idle is every stretch of the plotted window in which a rank did no compute — e
 ``Trace.bubble_share`` counts — so the hatched area and the number in the title agree.
 Communication sits on a thinner lane under the compute lane: overlap (DDP buckets during
 backward) shows as comm spans under compute spans, exposed comm as comm under a bubble.
-On a 3D run (data x pipeline x tensor parallel) rows carry their mesh coordinates, lines
-separate the data-parallel replicas (solid) and pipeline stages (dotted), and communication is
-coloured by the dimension it ran in: TP, PP or DP.
+On a run of several dimensions (data, pipeline, context, tensor, expert parallel) rows carry their
+mesh coordinates, lines separate the data-parallel replicas (solid) and pipeline stages (dotted),
+and communication is coloured by the group it ran in: TP, PP, DP, CP, dp x cp, EP, EDP.
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def _title(run_or_trace, trace, step, lang, title):
 
 
 def _mesh(run_or_trace):
-    """The run's dp x pp x tp layout when it is a 3D one (several dimensions), else None."""
+    """The run's layout when it has several dimensions of more than one rank, else None."""
     mesh = getattr(run_or_trace, "mesh", None)
     return mesh if mesh is not None and sum(size > 1 for size in mesh.shape) > 1 else None
 
@@ -156,7 +156,9 @@ def _draw_mesh(ax, mesh, ranks):
 def _rank_label(rank, mesh, lang):
     if mesh is None:
         return text("rank", lang, rank=rank)
-    return text("rank_coords", lang, rank=rank, **mesh.coords(rank))
+    sizes = dict(zip(mesh.dims, mesh.shape))  # the dimensions of more than one rank, in the run's order
+    coords = " · ".join(f"{d} {i}" for d, i in mesh.coords(rank).items() if sizes[d] > 1)
+    return text("rank_coords", lang, rank=rank, coords=coords)
 
 
 def timeline(run_or_trace, lang="en", step=None, ax=None, ideal=None, title=None):

@@ -27,7 +27,8 @@ REGISTRY = {
     "sp": ("mpkit.strategies.sp", "tensor parallel with Megatron sequence parallelism: LayerNorms and residuals split along the sequence"),
     "cp": ("mpkit.strategies.cp", "context parallel: the sequence split across ranks, ring or Ulysses (all-to-all) attention"),
     "ep": ("mpkit.strategies.ep", "expert parallel: a mixture of experts spread across ranks, all-to-all dispatch and combine"),
-    "3d": ("mpkit.strategies.three_d", "data x tensor x pipeline parallel on one DeviceMesh (Megatron-LM 3D)"),
+    "3d": ("mpkit.strategies.three_d", "data x pipeline x context x tensor (x expert) parallel on one DeviceMesh, "
+                                       "in a rank order you choose (Megatron-LM 3D, Llama 3 4D)"),
 }
 STRATEGIES = {name: summary for name, (_, summary) in REGISTRY.items()}
 # They split a sequence or make experts of a transformer's MLPs: the built-in gpt only (not the

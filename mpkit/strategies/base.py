@@ -5,7 +5,8 @@ what to change, before any rank starts), ``run_rank(ctx, cfg) -> RankOutput`` (o
 training, built on ``mpkit.parallel`` and the one loop in ``loop.py``) and ``program(pricer)``:
 the same step as per-rank instruction lists for the cost model, derived from the same plan
 objects ``run_rank`` executes (bucket plan, shard layout, schedule). The registry is
-``mpkit.strategies.REGISTRY``; ARCHITECTURE.md says how to add one.
+``mpkit.strategies.REGISTRY``; ARCHITECTURE.md says how to add one. No strategy module imports
+another: what several share lives here, in ``loop.py``, ``checks.py`` and ``programs.py``.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ class Strategy:
     validate: Callable[[TrainConfig], None]
     run_rank: Callable
     program: Callable | None = None  # pricer -> per-rank instruction lists of one step (None: not predicted)
-    dim: str | None = "dp"  # the mesh dimension all ranks form ("dp", "tp", "pp"); None: no grid (ps)
-    layout: Callable[[TrainConfig], Layout] | None = None  # several dimensions at once (3d)
+    dim: str | None = "dp"  # the mesh dimension all ranks form ("dp", "pp", "cp", "tp"); None: no grid (ps)
+    layout: Callable[[TrainConfig], Layout] | None = None  # several dimensions at once (3d, ep)
     # world size -> the model (and its sizes) to train when the caller names no model: "mlp" unless the
     # strategy needs another (sp/cp split a transformer's sequence; ep needs its experts)
     model_defaults: Callable[[int], dict] | None = None
@@ -35,7 +36,8 @@ class Strategy:
     no_checkpoint: str = ""  # a strategy whose run cannot be checkpointed and resumed: why (train refuses it)
 
     def mesh(self, cfg: TrainConfig) -> Layout | None:
-        """The run's ranks on the dp x pp x tp grid."""
+        """The run's ranks on the dp x pp x cp x tp grid, in its rank order (what ``run_rank`` builds
+        its ``DeviceMesh`` of, and ``Run.mesh``)."""
         if self.layout is not None:
             return self.layout(cfg)
         return None if self.dim is None else Layout(**{self.dim: cfg.world_size})

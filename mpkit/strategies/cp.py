@@ -9,35 +9,20 @@ tokens: ``attention="ring"`` passes the key/value blocks around the ring (CP-1 h
 overlapping the next block's compute), ``"ulysses"`` swaps sequence for head shards with
 all-to-alls. Each rank's loss is the mean over its tokens, so the gradients are averaged over
 the group (``DataParallel``: the same bucketed all-reduce as data parallelism — Megatron folds CP
-into the data-parallel gradient reduction the same way).
+into the data-parallel gradient reduction the same way). The run is ``mpkit.parallel.parallelize``
+on a mesh of ``cp = world_size``.
 """
 from __future__ import annotations
 
-from mpkit.models import Block
 from mpkit.parallel.buckets import DEFAULT_BUCKET_MB, bucket_caps
+from mpkit.parallel.context_parallel import sequence_positions
 from mpkit.simulator.engine import Compute, Msg, P2P
-from mpkit.strategies.dp import bucket_program
-from mpkit.parallel.context_parallel import ATTENTION, context_parallel_attention, sequence_positions, shard_sequence
-from mpkit.parallel.data_parallel import DataParallel
-from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
-from mpkit.strategies.checkpointing import Resumable
-from mpkit.strategies.loop import (forward_backward, full_batch, group_mean, mixed_precision, optimizer_step,
-                                   prepare_layers, run_steps)
-from mpkit.strategies.sp import require_gpt
+from mpkit.strategies.base import Strategy
+from mpkit.strategies.checks import check_cp, require_gpt
+from mpkit.strategies.loop import builtin_plan, parallelized, train_parallelized
+from mpkit.strategies.programs import bucket_program
 
 OPTIONS = {"attention": "ring"}
-
-
-def check_cp(m, cp: int, attention: str, name: str = "world_size") -> None:
-    """ValueError unless ``cp`` ranks can split the built-in gpt ``m``'s sequence (and heads, for Ulysses)."""
-    if attention not in ATTENTION:
-        raise ValueError(f"attention={attention!r} is unknown; use one of {', '.join(ATTENTION)}")
-    if m.seq_len % (2 * cp):
-        raise ValueError(f"seq_len={m.seq_len} cannot be cut into 2·{name}={2 * cp} equal chunks (the load-balanced "
-                         f"causal split gives every rank two); use a seq_len that is a multiple of {2 * cp}")
-    if attention == "ulysses" and m.heads % cp:
-        raise ValueError(f"attention='ulysses' splits the heads over the ranks: heads={m.heads} is not divisible by "
-                         f"{name}={cp}; use ring attention or a number of heads divisible by {cp}")
 
 
 def validate(cfg):
@@ -45,34 +30,12 @@ def validate(cfg):
     check_cp(cfg.model, cfg.world_size, cfg.option("attention"))
 
 
-def attach(model, kind: str, group=None):
-    """Every block's attention core becomes ring or Ulysses attention over ``group``, in place, and
-    a hook cuts the embedding's output (looked up at global positions) to this rank's tokens, so
-    ``model(x)`` (or a pipeline stage of it) gives this rank's tokens' outputs."""
-    for layer in model.layers:
-        if isinstance(layer, Block):
-            layer.attn.attention = context_parallel_attention(kind, group)
-    model.layers[0].register_forward_hook(lambda _m, _x, out: shard_sequence(out, group, dim=1))
-    return model
-
-
-def run_rank(ctx, cfg, group=None):
-    mp = mixed_precision(cfg)  # ring/Ulysses attention inside the autocast blocks: its K/V messages in bf16/fp16
-    model = attach(cfg.model.build(cfg.seed), cfg.option("attention"), group)
-    prepare_layers(cfg, model, mp)
-    model = model.to(ctx.device)
-    dp = DataParallel(model, group=group)
-    opt = make_optimizer(model.parameters(), cfg)
-
-    def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, shard_sequence(y, group, dim=1), mp)  # x whole: global positions
-        dp.finish_gradient_synchronization()  # averaged: every rank holds the same gradients, sees the same overflow
-        optimizer_step(ctx, opt, mp=mp, params=model.parameters())
-        return loss.item()
-
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt), state=Resumable(dp, opt, mp=mp))
-    return RankOutput(losses=group_mean(ctx, losses, group), params=state_of(model), extra={
-        "positions": sequence_positions(cfg.model.seq_len, ctx.world_size, ctx.rank).tolist(), **mp.report()})
+def run_rank(ctx, cfg):
+    # ring/Ulysses attention runs inside the autocast blocks: its K/V messages in bf16/fp16
+    par = parallelized(ctx, cfg, STRATEGY.mesh(cfg), builtin_plan(cfg, attention=cfg.option("attention")))
+    out = train_parallelized(ctx, cfg, par)
+    out.extra["positions"] = sequence_positions(cfg.model.seq_len, ctx.world_size, ctx.rank).tolist()
+    return out
 
 
 def program(pricer):
@@ -117,5 +80,5 @@ def program(pricer):
     return programs
 
 
-STRATEGY = Strategy("cp", OPTIONS, validate, run_rank, program, dim="dp",
+STRATEGY = Strategy("cp", OPTIONS, validate, run_rank, program, dim="cp",
                     model_defaults=lambda world_size: {"model": "gpt"}, takes_precision=True)

@@ -16,9 +16,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from mpkit.parallel.buckets import FIRST_BUCKET_MB, MiB, check_bucket_mb
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
-from mpkit.strategies.dp import bucket_program, check_flags, validate_batch
 from mpkit.strategies.checkpointing import Resumable
+from mpkit.strategies.checks import check_flags, validate_batch
 from mpkit.strategies.loop import build_model, group_mean, local_batch, mixed_precision, plain_step, run_steps
+from mpkit.strategies.programs import bucket_program
 
 OPTIONS = {"bucket_mb": 25.0, "find_unused_parameters": False}
 

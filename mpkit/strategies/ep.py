@@ -6,25 +6,21 @@ block the router picks experts for this rank's tokens, an all-to-all dispatches 
 ranks that own those experts, and a second all-to-all brings the outputs back
 (``mpkit.parallel.expert_parallel``). After backward the router, attention, LayerNorms,
 embedding and head are averaged over the ranks like data-parallel gradients, and the experts'
-gradients, which already hold every rank's tokens, are divided by the world size
-(``synchronize_expert_gradients``). Capacity is per sequence, so the dropped tokens are the ones a
-single device drops.
+gradients, which already hold every rank's tokens, are divided by the world size (what
+``synchronize_expert_gradients`` does; ``parallelize`` the same over the mesh's groups). Capacity is per sequence, so the dropped tokens are the ones a
+single device drops. The run is ``mpkit.parallel.parallelize`` on a mesh of ``dp = ep = world_size``.
 """
 from __future__ import annotations
 
 import math
 
-import torch.distributed as dist
-
-from mpkit.parallel.expert_parallel import (ExpertParallelMoE, check_expert_split, expert_load, expert_parallel,
-                                            full_expert_parameters, synchronize_expert_gradients)
-from mpkit.simulator.engine import Compute
+from mpkit.layout import Layout
+from mpkit.parallel.expert_parallel import ExpertParallelMoE, check_expert_split, expert_load
 from mpkit.pricing.profile import optimizer_cost
-from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
-from mpkit.strategies.checkpointing import Resumable
-from mpkit.strategies.loop import (forward_backward, group_mean, local_batch, mixed_precision, optimizer_step,
-                                   prepare_layers, run_steps)
-from mpkit.strategies.sp import require_gpt
+from mpkit.simulator.engine import Compute
+from mpkit.strategies.base import Strategy, require_divisible
+from mpkit.strategies.checks import require_gpt
+from mpkit.strategies.loop import builtin_plan, parallelized, train_parallelized
 
 OPTIONS = {}
 
@@ -39,25 +35,26 @@ def validate(cfg):
                       "every rank routes an equal slice of the batch")
 
 
-def run_rank(ctx, cfg, group=None):
-    mp = mixed_precision(cfg)  # the dispatch/combine all-to-alls inside the autocast blocks move bf16/fp16
-    model = expert_parallel(cfg.model.build(cfg.seed), group)
-    prepare_layers(cfg, model, mp)
-    model = model.to(ctx.device)
-    opt = make_optimizer(model.parameters(), cfg)
+def layout(cfg) -> Layout:
+    """Every rank a data-parallel replica with its own slice of the batch, the experts split over all of them."""
+    return Layout(dp=cfg.world_size, ep=cfg.world_size)
+
+
+def run_rank(ctx, cfg):
+    # the dispatch/combine all-to-alls run inside the autocast blocks: they move bf16/fp16
+    par = parallelized(ctx, cfg, layout(cfg), builtin_plan(cfg))
     loads = []
 
     def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, y, mp)
-        loads.append([{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in s.items()} for s in expert_load(model)])
-        synchronize_expert_gradients(model, group)
-        optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=dist.group.WORLD)  # experts: per rank
-        return loss.item()
+        loss = par.step(x, y)
+        loads.append([{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in s.items()}
+                      for s in expert_load(par.model)])
+        return loss
 
-    losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt), state=Resumable(model, opt, mp=mp))
-    return RankOutput(losses=group_mean(ctx, losses, group), params=full_expert_parameters(model, group),
-                      extra={"expert_load": loads, **mp.report(),
-                             "first_expert": [m.first for m in model.modules() if isinstance(m, ExpertParallelMoE)]})
+    out = train_parallelized(ctx, cfg, par, step)
+    out.extra.update(expert_load=loads,
+                     first_expert=[m.first for m in par.model.modules() if isinstance(m, ExpertParallelMoE)])
+    return out
 
 
 def program(pricer):
@@ -94,5 +91,5 @@ def program(pricer):
     return [[*forward, *backward, sync, step] for _ in group]
 
 
-STRATEGY = Strategy("ep", OPTIONS, validate, run_rank, program, dim="dp",
+STRATEGY = Strategy("ep", OPTIONS, validate, run_rank, program, layout=layout,
                     model_defaults=lambda world_size: {"model": "gpt", "experts": 2 * world_size}, takes_precision=True)

@@ -6,10 +6,8 @@ again before its backward) its parameters are all-gathered, used, and freed; aft
 the gradients are reduce-scattered, so each rank keeps only its shard. FSDP2 shards every tensor
 along dim 0, padding dim 0 to a multiple of N (rank r holds rows [r·c, (r+1)·c), c = ceil(d0/N)).
 
-Tracing: FSDP2's public ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` let us issue its
-collectives ourselves, so each one is logged as an event with its bytes: an async all-gather ends
-when its Work's future completes, a blocking reduce-scatter when the call returns. Not traced:
-the all-gathers that ``DTensor.full_tensor()`` does to report full parameters after training.
+The run is ``mpkit.parallel.parallelize`` with ``dp="fsdp"`` on a mesh of ``dp = world_size``
+(``mpkit.parallel.fully_sharded``: the units, and every all-gather and reduce-scatter traced).
 
 Precision: the same recipe as every strategy here (``precision.py``): each layer's forward under
 autocast, FSDP's parameters, gathers, reduce-scatters and Adam all fp32. torch's own
@@ -28,18 +26,14 @@ on the unsharded parameters.
 """
 import math
 
-import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
-from mpkit.observe.comm import nbytes
-from mpkit.simulator.engine import Compute, Wait
+from mpkit.parallel.parallelize import Plan
 from mpkit.pricing.profile import optimizer_cost
-from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
-from mpkit.strategies.dp import validate_batch
-from mpkit.strategies.checkpointing import Resumable
-from mpkit.strategies.loop import group_mean, local_batch, mixed_precision, plain_step, prepare_layers, run_steps
+from mpkit.simulator.engine import Compute, Wait
+from mpkit.strategies.base import Strategy
+from mpkit.strategies.checks import validate_batch
+from mpkit.strategies.loop import builtin_plan, parallelized, recipe, train_parallelized
 
 OPTIONS = {}
 
@@ -48,86 +42,15 @@ def validate(cfg):
     validate_batch(cfg)
 
 
-def _log(ctx, kind, start, work, size, name):
-    def record(_fut=None):
-        ctx.trace.record(kind, start, ctx.trace.now(), bytes=size, name=name)
-
-    if work is None:
-        record()
-    else:
-        work.get_future().then(record)
-    return work
-
-
-class _Traced:
-    """What FSDP2's ``set_custom_all_gather``/``set_custom_reduce_scatter`` take: ``allocate`` and a
-    call issuing the collective. Ours issue FSDP2's own ops and log each as one event."""
-
-    def __init__(self, ctx, name):
-        self.ctx, self.name = ctx, name
-
-    def allocate(self, size, *, dtype, device):
-        return torch.empty(*size, dtype=dtype, device=device)
-
-
-class TracedAllGather(_Traced):
-    def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        start = self.ctx.trace.now()
-        work = dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
-        return _log(self.ctx, "all_gather", start, work, nbytes(output_tensor), self.name)
-
-
-class TracedReduceScatter(_Traced):
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        start = self.ctx.trace.now()
-        work = dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
-        return _log(self.ctx, "reduce_scatter", start, work, nbytes(input_tensor), self.name)
-
-
-def units(cfg, model) -> dict:
-    """{name: module} of the FSDP units: each layer of a built-in model; each top-level child
-    that holds parameters of a user's model, except children that share a parameter (tied
-    weights: an embedding and its output layer). FSDP2 refuses a parameter in two units; those
-    children stay with the root unit, which then gathers the shared tensor once for both."""
-    if cfg.model.builtin:
-        return {f"layers.{i}": layer for i, layer in enumerate(model.layers)}
-    children = {name: child for name, child in model.named_children() if any(True for _ in child.parameters())}
-    holders = {}  # id(parameter) -> the children holding it
-    for name, child in children.items():
-        for param in child.parameters():
-            holders.setdefault(id(param), set()).add(name)
-    tied = {name for names in holders.values() if len(names) > 1 for name in names}
-    return {name: child for name, child in children.items() if name not in tied}
-
-
-def shard_model(ctx, cfg, model):
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    for name, unit in units(cfg, model).items():
-        fully_shard(unit, mesh=mesh)
-        unit.set_custom_all_gather(TracedAllGather(ctx, name))
-        unit.set_custom_reduce_scatter(TracedReduceScatter(ctx, name))
-    fully_shard(model, mesh=mesh)  # the root: owns what no unit holds, drives the lazy init
-    return model
-
-
 def run_rank(ctx, cfg):
-    mp = mixed_precision(cfg)
-    model = cfg.model.build(cfg.seed)
-    prepare_layers(cfg, model, mp)
-    model = shard_model(ctx, cfg, model.to(ctx.device))
-    opt = make_optimizer(model.parameters(), cfg)
-
-    # each rank holds its gradient shards: an fp16 overflow in one shard skips the step on all
-    step = plain_step(ctx, cfg, model, opt, mp, group=dist.group.WORLD)
-    losses = group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt),
-                                       state=Resumable(model, opt, mp=mp)))
-    local = {name: p.to_local() for name, p in model.named_parameters()}
-    full = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}  # collective
-    extra = {"local_numel": sum(t.numel() for t in local.values()),
-             "padded_numel": sum(t.untyped_storage().nbytes() // t.element_size() for t in local.values()),
-             "traced": "all_gather and reduce_scatter of every layer (not the final full_tensor gathers)",
-             **mp.report()}
-    return RankOutput(losses=losses if ctx.rank == 0 else None, params=full if ctx.rank == 0 else {}, extra=extra)
+    plan = builtin_plan(cfg, dp="fsdp") if cfg.model.builtin else Plan(**recipe(cfg), dp="fsdp")
+    par = parallelized(ctx, cfg, STRATEGY.mesh(cfg), plan)
+    out = train_parallelized(ctx, cfg, par)
+    local = [p.to_local() for p in par.model.parameters() if isinstance(p, DTensor)]
+    out.extra.update(local_numel=sum(t.numel() for t in local),
+                     padded_numel=sum(t.untyped_storage().nbytes() // t.element_size() for t in local),
+                     traced="all_gather and reduce_scatter of every layer (not the final full_tensor gathers)")
+    return out
 
 
 def unsharded_bytes(shapes, world: int) -> int:

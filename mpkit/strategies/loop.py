@@ -3,7 +3,10 @@
 ``run_steps`` does what every strategy's loop has in common: tag events with the step, hand the
 strategy's ``step(x, y)`` this rank's data, and stop with an error naming the step when a loss is
 NaN or infinite (``check_finite``). What differs between strategies is only ``step``: where the
-batch is cut, which communication follows backward, what the optimizer owns.
+batch is cut, which communication follows backward, what the optimizer owns. The strategies that
+compose parallelisms (tp, sp, cp, ep, pp, mp, fsdp, 3d) are short callers of
+``mpkit.parallel.parallelize``: ``parallelized`` builds the model on this rank's mesh by a plan,
+``train_parallelized`` runs the loop on it and reports.
 """
 from __future__ import annotations
 
@@ -12,9 +15,15 @@ import math
 import torch
 
 from mpkit.config import TrainConfig
+from mpkit.layout import Layout
+from mpkit.parallel.mesh import build_mesh
+from mpkit.parallel.parallelize import Parallelized, Plan, mean_losses, parallelize
+from mpkit.parallel.pipeline.split import split_layers
+from mpkit.parallel.plans import builtin_structure
 from mpkit.strategies.checkpointing import LoopCheckpoints, Resumable
 from mpkit.parallel.precision import LossScaler, MixedPrecision
 from mpkit.parallel.recompute import recompute_layers
+from mpkit.strategies.base import RankOutput, optimizer_spec
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -119,25 +128,50 @@ def plain_step(ctx, cfg: TrainConfig, model, optimizer, mp: MixedPrecision | Non
 def group_mean(ctx, losses, group=None) -> list[float]:
     """The mean over ``group`` of each step's loss (equal shards: the mean of shard means is the
     global mean): one all-reduce for all steps, outside the timed steps."""
-    values = torch.tensor(losses, dtype=torch.float64, device=ctx.device)
-    ctx.comm.all_reduce(values, op="avg", group=group, name="losses")
-    return values.tolist()
+    return mean_losses(losses, group, ctx.device)
 
 
-class PipelineLoss:
-    """The loss a pipeline's executor runs backward from, for mp, pp and 3d: for fp16 each
-    micro-batch's loss scaled by the loss scale (the executor calls backward itself, so
-    ``MixedPrecision.backward`` cannot); ``step`` returns the pipeline's loss unscaled."""
+def all_stages(cfg: TrainConfig, count: int, mp: MixedPrecision | None = None) -> list:
+    """Every stage of the model, built from the seed and cut as ``parallelize`` cuts it (balanced by
+    parameter count), with the run's precision and recomputation on each layer: what the
+    cross-checks with torch's pipelining and rpc hand each rank."""
+    model = cfg.model.build(cfg.seed)
+    prepare_layers(cfg, model, mp or mixed_precision(cfg))
+    return split_layers(cfg.model.layers_of(model), count)
 
-    def __init__(self, cfg: TrainConfig, mp: MixedPrecision):
-        self.cfg, self.scaler = cfg, mp.scaler
 
-    def __call__(self, out, y):
-        loss = self.cfg.model.loss(out, y)
-        return loss if self.scaler is None else self.scaler.scale(loss)
+# ---- the strategies built on ``mpkit.parallel.parallelize`` ----
 
-    def step(self, pipe, x, y):
-        """``pipe.step(x, y)``'s loss (None off the last stage) divided by the scale it was run with."""
-        scale = 1.0 if self.scaler is None else self.scaler.value
-        loss = pipe.step(x, y)
-        return None if loss is None else loss / scale
+def recipe(cfg: TrainConfig) -> dict:
+    """The ``Plan`` fields every strategy takes from the run: the model's loss, precision, recomputation."""
+    return {"loss": cfg.model.loss, "precision": cfg.precision, "loss_scale": cfg.loss_scale,
+            "recompute": cfg.recompute}
+
+
+def builtin_plan(cfg: TrainConfig, tp: int = 1, **options) -> Plan:
+    """The ``Plan`` of a built-in model (its Megatron plan over ``tp`` ranks) with ``options``."""
+    return Plan(**builtin_structure(cfg.model, tp), **recipe(cfg), **options)
+
+
+def parallelized(ctx, cfg: TrainConfig, layout: Layout, plan: Plan) -> Parallelized:
+    """The model from the seed on this rank's mesh of ``layout``, parallelized by ``plan``, with
+    the run's optimizer."""
+    par = parallelize(cfg.model.build(cfg.seed), build_mesh(layout, ctx.device.type), plan)
+    cls, kwargs = optimizer_spec(cfg)
+    par.build_optimizer(cls, **kwargs)
+    return par
+
+
+def train_parallelized(ctx, cfg: TrainConfig, par: Parallelized, step=None, every_rank: bool = False) -> RankOutput:
+    """The one loop on ``par`` (``step``: ``par.step`` or a caller's wrapper of it; checkpoints of
+    ``par.model`` and ``par.optimizer`` as the run asks), then the global
+    losses (the mean over dp x cp, where the last stage is) and the full parameters. They are
+    reported by the first replica of every stage, or by ``every_rank``; ``extra``: the precision."""
+    losses = run_steps(ctx, cfg, step or par.step, full_batch(ctx, cfg), track=par.tracked,
+                       state=Resumable(par.model, par.optimizer, par.prefix, par.mp))
+    if par.holds_last_stage and par.mesh.size("dp_cp") > 1:
+        losses = par.mean_losses(losses)
+    params = par.full_parameters()  # a collective: every rank takes part
+    speaks = every_rank or par.reports
+    return RankOutput(losses=losses if speaks and par.holds_last_stage else None, params=params if speaks else {},
+                      extra=par.mp.report())

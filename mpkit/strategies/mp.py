@@ -6,10 +6,14 @@ whole batch goes through the devices one after another: rank 0 computes, sends i
 to rank 1 and waits; ... the last rank computes the loss and the gradients flow back the same
 way. In this naive split only one device computes at a time, the others wait in ``recv`` — the
 bubble share is (p-1)/p. It is the pipeline (``pp``) with one micro-batch: the same stages, the
-same executor, a GPipe schedule with m = 1; more micro-batches fill the bubble.
+same executor, a GPipe schedule with m = 1 (``mpkit.parallel.parallelize`` on a mesh of
+``pp = world_size``); more micro-batches fill the bubble.
 """
+from mpkit.parallel.parallelize import Plan
 from mpkit.strategies.base import Strategy
-from mpkit.strategies.pp import check_stages, pipeline_program, train_pipeline
+from mpkit.strategies.checks import check_stages
+from mpkit.strategies.loop import parallelized, recipe, train_parallelized
+from mpkit.strategies.programs import pipeline_program
 
 OPTIONS = {}
 
@@ -19,9 +23,10 @@ def validate(cfg):
 
 
 def run_rank(ctx, cfg):
-    out = train_pipeline(ctx, cfg, "gpipe", 1, 1)
-    precision = {k: v for k, v in out.extra.items() if k in ("precision", "loss_scale", "skipped_steps")}
-    out.extra = {"layers": out.extra["layers"][ctx.rank], "parameters": out.extra["parameters"], **precision}
+    par = parallelized(ctx, cfg, STRATEGY.mesh(cfg), Plan(**recipe(cfg), schedule="gpipe", micro_batches=1))
+    out = train_parallelized(ctx, cfg, par)
+    (layers,) = par.layers.values()  # one stage per rank
+    out.extra.update(layers=layers, parameters=sum(p.numel() for p in par.model.parameters()))
     return out
 
 

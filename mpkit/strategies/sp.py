@@ -9,72 +9,34 @@ back for the replicated head and loss (``gather_from_sequence_parallel_region``)
 is 2 all-gathers and 2 reduce-scatters forward (instead of 2 all-reduces), their conjugates
 backward plus the column layers' second all-gather of their saved input shard, and after
 backward one all-reduce of the LayerNorm and row-bias gradients, which cover each rank's tokens only.
+The run is ``mpkit.parallel.parallelize`` with ``sp=True`` on a mesh of ``tp = world_size``.
 """
 from __future__ import annotations
 
-import torch.distributed as dist
-
-from mpkit.models import Block
-from mpkit.simulator.engine import Compute
+from mpkit.parallel.plans import split_builtin
 from mpkit.pricing.pricing import optimizer
-from mpkit.parallel.mappings import gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region
-from mpkit.parallel.sequence_parallel import all_reduce_sequence_parallel_gradients, sequence_parallel
-from mpkit.parallel.tensor_parallel import full_parameters
-from mpkit.strategies import tp as tensor_strategy
-from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
-from mpkit.strategies.checkpointing import Resumable
-from mpkit.strategies.loop import (forward_backward, full_batch, mixed_precision, optimizer_step, prepare_layers,
-                                   run_steps)
+from mpkit.simulator.engine import Compute
+from mpkit.strategies.base import Strategy, require_divisible
+from mpkit.strategies.checks import require_gpt, validate_tp_size
+from mpkit.strategies.loop import builtin_plan, parallelized, train_parallelized
 
 OPTIONS = {}
-
-
-def require_gpt(cfg, why: str) -> None:
-    if not cfg.model.builtin or cfg.model.kind != "gpt":
-        raise ValueError(f"strategy={cfg.strategy!r} runs on the built-in gpt ({why}); use model='gpt'")
 
 
 def validate(cfg):
     require_gpt(cfg, "it splits a transformer's sequence between its tensor-parallel layers")
     if cfg.model.experts:
         raise ValueError("strategy='sp' splits dense MLPs; a mixture of experts (experts=) trains with 'ep'")
-    tensor_strategy.validate_tp_size(cfg.model, cfg.world_size, "world_size")
+    validate_tp_size(cfg.model, cfg.world_size, "world_size")
     require_divisible(cfg.model.seq_len, cfg.world_size, "seq_len", "world_size",
                       "sequence parallelism gives every rank an equal shard of the sequence")
 
 
-def shard(model, rank: int, tp: int, group=None):
-    """Each block sequence-parallel over ``group`` with the built-in Megatron plan, in place; hooks
-    cut the embedding's output into this rank's sequence shard and gather the whole sequence
-    back in front of the head, so ``model(x)`` (or a pipeline stage of it) runs as before."""
-    plan = {k.removeprefix("layers.*."): v for k, v in tensor_strategy.builtin_plan(model.cfg, tp).items()}
-    for layer in model.layers:
-        if isinstance(layer, Block):
-            sequence_parallel(layer, plan, group, seq_dim=1, rank=rank, world_size=tp)
-            layer.attn.heads //= tp
-    model.layers[0].register_forward_hook(
-        lambda _m, _x, out: scatter_to_sequence_parallel_region(out, group, seq_dim=1, name="embedding"))
-    model.layers[-1].register_forward_pre_hook(  # the head is replicated: backward keeps this rank's shard
-        lambda _m, args: (gather_from_sequence_parallel_region(args[0], False, group, seq_dim=1, name="head"),))
-    return model
-
-
-def run_rank(ctx, cfg, group=None):
-    mp = mixed_precision(cfg)  # as tp: the layers wrapped after the split
-    model = shard(cfg.model.build(cfg.seed), ctx.rank, ctx.world_size, group)
-    prepare_layers(cfg, model, mp)
-    model = model.to(ctx.device)
-    opt = make_optimizer(model.parameters(), cfg)
-
-    def step(x, y):
-        loss = forward_backward(ctx, cfg, model, x, y, mp)
-        all_reduce_sequence_parallel_gradients(model, group)
-        optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=dist.group.WORLD)
-        return loss.item()
-
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt), state=Resumable(model, opt, mp=mp))
-    return RankOutput(losses=losses, params=full_parameters(model),
-                      extra={"parameters_per_rank": sum(p.numel() for p in model.parameters()), **mp.report()})
+def run_rank(ctx, cfg):
+    par = parallelized(ctx, cfg, STRATEGY.mesh(cfg), builtin_plan(cfg, ctx.world_size, sp=True))
+    out = train_parallelized(ctx, cfg, par, every_rank=True)
+    out.extra["parameters_per_rank"] = sum(p.numel() for p in par.model.parameters())
+    return out
 
 
 def program(pricer):
@@ -82,7 +44,7 @@ def program(pricer):
     priced whole, a small overestimate), with the collectives in the order ``run_rank`` issues
     them. Each all-gather and reduce-scatter is over one whole [b, s, h] activation, as the run
     records it (the ring moves (t-1)/t of it per rank)."""
-    prof, cfg, group = pricer.piece(tp=pricer.world, shard=tensor_strategy.shard), pricer.cfg, pricer.all_ranks
+    prof, cfg, group = pricer.piece(tp=pricer.world, shard=split_builtin), pricer.cfg, pricer.all_ranks
     act = pricer.batch * cfg.seq_len * cfg.hidden * 4
 
     def comm(kind, name, *key):

@@ -17,8 +17,8 @@ from mpkit.simulator.engine import Compute
 from mpkit.pricing.pricing import fwd_bwd
 from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, optimizer_spec, state_of
-from mpkit.strategies.dp import validate_batch
 from mpkit.strategies.checkpointing import Resumable
+from mpkit.strategies.checks import validate_batch
 from mpkit.strategies.loop import build_model, forward_backward, group_mean, local_batch, mixed_precision, run_steps
 
 OPTIONS = {}

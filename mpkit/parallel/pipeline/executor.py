@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch import nn
 
 from mpkit.observe import active
@@ -251,11 +252,17 @@ def describe(index, stage) -> str:
 def _out_meta(stage, shape, dtype, index=None):
     """(shape, dtype) of ``stage``'s output for an input of ``shape``/``dtype``: on the meta device
     (no compute) where the stage's code allows it, else one real forward without gradients. An
-    input the stage cannot take is a ValueError naming the stage and the shape it was given."""
-    try:
-        params = {k: torch.empty_like(v, device="meta") for k, v in stage.state_dict(keep_vars=True).items()}
-        out = torch.func.functional_call(stage, params, (torch.empty(shape, dtype=dtype, device="meta"),))
-    except (RuntimeError, NotImplementedError, TypeError):
+    input the stage cannot take is a ValueError naming the stage and the shape it was given. A stage
+    of FSDP units (``fully_shard``) runs for real: FSDP initialises itself in its first forward, which
+    must not see meta tensors."""
+    out = None
+    if not any(isinstance(m, FSDPModule) for m in stage.modules()):
+        try:
+            params = {k: torch.empty_like(v, device="meta") for k, v in stage.state_dict(keep_vars=True).items()}
+            out = torch.func.functional_call(stage, params, (torch.empty(shape, dtype=dtype, device="meta"),))
+        except (RuntimeError, NotImplementedError, TypeError):
+            out = None
+    if out is None:
         device = next((p.device for p in stage.parameters()), torch.device("cpu"))
         try:
             with torch.no_grad():
