@@ -106,8 +106,19 @@ def bank_page(bank, topic: str, binder: str) -> str:
     return "\n".join(lines)
 
 
+def lab_title(notebook: Path) -> str:
+    """A lab's title: the first ``# `` heading of its first markdown cell (both languages, as its
+    page shows it), else its file name."""
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            first = cell.source.lstrip().splitlines()[0] if cell.source.strip() else ""
+            return first[2:].strip() if first.startswith("# ") else notebook.stem
+    return notebook.stem
+
+
 def home_page(notebooks: list[Path], topics: list[tuple[str, dict]], binder: str) -> str:
-    lab_rows = "\n".join(f"- [{nb.stem}](labs/{nb.stem}.ipynb)" for nb in notebooks)
+    lab_rows = "\n".join(f"- [{lab_title(nb)}](labs/{nb.stem}.ipynb)" for nb in notebooks)
     bank_rows = "\n".join(f"- [{title['ko']} / {title['en']}](quizzes/{topic}.md)" for topic, title in topics)
     return f"""# mpkit lab — 모델 병렬화 실습 / hands-on model parallelism
 

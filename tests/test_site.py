@@ -9,6 +9,7 @@ clicked. Screenshots of failures go to ``artifacts/site/``.
 from __future__ import annotations
 
 import functools
+import html
 import http.server
 import json
 import re
@@ -133,6 +134,34 @@ def test_every_lab_is_a_page(site):
     html_dir, _ = site
     assert [p.stem for p in sorted((html_dir / "labs").glob("*.html"))] == LABS
     assert LABS and all(name[:2].isdigit() for name in LABS)
+
+
+def lab_titles() -> dict:
+    """{lab: its title}, the first heading of the lab's first markdown cell, backticks dropped (as the
+    page's text shows them)."""
+    titles = {}
+    for lab in LABS:
+        cells = json.loads((REPO / "labs" / f"{lab}.ipynb").read_text(encoding="utf-8"))["cells"]
+        first = "".join(next(c for c in cells if c["cell_type"] == "markdown")["source"]).splitlines()[0]
+        titles[lab] = first.removeprefix("# ").replace("`", "")
+    return titles
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 100)
+def test_the_home_page_lists_labs_by_title_and_the_footer_reads_in_korean(site):
+    """The home page listed the labs by file name, and the theme's footer read "으로 mpkit lab"
+    (its "By {author}" in Korean)."""
+    html_dir, _ = site
+    links = dict(re.findall(r'<a class="reference internal" href="labs/([^".]+)\.html">(.*?)</a>',
+                            (html_dir / "intro.html").read_text(encoding="utf-8"), re.S))
+    # the page's text: tags dropped, entities read, Sphinx's curly apostrophes straightened
+    shown = {lab: html.unescape(re.sub(r"<[^>]+>", "", text)).strip().replace("\u2019", "'")
+             for lab, text in links.items()}
+    assert shown == lab_titles()
+    for path in pages(html_dir):
+        page = (html_dir / path).read_text(encoding="utf-8")
+        footer = page[page.index('<footer class="bd-footer-content'):]
+        assert "으로 mpkit lab" not in page and "2026 mpkit lab" in footer, path
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT_S + 400)
