@@ -6,10 +6,15 @@ CI's machine already has everything installed, so a missing install step would s
 tests install into empty venvs from the README's words (parsed, never copied) instead.
 """
 import ast
+import functools
+import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
+import threading
 import tomllib
 import venv
 from pathlib import Path
@@ -17,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from install_lines import (CPU_INDEX, REPO, pins, pip_install_files, public, read_requirements,
-                           readme_command, readme_commands, readme_install_line)
+                           readme_command, readme_commands, readme_install_line, readme_section)
 from lab_server import jupyter_lab
 
 LAB_08 = "08_tensorflow_api.ipynb"
@@ -99,6 +104,26 @@ def test_cpu_line_pins_the_same_packages_from_pytorchs_cpu_index():
     assert cpu_options == [f"--index-url {CPU_INDEX}", "--extra-index-url https://pypi.org/simple"]
     assert not [option for path in default_files for option in read_requirements(path)[1]], \
         "the default line must install from the standard package index only"
+
+
+def test_readme_checks_pytorchs_index_in_seconds_before_the_cpu_line(tmp_path):
+    """Behind a firewall that blocks PyTorch's index the CPU line retried for 16.5 minutes (issue 46):
+    README gives a check that answers within its 10 s timeout, and what to do when it fails."""
+    section = readme_section("Install")
+    check = re.search(r'`(python3 -c "import urllib\.request; [^`]*)`', section).group(1)
+    assert f"'{CPU_INDEX}/'" in check and "timeout=10" in check
+    assert "--proxy" in section and "--timeout 5 --retries 0" in section and "skip the CPU line" in section
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        try:
+            for url, reachable in ((f"http://127.0.0.1:{httpd.server_address[1]}/", True),
+                                   ("http://127.0.0.1:9/", False)):  # nothing listens on port 9: refused
+                command = check.replace(f"{CPU_INDEX}/", url).replace("python3 ", f"{sys.executable} ", 1)
+                done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=30)
+                assert (done.returncode == 0) == reachable, (url, done.stderr[-500:])
+        finally:
+            httpd.shutdown()
 
 
 def test_lab_install_leaves_tensorflow_and_the_test_tools_to_the_test_install():
