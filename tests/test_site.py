@@ -1,6 +1,7 @@
 """The labs as a website (``python site/build.py``), as a reader meets it in Chromium.
 
-Builds the site once into a temporary folder (every lab runs once, top to bottom), serves it on
+Builds the site once into a temporary folder (every lab runs once, top to bottom; a lab this
+session's nbval pass already ran, kept by the root conftest.py, is taken from it), serves it on
 127.0.0.1 and opens every page in Debian's Chromium (as ``test_browser.py``, never a downloaded
 browser): its figures loaded, its Korean text drawn with a Hangul font, its internal links and
 their anchors present, a Binder link, and on the item-bank pages keys that stay hidden until
@@ -12,6 +13,7 @@ import functools
 import html
 import http.server
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -24,6 +26,7 @@ from urllib.parse import urldefrag, urlparse
 import playwright.sync_api as sync_api
 import pytest
 
+from executed_labs import CACHE_ENV
 from install_lines import readme_command
 from test_browser import CHROMIUM, browser  # noqa: F401 (the module's Chromium, a fixture)
 
@@ -55,10 +58,15 @@ def site(tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium and fonts-nanum, as .ci/run does")
     out = tmp_path_factory.mktemp("site")
-    build = subprocess.run([*build_command(), "--out", str(out), "--repository", "https://github.com/example/mpkit"],
-                           cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    # the labs this session's nbval pass ran (the root conftest.py keeps them), so they run once
+    executed = os.environ.get(CACHE_ENV)
+    reuse = ["--executed", executed] if executed and Path(executed).is_dir() else []
+    build = subprocess.run([*build_command(), "--out", str(out), "--repository", "https://github.com/example/mpkit",
+                            *reuse], cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     print(build.stdout[-1500:])  # each lab's seconds and the whole build's: shown with -s or on failure
+    for ran in sorted(Path(executed).glob("*.ipynb")) if reuse else ():  # a lab nbval ran is not run again
+        assert f"{ran.name}: already run" in build.stdout, build.stdout[-3000:]
     return out / "_build" / "html", out / "src" / "labs"
 
 
