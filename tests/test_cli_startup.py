@@ -43,7 +43,7 @@ def test_help_and_usage_errors_import_no_subcommand_work():
 
 def test_a_subcommand_still_runs_its_work():
     """The handler is imported when the subcommand runs: ``quiz lint`` reads and checks the bank."""
-    out = subprocess.run([sys.executable, "-m", "mpkit", "quiz", "lint"], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-m", "mpkit", "quiz", "lint", "--bank", str(REPO / "quizzes")], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "0 errors" in out.stdout
