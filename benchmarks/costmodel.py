@@ -39,7 +39,7 @@ import sys
 import time
 
 import mpkit
-from machine import load  # benchmarks/machine.py
+from _common.machine import load
 from mpkit.observe.memory import CATEGORIES
 from mpkit.sim import predict
 from mpkit.costmodel.calibration import calibrate

@@ -2,7 +2,7 @@
 
 (a) ``mpkit.parallel.DataParallel`` (the ``dp`` strategy: bucketed, overlapped) against torch
     ``DistributedDataParallel`` with the same bucket size, on the same model and data; (b) ``dp`` with overlap on against off, on a model
-    cut into many buckets. Runs of the compared variants take turns (``benchmarks/turns.py``), so
+    cut into many buckets. Runs of the compared variants take turns (``benchmarks/_common/turns.py``), so
     machine noise hits both alike; a run's step time is the median of its steps after the first (warm-up, and DDP's
     bucket rebuild), the reported time the median over runs. Memory tracking is off (its
     per-op dispatch would dominate); the trace is on, it is what ``Run.step_times`` reads.
@@ -16,7 +16,7 @@ import statistics
 from functools import partial
 
 import mpkit
-from turns import medians_taking_turns  # benchmarks/turns.py
+from _common.turns import medians_taking_turns
 
 WORLD = 4
 MODEL = dict(model="gpt", hidden=128, layers=4, seq_len=32, batch_size=32)

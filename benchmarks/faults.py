@@ -28,7 +28,7 @@ import torch.distributed as dist  # noqa: E402
 
 import mpkit  # noqa: E402
 from mpkit.runtime.lifeline import Guardian  # noqa: E402
-from machine import load, machine_info  # noqa: E402  (benchmarks/machine.py; also puts the checkout on sys.path)
+from _common.machine import load, machine_info  # noqa: E402  (also puts the checkout on sys.path)
 from procutil import descendants, fd_count, is_running, listening_sockets, socket_inodes, thread_count  # noqa: E402
 
 _MARK = Path(tempfile.gettempdir()) / f"mpkit-fault-{os.getpid()}"

@@ -28,15 +28,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/turns.py, also when loaded by path
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common/turns.py, also when loaded by path
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import mpkit  # noqa: E402
 from mpkit.runtime.devices import cuda_count  # noqa: E402
-from machine import load  # noqa: E402
-from turns import medians_taking_turns  # noqa: E402
+from _common.machine import load  # noqa: E402
+from _common.turns import medians_taking_turns  # noqa: E402
 from mpkit.cli.tour import strategy_options  # noqa: E402  (the tour's grid for 3d, pp's micro-batches)
 from mpkit.strategies import SEQUENCE_STRATEGIES, STRATEGIES, make_config  # noqa: E402
 
@@ -57,7 +57,7 @@ class Plan:
             self.worlds = [1, 2]
         self.sizes = [2**20, 2**23] if rehearsal else [2**20, 2**26, 2**30]
         self.reps = 3 if rehearsal else 20
-        self.rounds = 5  # raw and ctx.comm all-reduce take turns this many times (see benchmarks/turns.py)
+        self.rounds = 5  # raw and ctx.comm all-reduce take turns this many times (see benchmarks/_common/turns.py)
 
 
 def _sync(device):

@@ -1,7 +1,7 @@
 """Pipeline parallel on 4 simulated (CPU/gloo) ranks.
 
 (a) ``mpkit.parallel.pipeline`` (the ``pp`` strategy) 1F1B against ``torch.distributed.pipelining``'s
-    ``Schedule1F1B`` on the same model, split and micro-batches; runs take turns (``benchmarks/turns.py``) so machine noise hits both alike; a
+    ``Schedule1F1B`` on the same model, split and micro-batches; runs take turns (``benchmarks/_common/turns.py``) so machine noise hits both alike; a
     run's step time is the median of its steps after the first, the reported time the median
     over runs. Memory tracking off, trace on (``step_times`` reads it).
 (b) the measured bubble against (p-1)/(m+p-1) for m = 1..16 on balanced stages (an mlp of 8
@@ -11,28 +11,56 @@
     backward, slept): four ranks on a 2-core laptop would otherwise share cores exactly when
     the pipeline is full, and the measurement would be the machine's, not the pipeline's.
 
-(c) with ``--schedules``: every schedule (LoopedBFS and the zero-bubble ones included), measured
-    bubble next to its lists and formula, step time next to torch's (``benchmarks/pp_schedules.py``).
+(c) with ``--schedules``: every schedule on 4 ranks, the measured bubble next to the formula and to
+    the schedule's own lists on unit costs, and the step time next to torch's schedule class on
+    the same stages. The model: 8 layers whose work is simulated device time, slept: each layer's
+    forward F, its input-gradient part B and its weight-gradient part W take ``LAYER_MS`` each
+    (F = B = W, the zero-bubble paper's assumption; the whole backward is 2F as above). B sleeps on
+    the input's path, W on the weight's path, so a schedule that splits the backward (B now, W
+    later) really moves that time, in mpkit's executor as in torch's ``stage_backward_weight``.
+    "lists": the bubble ``mpkit.parallel.schedule``'s lists give on the simulator (forward 1,
+    backward 2, W 1 of it). "formula": the paper's closed form where there is one: (p-1)/(m+p-1)
+    (GPipe, 1F1B), (p-1)/(v·m+p-1) (interleaved, looped BFS), (p-1)/(3m+p-1) (ZB-H1: (p-1)(F+B-W)
+    idle per rank); ZB-V's is ~0 for m >= 2p; DualPipeV's has none here (its point, overlapping a
+    forward with another micro-batch's backward, needs two streams that CPU ranks do not have).
+    Step time: median over steps after the first, of the median over runs taking turns with
+    torch's schedule class.
 
-    python benchmarks/pp.py [--runs 5] [--steps 6] [--schedules]
+    python benchmarks/pp.py [--runs 5] [--steps 6]                            # (a) and (b)
+    python benchmarks/pp.py --schedules [--runs 3] [--steps 4] [--only zbv dualpipev]   # (c)
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import time
 from functools import partial
 
+import torch
+import torch.distributed.pipelining as torch_pp
+from torch import nn
+
 import mpkit
-from mpkit.models import ModelConfig, describe
+from _common.turns import medians_taking_turns
 from mpkit.crosscheck import pipelining as torch_pipelining
+from mpkit.models import ModelConfig, describe
+from mpkit.parallel import pipeline, schedule, simulate
+from mpkit.parallel.pipeline.schedules import chunks_per_rank, placement
 from mpkit.strategies import make_config
-from turns import medians_taking_turns  # benchmarks/turns.py
 
 WORLD = 4
 VERSUS_TORCH = dict(model="gpt", hidden=128, layers=4, seq_len=32, batch_size=32, micro_batches=8)
 BALANCED = dict(model="mlp", layers=8, hidden=64, d_in=64, classes=8, batch_size=64, layer_ms=10.0)
 BUBBLE_MS = (1, 2, 4, 8, 16)
+# (c): micro-batches, layers, width, batch and the simulated time of each layer's F, B and W
+M, LAYERS, HIDDEN, BATCH, LAYER_MS = 8, 8, 32, 64, 10.0
+# (mpkit schedule, virtual stages, torch class)
+SCHEDULES = [("gpipe", 1, "ScheduleGPipe"), ("1f1b", 1, "Schedule1F1B"),
+             ("interleaved", 2, "ScheduleInterleaved1F1B"), ("looped_bfs", 2, "ScheduleLoopedBFS"),
+             ("interleaved_zb", 1, "ScheduleInterleavedZeroBubble"),
+             ("interleaved_zb", 2, "ScheduleInterleavedZeroBubble"), ("zbv", 2, "ScheduleZBVZeroBubble"),
+             ("dualpipev", 2, "ScheduleDualPipeV")]
 
 
 def step_times(trace, steps) -> list[float]:
@@ -75,19 +103,143 @@ def bubble_rows(steps, schedule="1f1b") -> list[dict]:
     return out
 
 
-def rows(runs: int = 5, steps: int = 6) -> list[dict]:
-    return [versus_torch(runs, steps)] + bubble_rows(steps)
+class _Sleep(torch.autograd.Function):
+    """Identity; its backward sleeps ``seconds`` (simulated device time of a gradient part)."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class SleepyLinear(nn.Linear):
+    """A Linear whose forward, input gradient and weight gradient each take ``LAYER_MS``."""
+
+    def forward(self, x):
+        s = LAYER_MS / 1e3
+        time.sleep(s)
+        return torch.relu(nn.functional.linear(_Sleep.apply(x, s), _Sleep.apply(self.weight, s), self.bias))
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(*[SleepyLinear(HIDDEN, HIDDEN) for _ in range(LAYERS)])
+
+
+def batch():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(BATCH, HIDDEN, generator=g), torch.randn(BATCH, HIDDEN, generator=g)
+
+
+def formula(name, p, m, v):
+    if name in ("gpipe", "1f1b"):
+        return (p - 1) / (m + p - 1)
+    if name in ("interleaved", "looped_bfs"):
+        return (p - 1) / (v * m + p - 1)
+    if name == "interleaved_zb" and v == 1:
+        return (p - 1) / (3 * m + p - 1)
+    return None
+
+
+def _stages(p, name, v):
+    count = p * chunks_per_rank(name, v)
+    per = LAYERS // count
+    full = model()
+    return [full[i * per:(i + 1) * per] for i in range(count)]
+
+
+def _ours(ctx, name, v, steps):
+    p = ctx.world_size
+    stages = _stages(p, name, v)
+    where = placement(name, p, v)
+    pipe = pipeline({s: stages[s] for s in range(len(stages)) if where[s] == ctx.rank}, num_stages=len(stages),
+                    schedule=name, micro_batches=M, loss_fn=nn.functional.mse_loss, virtual_stages=v)
+    x, y = batch()
+    for k in range(steps):
+        ctx.set_step(k)
+        pipe.step(x, y)
+        for q in pipe.parameters():
+            q.grad = None
+    ctx.set_step(None)
+
+
+def _torch(ctx, name, v, torch_name, steps):
+    p = ctx.world_size
+    stages = _stages(p, name, v)
+    where = placement(name, p, v)
+    mine = [torch_pp.PipelineStage(stages[s], s, len(stages), ctx.device) for s in range(len(stages))
+            if where[s] == ctx.rank]
+    cls = getattr(torch_pp, torch_name)
+    sched = cls(mine[0] if torch_name in ("ScheduleGPipe", "Schedule1F1B") else mine, M,
+                loss_fn=nn.functional.mse_loss)
+    x, y = batch()
+    first, last = 0 in [s.stage_index for s in mine], len(stages) - 1 in [s.stage_index for s in mine]
+    for k in range(steps):
+        ctx.set_step(k)
+        with ctx.trace.span("compute", name=f"torch {torch_name}"):
+            sched.step(*([x] if first else []), **({"target": y} if last else {}))
+        for s in mine:
+            s.submod.zero_grad(set_to_none=True)
+    ctx.set_step(None)
+
+
+def measure(fn, args, steps, bubble=False):
+    result = mpkit.launch(fn, WORLD, args=(*args, steps), timeout=300, memory=False)
+    time_ = statistics.median(step_times(result.trace, steps)[1:])
+    if bubble:
+        return time_, statistics.median(result.trace.pipeline_bubble(s) for s in range(1, steps))
+    return time_
+
+
+def schedule_rows(runs=3, steps=4, only=None) -> list[dict]:
+    out = []
+    for name, v, torch_name in SCHEDULES:
+        if only and name not in only:
+            continue
+        bubbles = []
+
+        def ours_time(name=name, v=v, bubbles=bubbles):
+            t, b = measure(_ours, (name, v), steps, bubble=True)
+            bubbles.append(b)
+            return t
+        times = medians_taking_turns({"ours": ours_time,
+                                      "torch": partial(measure, _torch, (name, v, torch_name), steps)}, runs)
+        lists = float(simulate(schedule(name, WORLD, M, v), forward=1, backward=2, weight=1).bubble)
+        out.append({"schedule": name, "v": v, "torch": torch_name, "measured": statistics.median(bubbles),
+                    "lists": lists, "formula": formula(name, WORLD, M, v),
+                    "ours_ms": times["ours"] * 1e3, "torch_ms": times["torch"] * 1e3})
+    return out
+
+
+def print_schedules(runs, steps, only):
+    print(f"(c) p={WORLD} ranks on {len(os.sched_getaffinity(0))} CPU cores, m={M}, {LAYERS} layers x "
+          f"{LAYER_MS:g} ms for each of F, B, W (slept); median over {runs} alternating runs of the median "
+          f"of steps 2..{steps}")
+    print(f"{'schedule':<18} {'measured':>9} {'lists':>7} {'formula':>8} {'ours ms':>8} {'torch ms':>9} {'ratio':>6}  "
+          f"torch class")
+    for r in schedule_rows(runs, steps, only):
+        f = "-" if r["formula"] is None else f"{r['formula']:.1%}"
+        label = r["schedule"] + (f" v={r['v']}" if r["v"] > 1 or r["schedule"] == "interleaved_zb" else "")
+        print(f"{label:<18} {r['measured']:>9.1%} {r['lists']:>7.1%} {f:>8} {r['ours_ms']:>8.0f} "
+              f"{r['torch_ms']:>9.0f} {r['ours_ms'] / r['torch_ms']:>6.2f}  {r['torch']}")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--runs", type=int, default=None, help="default 5; 3 with --schedules")
+    parser.add_argument("--steps", type=int, default=None, help="default 6; 4 with --schedules")
     parser.add_argument("--schedules", action="store_true", help="run (c) only: every schedule against torch's")
+    parser.add_argument("--only", nargs="+", choices=sorted({n for n, *_ in SCHEDULES}),
+                        help="with --schedules: these schedules only")
     args = parser.parse_args(argv)
     if args.schedules:
-        import pp_schedules  # benchmarks/pp_schedules.py
-        return pp_schedules.main(["--runs", str(args.runs), "--steps", str(args.steps)])
+        return print_schedules(args.runs or 3, args.steps or 4, args.only)
+    args.runs, args.steps = args.runs or 5, args.steps or 6
     cores = len(os.sched_getaffinity(0))
     sizes = {k: v for k, v in VERSUS_TORCH.items() if k not in ("model", "batch_size", "micro_batches")}
     print(f"{WORLD} ranks on {cores} CPU cores; (b) sleeps its simulated device time, so it holds on fewer cores too")

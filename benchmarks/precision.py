@@ -4,7 +4,7 @@ Bytes per parameter: the model states of a ``single`` run (parameters and optimi
 steps, gradients at their largest; Adam's 4-byte step counters left out) for each precision,
 next to ``formulas.PRECISION_RECIPES``, and the largest activations. Recomputation: the largest
 activations and the step time of none / selective / full on an 8-block TinyGPT, each the median
-over ``--runs`` runs taking turns (``benchmarks/turns.py``) of the median step after the first;
+over ``--runs`` runs taking turns (``benchmarks/_common/turns.py``) of the median step after the first;
 "none again" is the same benchmark twice, the noise floor. Memory tracking is on in every run (it
 measures the activations), so the step times include its cost alike.
 
@@ -20,7 +20,7 @@ import time
 import mpkit
 from mpkit.models import ModelConfig, build_model
 from mpkit.sim import formulas
-from turns import medians_taking_turns  # benchmarks/turns.py
+from _common.turns import medians_taking_turns
 
 RECIPE = {"fp32": "fp32", "bf16": "autocast", "fp16": "autocast"}
 

@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass, field, replace
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/machine.py
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/_common/machine.py
 
-from machine import load  # noqa: E402
+from _common.machine import load  # noqa: E402
 from mpkit.sim import formulas  # noqa: E402
 from mpkit.costmodel.analytic import MODELS, Transformer  # noqa: E402
 from mpkit.simulator.hardware import MATMUL_BEST, MATMUL_SUSTAINED  # noqa: E402

@@ -12,13 +12,39 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 from mpkit.models import ModelConfig, UserModel
+from mpkit.vocabulary import RECOMPUTE
 from mpkit.whole import is_number, is_whole  # re-exported for the runtime, train and sim.predict
 
 OPTIMIZERS = ("adam", "sgd")
 PRECISIONS = ("fp32", "bf16", "fp16")  # the recipes of mpkit.parallel.precision
-RECOMPUTE = ("full", "selective")
 DEFAULT_LOSS_SCALE = 2.0**16  # torch.amp.GradScaler's init_scale
 MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"kind"}
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """``mpkit.train``'s checkpoint arguments, resolved by ``train`` before any rank starts:
+    save into ``directory`` (``step_000004``, ...) after every ``every`` steps (None: after the
+    last one), ``blocking=False`` with ``dcp.async_save``; start from the checkpoint
+    ``resume_from``, which holds ``start_step`` steps. ``failure``: (step, rank) where the run
+    kills that rank once (SIGKILL), to watch a job lose a rank and come back."""
+
+    directory: str | None = None
+    every: int | None = None
+    resume_from: str | None = None
+    start_step: int = 0
+    blocking: bool = True
+    failure: tuple[int, int] | None = None
+
+    @property
+    def saves(self) -> bool:
+        return self.directory is not None
+
+    def due(self, steps_done: int, steps: int) -> bool:
+        """Whether a save follows the step that brings the count to ``steps_done`` (of ``steps``)."""
+        if not self.saves:
+            return False
+        return steps_done == steps if self.every is None else steps_done % self.every == 0
 
 
 @dataclass(frozen=True)
@@ -36,6 +62,7 @@ class TrainConfig:
     precision: str = "fp32"  # "bf16" / "fp16": autocast compute, fp32 master weights (mpkit.parallel.precision)
     recompute: str | None = None  # "full" / "selective": activation checkpointing (mpkit.parallel.recompute)
     loss_scale: float = DEFAULT_LOSS_SCALE  # fp16's first dynamic loss scale
+    checkpointing: Checkpointing = field(default_factory=Checkpointing)  # set by mpkit.train
 
     def option(self, name):
         return self.options[name]
@@ -97,8 +124,10 @@ def check_precision_name(precision) -> None:
 
 
 def check_recompute(recompute) -> None:
-    if recompute is not None and recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r} is unknown; use 'full' (every layer), 'selective' (the attention "
+    """A run recomputes "full" or "selective" (``mpkit.parallel.recompute``); None or "none": not at all."""
+    if recompute is not None and (recompute not in RECOMPUTE or recompute == "op"):
+        known = "is priced by mpkit.sim.plan only" if recompute == "op" else "is unknown"
+        raise ValueError(f"recompute={recompute!r} {known}; use 'full' (every layer), 'selective' (the attention "
                          f"core only) or None")
 
 
@@ -130,8 +159,9 @@ def build_config(strategy, world_size, options, defaults, *, model="mlp", steps=
         raise ValueError(f"check_finite={check_finite!r} must be True (stop at a NaN/inf loss) or False")
     _check_precision(precision, recompute, loss_scale)
     return TrainConfig(strategy, int(world_size), model_cfg, int(steps), int(batch_size), float(lr), optimizer,
-                       int(seed), {**defaults, **options}, check_finite, precision, recompute, float(loss_scale))
+                       int(seed), {**defaults, **options}, check_finite, precision,
+                       None if recompute == "none" else recompute, float(loss_scale))
 
 
-__all__ = ["TrainConfig", "OPTIMIZERS", "PRECISIONS", "RECOMPUTE", "DEFAULT_LOSS_SCALE", "MODEL_FIELDS",
+__all__ = ["TrainConfig", "Checkpointing", "OPTIMIZERS", "PRECISIONS", "DEFAULT_LOSS_SCALE", "MODEL_FIELDS",
            "model_config", "build_config", "check_precision_name", "check_recompute"]

@@ -143,6 +143,10 @@ STRINGS = {
     'tour_error': {"ko": '오류', "en": 'error'},
     'tour_caveat': {"ko": '주의: 시뮬레이션 장치 시간입니다. 레이어마다 마이크로배치 하나의 순전파에서 {ms:g} ms(역전파는 그 두 배) 동안 잠들어 장치의 계산 시간을 대신하므로, 랭크마다 전용 장치가 있는 것처럼 동작합니다. 이 시간은 배치·마이크로배치 크기나 텐서 분할과 상관없이 같으므로 시간 열은 속도 향상을 보여 주지 않습니다. 읽을 것은 결과 일치(차이), 랭크별 메모리, 버블(스텝의 첫 순전파부터 마지막 역전파까지 계산하지 않은 시간의 비율, 스텝 1 이후의 중앙값)입니다. pp(마이크로배치 {m}개)의 버블은 공식 (p-1)/(m+p-1)에 가깝고 mp의 (p-1)/p보다 훨씬 작습니다 (04번 실습). 실제 하드웨어의 시간은 mpkit.sim.predict로 예측하세요.', "en": 'Caveat: this is simulated device time. Every layer sleeps {ms:g} ms per micro-batch forward (twice that backward) in place of device work, so every rank behaves like a dedicated device. That time is the same whatever the batch, micro-batch or tensor split, so the time column shows no speed-up. Read parity (diff), memory per rank and the bubble (the idle share of a step from its first forward to its last backward, median over the steps after step 0): pp with {m} micro-batches sits near the formula (p-1)/(m+p-1), far below mp\'s (p-1)/p (lab 04). For times on real hardware use mpkit.sim.predict.'},
     'tour_plots': {"ko": '그림: {out}/ 에 PNG {n}개', "en": 'plots: {n} PNGs in {out}/'},
+    # ---- mpkit.parallel: precision and recomputation misused (warnings and errors, both languages at once) ----
+    'warn_fp16_no_scaler': {"ko": "precision='fp16'의 autocast에 손실 스케일러(loss scaler)가 없습니다. 손실 스케일링(loss scaling) 없이 역전파하면 fp16에서 작은 그래디언트(gradient)는 대부분 0이 됩니다(한 실험에서 8,385개 중 8,327개). 손실을 키울 스케일러를 넘기거나(autocast_layers(layers, 'fp16', scaler=LossScaler()); MixedPrecision('fp16', scaler=LossScaler())는 스스로 넘깁니다), 범위가 fp32와 같은 'bf16'을 쓰세요.", "en": "precision='fp16' autocast has no loss scaler: without loss scaling most small gradients underflow to 0 in fp16 (8,327 of 8,385 in one probe). Pass the scaler that scales the loss (autocast_layers(layers, 'fp16', scaler=LossScaler()); MixedPrecision('fp16', scaler=LossScaler()) passes its own), or use 'bf16', which has fp32's range."},
+    'err_fp16_pipeline_group': {"ko": "이 파라미터(parameter)는 {world}개 랭크(rank)에 나뉜 파이프라인(pipeline)의 스테이지(stage)입니다. 다른 스테이지의 그래디언트(gradient)는 다른 랭크에 있으므로, 이 랭크만 fp16 오버플로를 검사하면 랭크마다 건너뛰는 스텝이 달라지고 손실 스케일(loss scale)이 서로 어긋납니다. 파이프라인의 그룹을 넘기세요: mp.step(optimizer, pipe.parameters(), group=dist.group.WORLD) (또는 pipeline(..., group=...)에 준 그룹).", "en": "these parameters are stages of a pipeline over {world} ranks: the other stages' gradients are on other ranks, so checking fp16 overflows on this rank alone lets the ranks skip different steps and their loss scales drift apart. Pass the pipeline's group: mp.step(optimizer, pipe.parameters(), group=dist.group.WORLD) (or the group given to pipeline(..., group=...))."},
+    'warn_recompute_batchnorm': {"ko": "재계산(recomputation)이 훈련 모드의 BatchNorm을 담은 레이어(layer) {layer}을(를) 감쌉니다: 역전파에서 순전파를 다시 실행하므로 BatchNorm의 running 통계가 스텝마다 두 번 갱신됩니다(torch.utils.checkpoint도 같습니다). BatchNorm이 있는 레이어는 재계산에서 빼거나, 통계를 고정하려면 BatchNorm을 eval 모드로 두세요.", "en": "recomputation wraps layer {layer}, which holds BatchNorm in training mode: the backward runs its forward again, so BatchNorm's running statistics update twice per step (torch.utils.checkpoint does the same). Leave the layers with BatchNorm out of recomputation, or put BatchNorm in eval mode to freeze its statistics."},
     # ---- plot.staleness ----
     'staleness_title': {"ko": '파라미터 서버 (비동기): 적용된 업데이트마다의 손실', "en": 'Parameter server (async): loss of each applied update'},
     'staleness_loss': {"ko": '손실', "en": 'loss'},
@@ -178,7 +182,7 @@ STRINGS = {
     'plan_fit_searched': {"ko": ' (ZeRO-3과 전체 재계산은 이미 찾아보았습니다)', "en": ' (ZeRO-3 and full recomputation were already searched)'},
     'plan_no_layout': {"ko": 'GPU {gpus}개를 dp x pp x tp로 나눠 global_batch={batch}를 받는 레이아웃이 없습니다(tp는 노드 안에서 head 수를 나누고, pp는 레이어 {layers}개 이하, dp는 배치를, micro_batch는 복제본의 몫을 나눠야 함): GPU를 줄이거나, global_batch를 늘리거나, 고정한 크기를 바꾸세요.', "en": "No dp x pp x tp layout of {gpus} GPUs takes global_batch={batch} (tp within a node and dividing the heads, pp at most the {layers} layers, dp dividing the batch, micro_batch dividing each replica's share): use fewer GPUs, a larger global_batch or other pinned sizes."},
     'plan_over_memory': {"ko": 'GPU당 {need:,.1f} GB 필요 > 사용 가능 {cap:,.1f} GB ({parts})', "en": 'needs {need:,.1f} GB per GPU > {cap:,.1f} GB usable ({parts})'},
-    'plan_simpler': {"ko": '권장: {layout} — {ratio:.1%} 느린 {step:.3g}초로 계산되지만, 이 모델의 중앙값 오차({error:.1%}, BENCHMARKS.md: 공개된 학습 40건) 안이라 최선과 구별할 수 없고, 차원이 더 적습니다(파이프라인 없음을 먼저, 그다음 TP 없음). 둘 다 시험해 보세요.', "en": 'Recommended: {layout} — priced {ratio:.1%} slower at {step:.3g} s, inside this model\'s median error ({error:.1%}, BENCHMARKS.md: 40 published runs), so the model cannot tell it from the best, and it has fewer dimensions (no pipeline first, then no TP). Try both.'},
+    'plan_simpler': {"ko": '권장: {layout} — {ratio:.1%} 느린 {step:.3g}초로 계산되지만, 이 모델의 흔한 오차(공개된 학습 40건에서 맞춘 중앙값 {error:.1%}, 한 출처씩 빼고 잰 오차는 더 큼: BENCHMARKS.md) 안이라 가까워서 가릴 수 없고, 차원이 더 적습니다(파이프라인 없음을 먼저, 그다음 TP 없음). 같은 학습의 두 레이아웃은 오차가 함께 움직이므로 이 오차가 그 차이의 한계는 아닙니다. 둘 다 시험해 보세요.', "en": 'Recommended: {layout} — priced {ratio:.1%} slower at {step:.3g} s, within the model\'s typical error (median {error:.1%} in-sample over 40 published runs; larger left one source out: BENCHMARKS.md), too close to call, and it has fewer dimensions (no pipeline first, then no TP). The errors of two layouts of the same run move together, so that error does not bound their difference: try both.'},
     'plan_winner': {"ko": '최선: {layout} — 스텝당 {step:.3g}초, 초당 {tokens:,.0f} 토큰, MFU {mfu:.0%}(HFU {hfu:.0%}), GPU당 {memory:.1f} GB. {order}', "en": 'Best: {layout} — {step:.3g} s per step, {tokens:,.0f} tokens/s, MFU {mfu:.0%} (HFU {hfu:.0%}), {memory:.1f} GB per GPU. {order}'},
     'plan_link_intra': {"ko": '한 노드 안의 링크(NVLink)', "en": 'the links inside one node (NVLink)'},
     'plan_link_intra_pcie': {"ko": '한 노드 안의 링크(PCIe, NVLink 없음)', "en": 'the links inside one node (PCIe, no NVLink)'},
@@ -197,7 +201,7 @@ STRINGS = {
     'plan_dp': {"ko": '데이터 병렬 dp={dp}는 {link}로: GPU마다 스텝당 그래디언트 {gb:.2f} GB를 {how}. 드러난 통신은 스텝의 {share:.0%}입니다.', "en": 'Data parallel dp={dp} over {link}: {gb:.2f} GB of gradients per GPU per step, {how}; exposed: {share:.0%} of the step.'},
     'plan_dp_overlap': {"ko": '마지막 마이크로배치의 역전파 동안 버킷 단위로 한 번 축소합니다(DDP처럼)', "en": "reduced once, during the last micro-batch's backward, bucket by bucket (as DDP does)"},
     'plan_dp_exposed': {"ko": '마지막 마이크로배치의 역전파가 끝난 뒤 한 번 축소하며 겹치지 않습니다(Megatron-LM 2021처럼)', "en": "reduced once after the last micro-batch's backward, not overlapped (as Megatron-LM 2021 did)"},
-    'plan_dp_zero': {"ko": '마이크로배치마다 reduce-scatter하고(ZeRO-3은 가중치 all-gather 두 번 추가) 계산 뒤로 미리 보냅니다', "en": 'reduce-scattered every micro-batch (ZeRO-3 also all-gathers the weights twice), prefetched behind compute'},
+    'plan_dp_zero': {"ko": '데이터 병렬 dp={dp}는 {link}로: GPU마다 마이크로배치당 그래디언트 {gb:.2f} GB를 reduce-scatter하며, 스텝당 {m}번입니다(ZeRO-3은 마이크로배치마다 가중치 all-gather 두 번 추가). 계산 뒤로 미리 보내고, 드러난 통신은 스텝의 {share:.0%}입니다.', "en": 'Data parallel dp={dp} over {link}: {gb:.2f} GB of gradients per GPU per micro-batch, reduce-scattered {m} times per step (ZeRO-3 also all-gathers the weights twice per micro-batch), prefetched behind compute; exposed: {share:.0%} of the step.'},
     'plan_dp_none': {"ko": '데이터 병렬 없음(dp=1): 그래디언트 축소가 없습니다.', "en": 'No data parallel (dp=1): no gradient reduction.'},
     'plan_zero': {"ko": 'ZeRO-{zero}: {what} 데이터 병렬 그룹에 나눕니다. 모델 상태가 GPU당 {before:.1f} -> {after:.1f} GB (없으면 이 레이아웃은 {fits}).', "en": 'ZeRO-{zero} shards {what} over the data-parallel group: model states {before:.1f} -> {after:.1f} GB per GPU (without it this layout {fits}).'},
     'plan_fits': {"ko": '{gb:.1f} GB로 여전히 들어갑니다', "en": 'would still fit, at {gb:.1f} GB'},
@@ -238,7 +242,7 @@ STRINGS = {
     'plan_pp_outermost': {"ko": ', PP 가장 바깥', "en": ', PP outermost'},
     'plan_col_order': {"ko": '가장 바깥', "en": 'outermost'},
     'plan_stack': {"ko": '소프트웨어: {name} — 행렬곱을 최대 성능의 {mfu:.0%}로 계산({source}에서 맞춤).', "en": 'Software: {name}, matmuls at {mfu:.0%} of peak (fitted to {source}).'},
-    'plan_stack_none': {"ko": '소프트웨어: 지정 안 함 — 행렬곱을 하드웨어에 적힌 대로 최대 성능의 {mfu:.0%}로 계산(stack=으로 바꿀 수 있음).', "en": "Software: not given, matmuls at the hardware's own {mfu:.0%} of peak (stack= changes it)."},
+    'plan_stack_none': {"ko": '소프트웨어: 지정 안 함 — 행렬곱을 최대 성능의 {mfu:.0%}로 계산. 하드웨어 프리셋의 지속 행렬곱 효율로, 프리셋은 GPU마다 MosaicML 7B 실행 하나에 맞춘 값입니다(stack=으로 바꿀 수 있음).', "en": "Software: not given, matmuls at {mfu:.0%} of peak, the hardware preset's sustained matmul rate (the presets' is fitted to one MosaicML 7B run per GPU; stack= changes it)."},
     'plan_w_cp': {"ko": 'cp 고정', "en": 'pin cp'},
     'plan_w_ep': {"ko": 'ep 고정', "en": 'pin ep'},
     'plan_w_attention': {"ko": 'CP의 K/V 교환', "en": 'CP K/V exchange'},
@@ -262,6 +266,28 @@ STRINGS = {
     'whatif_refused': {"ko": '예측하지 않는 조합입니다 (그림은 마지막으로 예측한 것): {error}', "en": 'not predicted (the picture is the last prediction): {error}'},
     'plan_plain_fits': {"ko": 'ZeRO도 재계산도 필요 없습니다: 사용 가능한 {cap:.1f} GB 중 {gb:.1f} GB.', "en": 'Neither ZeRO nor recomputation is needed: {gb:.1f} GB of {cap:.1f} GB usable.'},
 
+    # ---- checkpoints and failures (plot.checkpoint_interval, plot.restarts, sim.checkpoint_interval) ----
+    'ckpt_interval_title': {"ko": '체크포인트 간격에 따른 낭비 (저장 {checkpoint}, 평균 고장 간격 {mtbf}, 재시작 {restart})', "en": 'Waste vs checkpoint interval (save {checkpoint}, MTBF {mtbf}, restart {restart})'},
+    'ckpt_interval_x': {"ko": '체크포인트 사이의 작업 시간 τ (분, 로그 눈금)', "en": 'work between checkpoints τ (minutes, log scale)'},
+    'ckpt_interval_y': {"ko": '벽시계 시간 중 낭비 비율', "en": 'share of wall time wasted'},
+    'ckpt_total': {"ko": '기대 낭비 (Daly 2006)', "en": 'expected waste (Daly 2006)'},
+    'ckpt_saving_part': {"ko": '저장 비용 δ/τ', "en": 'saving cost δ/τ'},
+    'ckpt_lost_part': {"ko": '장애로 잃는 작업 τ/(2M)', "en": 'work lost to failures τ/(2M)'},
+    'ckpt_young': {"ko": 'Young: √(2δM) = {value}', "en": 'Young: √(2δM) = {value}'},
+    'ckpt_daly': {"ko": 'Daly: {value}', "en": 'Daly: {value}'},
+    'ckpt_chosen': {"ko": '선택한 간격 {value}', "en": 'chosen interval {value}'},
+    'ckpt_w_checkpoint': {"ko": '저장 시간(초)', "en": 'save time (s)'},
+    'ckpt_w_mtbf': {"ko": '평균 고장 간격(시간)', "en": 'MTBF (hours)'},
+    'ckpt_w_restart': {"ko": '재시작(분)', "en": 'restart (min)'},
+    'ckpt_w_interval': {"ko": '간격(분)', "en": 'interval (min)'},
+    'ckpt_w_status': {"ko": '간격 {interval}: 낭비 {waste:.1%}, 장애 한 번에 평균 {lost} 작업을 다시 하고 {restart} 동안 재시작. 최적: Young {young}, Daly {daly} (낭비 {best:.1%}).', "en": 'Interval {interval}: {waste:.1%} wasted; each failure redoes {lost} of work on average and restarts for {restart}. Optimum: Young {young}, Daly {daly} ({best:.1%} wasted).'},
+    'restarts_title': {"ko": '장애, 재시작, 다시 실행한 스텝', "en": 'Failure, restart and replayed steps'},
+    'restarts_x': {"ko": '첫 시작 뒤 시간(초)', "en": 'seconds since the first start'},
+    'restarts_attempt': {"ko": '시도 {n} (스텝 {step}부터)', "en": 'attempt {n} (from step {step})'},
+    'restarts_step': {"ko": '스텝', "en": 'step'},
+    'restarts_replayed': {"ko": '다시 실행한 스텝', "en": 'replayed step'},
+    'restarts_save': {"ko": '체크포인트 저장', "en": 'checkpoint saved'},
+    'restarts_failure': {"ko": '장애', "en": 'failure'},
 }
 
 
@@ -278,4 +304,10 @@ def t(key: str, lang: str, **values) -> str:
     return text.format(**values) if values else text
 
 
-__all__ = ["LANGS", "LANG_LABELS", "STRINGS", "check_lang", "t"]
+def both(key: str, **values) -> str:
+    """The Korean and the English string for ``key``, one line each: for a warning or an error that
+    has no language option (it reaches whoever runs the code)."""
+    return "\n".join(t(key, lang, **values) for lang in LANGS)
+
+
+__all__ = ["LANGS", "LANG_LABELS", "STRINGS", "check_lang", "t", "both"]

@@ -191,10 +191,12 @@ class MixtureOfExperts(nn.Module):
     even with ``top_k=1``, as in Switch).
 
     The step is route -> dispatch into an [experts, groups·capacity, hidden] buffer ->
-    ``run_experts`` -> combine; ``mpkit.parallel.expert_parallel`` replaces ``run_experts`` with an
-    all-to-all to the ranks that hold the experts. ``stats`` holds the last forward's load per
-    expert (tokens routed, before the capacity), the tokens kept, the dropped count and Switch's
-    load-balancing loss E·Σ f_e·P_e (detached: reported, not trained)."""
+    ``run_experts`` -> combine (``capacity_mixture``, which ``mpkit.parallel.expert_parallel`` runs
+    too, with an all-to-all to the ranks that hold the experts in place of ``run_experts``). It
+    follows the contract ``expert_parallel`` takes from any MoE: ``router(x) -> logits``,
+    ``experts`` (an ``nn.ModuleList``), ``top_k``, ``capacity_factor``. ``stats`` holds the last
+    forward's load per expert (tokens routed, before the capacity), the tokens kept, the dropped
+    count and Switch's load-balancing loss E·Σ f_e·P_e (detached: reported, not trained)."""
 
     def __init__(self, hidden, experts, top_k=1, capacity_factor=1.25):
         super().__init__()
@@ -205,34 +207,57 @@ class MixtureOfExperts(nn.Module):
 
     def capacity(self, tokens: int) -> int:
         """Slots per expert and group: ceil(capacity_factor · tokens · top_k / experts)."""
-        return max(1, math.ceil(self.capacity_factor * tokens * self.top_k / self.num_experts))
+        return capacity_slots(tokens, self.top_k, self.num_experts, self.capacity_factor)
 
     def run_experts(self, buffer):
         """[experts, slots, hidden] -> the same shape, expert e applied to row e."""
         return torch.stack([expert(buffer[e]) for e, expert in enumerate(self.experts)])
 
     def forward(self, x):
-        g, t, h = x.shape
-        e, k, cap = self.num_experts, self.top_k, self.capacity(t)
-        probs = F.softmax(self.router(x), dim=-1)  # [g, t, e]
-        weights, chosen = probs.topk(k, dim=-1)  # [g, t, k]
-        expert_hot = (chosen[..., None] == torch.arange(e, device=x.device)).to(x.dtype)  # [g, t, k, e]
-        queue = expert_hot.transpose(1, 2).reshape(g, k * t, e)  # choice-major, then token order
-        slot = ((queue.cumsum(1) - 1) * queue).sum(-1).view(g, k, t).transpose(1, 2)  # place in its expert's queue
-        slot_hot = ((slot[..., None] == torch.arange(cap, device=x.device)) & (slot < cap)[..., None]).to(x.dtype)
-        # GShard's dispatch and combine tensors [g, t, e, cap]: shapes only, so it also runs on the meta device
-        dispatch = torch.einsum("gtke,gtkc->gtec", expert_hot, slot_hot)
-        combine = torch.einsum("gtk,gtke,gtkc->gtec", weights, expert_hot, slot_hot)
-        buffer = torch.einsum("gtec,gth->egch", dispatch, x).reshape(e, g * cap, h)
-        out = self.run_experts(buffer).view(e, g, cap, h)
-        y = torch.einsum("gtec,egch->gth", combine, out)
-        if x.device.type != "meta":
-            with torch.no_grad():
-                load, kept = expert_hot.sum((0, 1, 2)), dispatch.sum((0, 1, 3))
-                self.stats = {"load": load.long(), "capacity": cap, "kept": kept.long(),
-                              "dropped": int(load.sum() - kept.sum()),
-                              "balance_loss": float(e * (expert_hot[:, :, 0].mean((0, 1)) * probs.mean((0, 1))).sum())}
+        y, stats = capacity_mixture(x, self.router(x), self.run_experts, self.top_k, self.capacity(x.shape[1]))
+        self.stats = stats or self.stats
         return y
+
+
+def capacity_slots(tokens: int, top_k: int, experts: int, capacity_factor: float) -> int:
+    """Slots per expert and group: ceil(capacity_factor · tokens · top_k / experts), at least 1."""
+    return max(1, math.ceil(capacity_factor * tokens * top_k / experts))
+
+
+def capacity_mixture(x, logits, run_experts, k: int, cap: int, normalize: bool = False):
+    """GShard's fixed-capacity mixture of x [groups, tokens, hidden] with router ``logits``
+    [groups, tokens, experts]: (output, stats). ``run_experts`` maps the [experts, groups·cap,
+    hidden] buffer to the experts' outputs; ``normalize``: the chosen weights renormalised to sum
+    to 1 (Mixtral, Qwen's ``norm_topk_prob``). Stats are empty on the meta device."""
+    g, t, h = x.shape
+    e = logits.shape[-1]
+    probs = F.softmax(logits, dim=-1)  # [g, t, e]
+    weights, chosen = probs.topk(k, dim=-1)  # [g, t, k]
+    if normalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    expert_hot = (chosen[..., None] == torch.arange(e, device=x.device)).to(x.dtype)  # [g, t, k, e]
+    queue = expert_hot.transpose(1, 2).reshape(g, k * t, e)  # choice-major, then token order
+    slot = ((queue.cumsum(1) - 1) * queue).sum(-1).view(g, k, t).transpose(1, 2)  # place in its expert's queue
+    slot_hot = ((slot[..., None] == torch.arange(cap, device=x.device)) & (slot < cap)[..., None]).to(x.dtype)
+    # GShard's dispatch and combine tensors [g, t, e, cap]: shapes only, so it also runs on the meta device
+    dispatch = torch.einsum("gtke,gtkc->gtec", expert_hot, slot_hot)
+    combine = torch.einsum("gtk,gtke,gtkc->gtec", weights, expert_hot, slot_hot)
+    buffer = torch.einsum("gtec,gth->egch", dispatch, x).reshape(e, g * cap, h)
+    out = run_experts(buffer).view(e, g, cap, h)
+    y = torch.einsum("gtec,egch->gth", combine, out)
+    if x.device.type == "meta":
+        return y, {}
+    with torch.no_grad():
+        load, kept = expert_hot.sum((0, 1, 2)), dispatch.sum((0, 1, 3))
+        return y, {"load": load.long(), "capacity": cap, "kept": kept.long(), "dropped": int(load.sum() - kept.sum()),
+                   "balance_loss": balance_loss(expert_hot[:, :, 0], probs)}
+
+
+def balance_loss(first_choice_hot, probs) -> float:
+    """Switch's load-balancing loss E·Σ_e f_e·P_e: f_e the share of tokens whose first choice is e,
+    P_e the mean router probability of e (1.0 when perfectly balanced)."""
+    e = probs.shape[-1]
+    return float(e * (first_choice_hot.reshape(-1, e).mean(0) * probs.reshape(-1, e).mean(0)).sum())
 
 
 class Block(Layer):

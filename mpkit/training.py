@@ -5,18 +5,22 @@ Options are checked here, in the caller, before any rank starts: a bad combinati
 """
 from __future__ import annotations
 
+import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from mpkit.config import TrainConfig, is_whole
+from mpkit.config import Checkpointing, TrainConfig, is_whole
 from mpkit.models import describe
 from mpkit.observe.memory import CATEGORIES
 from mpkit.observe.trace import Trace
+from mpkit.parallel import checkpoint
 from mpkit.runtime.context import make_context
 from mpkit.runtime.env import env_int, in_torchrun
 from mpkit.runtime.launch import check_torchrun_world, launch
 from mpkit.runtime.result import LaunchResult
 from mpkit.strategies import get_strategy, make_config
+from mpkit.strategies.checkpointing import read_history, step_dir
 
 _REFERENCE_KEYS = ("steps", "batch_size", "lr", "optimizer", "seed", "precision", "loss_scale")  # bf16 vs bf16
 
@@ -56,6 +60,7 @@ class Run:
         self.trace = launch_result.trace
         self.memory = launch_result.memory
         self.backend = launch_result.backend
+        self.first_step = config.checkpointing.start_step  # > 0: resumed from a checkpoint at that step
         self._reference = None
 
     @property
@@ -67,6 +72,18 @@ class Run:
     @property
     def extra(self):
         return [o.extra for o in self.outputs]
+
+    def history(self) -> list[dict]:
+        """The events logged in ``checkpoint_dir`` (``history.jsonl``: every run's start, steps, saves and
+        end, this run's and the runs before it in that directory); ``mpkit.plot.restarts`` draws them."""
+        directory = self.config.checkpointing.directory
+        return [] if directory is None else read_history(directory)
+
+    @property
+    def checkpoints(self) -> list[Path]:
+        """The complete checkpoints in ``checkpoint_dir`` (this run's and earlier runs'), oldest first."""
+        directory = self.config.checkpointing.directory
+        return [] if directory is None else checkpoint.complete(directory)
 
     def memory_by_category(self, kind="max") -> list[dict[str, int]]:
         """Per rank {category: bytes}: ``max`` over the run per category, or ``peak`` breakdown."""
@@ -121,7 +138,8 @@ class Run:
                              f"and precision")
 
     def compare_to_reference(self, reference: "Run | None" = None) -> Comparison:
-        """Max |difference| from the single-device run with the same model, data and optimizer.
+        """Max |difference| from the single-device run with the same model, data and optimizer (a
+        resumed run's losses against the reference's from ``first_step`` on).
 
         ``reference``: a ``single`` Run you already have (same settings), reused instead of
         training a new one; by default one is trained once per Run and cached."""
@@ -132,7 +150,7 @@ class Run:
         missing = sorted(set(ref.params) - set(self.params))
         if missing:
             raise RuntimeError(f"strategy {self.strategy!r} did not report parameters {missing[:5]}...")
-        loss_diff = max((abs(a - b) for a, b in zip(self.losses, ref.losses)), default=0.0)
+        loss_diff = max((abs(a - b) for a, b in zip(self.losses, ref.losses[self.first_step:])), default=0.0)
         worst, param_diff = "", 0.0
         for name, ref_tensor in ref.params.items():
             diff = (self.params[name].float() - ref_tensor.float()).abs().max().item()
@@ -156,22 +174,100 @@ class Run:
 
 
 def train(strategy="single", world_size=None, *, timeout=120.0, backend=None, device_memory=None, trace=True,
-          memory=True, **kwargs) -> Run | None:
+          memory=True, checkpoint_dir=None, checkpoint_every=None, checkpoint_async=False, resume_from=None,
+          simulate_failure=None, **kwargs) -> Run | None:
     """Run ``strategy`` for ``steps`` optimizer steps on ``world_size`` ranks; see README for options.
 
     ``world_size`` defaults to 1 for ``single`` and 4 otherwise (under torchrun: its WORLD_SIZE).
     Under torchrun every rank calls this; rank 0 gets the Run and the other ranks ``None``.
+
+    Checkpoints (``mpkit.parallel.checkpoint``): ``checkpoint_dir`` saves the model and optimizer
+    into ``<dir>/step_000004`` etc. after every ``checkpoint_every`` steps (default: after the
+    last), ``checkpoint_async=True`` with DCP's asynchronous save. ``resume_from``: a checkpoint
+    (or a directory of them: the newest) to start from, saved by any strategy and layout; the
+    run then trains from its step up to ``steps`` (counted from the very first step), and its
+    ``losses`` are those of the steps it ran. ``resume_from="latest"``: the newest checkpoint in
+    ``checkpoint_dir`` if there is one, else a fresh start (what a restarted job passes).
+    ``simulate_failure=(step, rank)``: that rank kills itself (SIGKILL) as it starts that step, once
+    per ``checkpoint_dir`` (a marker there remembers it), as a machine that fails mid-run.
     """
     if world_size is None:
         world_size = 1 if strategy == "single" else (env_int("WORLD_SIZE") if in_torchrun() else 4)
     elif in_torchrun() and is_whole(world_size):
         check_torchrun_world(world_size)
     cfg = make_config(strategy, world_size, **kwargs)
+    cfg = replace(cfg, checkpointing=checkpointing(cfg, checkpoint_dir, checkpoint_every, checkpoint_async,
+                                                   resume_from, simulate_failure))
     result = launch(get_strategy(strategy).run_rank, world_size=cfg.world_size, args=(cfg,), timeout=timeout, backend=backend,
                     device_memory=device_memory, trace=trace, memory=memory)
     if result is None:  # a rank other than 0 under torchrun: rank 0 holds the Run
         return None
     return Run(cfg, list(result), result)
+
+
+def checkpointing(cfg, directory, every, asynchronous, resume_from, failure=None) -> Checkpointing:
+    """``train``'s checkpoint arguments checked, and ``resume_from`` resolved to one checkpoint."""
+    if directory is None and (every is not None or asynchronous or failure is not None):
+        raise ValueError("checkpoint_every=, checkpoint_async= and simulate_failure= go with checkpoint_dir=<a "
+                         "directory to save into>")
+    _check_failure(failure, cfg)
+    if directory is not None and not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"checkpoint_dir={directory!r} must be a path (a str or pathlib.Path)")
+    if every is not None and (not is_whole(every) or every < 1):
+        raise ValueError(f"checkpoint_every={every!r}: pass a whole number of steps >= 1 between saves")
+    if not isinstance(asynchronous, bool):
+        raise ValueError(f"checkpoint_async={asynchronous!r} must be True (dcp.async_save) or False")
+    reason = get_strategy(cfg.strategy).no_checkpoint
+    if reason and (directory is not None or resume_from is not None):
+        raise ValueError(f"strategy={cfg.strategy!r} does not take checkpoints: {reason}")
+    resume, start = _resolve_resume(resume_from, directory)
+    if start >= cfg.steps:
+        raise ValueError(f"the checkpoint {resume} holds step {start}, and steps={cfg.steps}: nothing is left to "
+                         f"train; steps counts from the very first step, so pass steps > {start}")
+    plan = Checkpointing(None if directory is None else os.path.abspath(directory),
+                         None if every is None else int(every), resume, start, not asynchronous,
+                         None if failure is None else (int(failure[0]), int(failure[1])))
+    taken = [step_dir(plan.directory, k).name for k in range(start + 1, cfg.steps + 1)
+             if plan.due(k, cfg.steps) and step_dir(plan.directory, k).exists()]
+    if taken:
+        raise ValueError(f"checkpoint_dir={directory!r} already holds {', '.join(taken)} from an earlier run, which "
+                         f"this run would save again; continue that run with resume_from='latest', or pass an empty "
+                         f"checkpoint_dir (checkpoints are never written over)")
+    return plan
+
+
+def _check_failure(failure, cfg) -> None:
+    if failure is None:
+        return
+    if (not isinstance(failure, (tuple, list)) or len(failure) != 2 or not all(is_whole(v) for v in failure)
+            or not 0 <= failure[0] < cfg.steps or not 0 <= failure[1] < cfg.world_size):
+        raise ValueError(f"simulate_failure={failure!r}: pass (step, rank) with 0 <= step < steps={cfg.steps} and "
+                         f"0 <= rank < world_size={cfg.world_size}, e.g. simulate_failure=(1, 0)")
+
+
+def _resolve_resume(resume_from, directory) -> tuple[str | None, int]:
+    """(the checkpoint to load, its step); (None, 0) for a fresh start."""
+    if resume_from is None:
+        return None, 0
+    if resume_from == "latest":
+        if directory is None:
+            raise ValueError("resume_from='latest' resumes from checkpoint_dir: pass checkpoint_dir= too")
+        found = checkpoint.latest(directory)
+        return (None, 0) if found is None else (str(found), checkpoint.read_info(found)["step"])
+    if not isinstance(resume_from, (str, os.PathLike)):
+        raise TypeError(f"resume_from={resume_from!r} must be a path to a checkpoint (or to a directory of them), "
+                        f"or 'latest'")
+    path = Path(resume_from)
+    if not path.is_dir():
+        raise ValueError(f"resume_from={str(resume_from)!r} is not a checkpoint directory (it does not exist or is a "
+                         f"file); pass a checkpoint, a directory of them, or 'latest'")
+    if not (path / checkpoint.INFO).exists():
+        found = checkpoint.latest(path)
+        if found is None:
+            raise ValueError(f"resume_from={str(resume_from)!r} holds no complete checkpoint; pass a checkpoint "
+                             f"directory (one with {checkpoint.INFO}) or a directory of them")
+        path = found
+    return str(path.resolve()), checkpoint.read_info(path)["step"]
 
 
 def _single_in_process(cfg) -> Run:

@@ -14,7 +14,7 @@ def load_published():
         spec = importlib.util.spec_from_file_location("published", SCRIPT)
         module = importlib.util.module_from_spec(spec)
         sys.modules["published"] = module
-        sys.path.insert(0, str(SCRIPT.parent))  # its `from machine import load`
+        sys.path.insert(0, str(SCRIPT.parent))  # its `from _common.machine import load`
         try:
             spec.loader.exec_module(module)
         finally:

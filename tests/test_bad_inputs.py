@@ -123,6 +123,18 @@ TRAIN = [  # (train keyword arguments, what the error must say)
      "strategy 'pp'"),
     (dict(strategy="pp", world_size=4, schedule="dualpipev", micro_batches=4),
      "schedule='dualpipev' needs micro_batches >= 2*(pipeline ranks)=8"),
+    # checkpoints (lab 12): every argument checked before any rank starts or any file is written
+    (dict(checkpoint_every=2), "checkpoint_every=, checkpoint_async= and simulate_failure= go with checkpoint_dir"),
+    (dict(checkpoint_dir="never-made", checkpoint_every=0), "checkpoint_every=0: pass a whole number of steps >= 1"),
+    (dict(checkpoint_dir=42), "checkpoint_dir=42 must be a path"),
+    (dict(checkpoint_dir="never-made", checkpoint_async="yes"), "checkpoint_async='yes' must be True"),
+    (dict(checkpoint_dir="never-made", simulate_failure=(9, 0)), "simulate_failure=(9, 0): pass (step, rank) with "
+                                                                  "0 <= step < steps=3"),
+    (dict(resume_from="latest"), "resume_from='latest' resumes from checkpoint_dir: pass checkpoint_dir= too"),
+    (dict(resume_from=42), "resume_from=42 must be a path to a checkpoint"),
+    (dict(resume_from="never-made"), "resume_from='never-made' is not a checkpoint directory"),
+    (dict(strategy="ps", checkpoint_dir="never-made"), "strategy='ps' does not take checkpoints: its parameters and "
+                                                       "optimizer live on the server"),
 ]
 
 
@@ -170,6 +182,7 @@ CLI = [  # (arguments after `mpkit run --strategy dp`, what stderr must say)
     (["--option", "mode"], "'mode' is not key=value"),
     (["--chrome-trace", "."], "argument --chrome-trace: '.' is a folder; give a file name"),
     (["--chrome-trace", "no/such/folder/trace.json"], "folder 'no/such/folder' does not exist"),
+    (["--checkpoint-every", "2"], "checkpoint_every=, checkpoint_async= and simulate_failure= go with checkpoint_dir"),
 ]
 
 

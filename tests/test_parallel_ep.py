@@ -40,7 +40,7 @@ def one_device(**kw):
 
 def spread(ctx, kw):
     moe, x, dy = layer_and_data(**kw)
-    expert_parallel(moe)
+    moe = expert_parallel(moe)
     n, r = ctx.world_size, ctx.rank
     x = x.tensor_split(n)[r].requires_grad_()  # each rank its own sequences, as in data parallelism
     ctx.set_step(0)
@@ -155,7 +155,7 @@ def in_subgroups(ctx):
     groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     group = groups[ctx.rank % 2]
     moe, x, _ = layer_and_data(**CASES[0])
-    expert_parallel(moe, group)
+    moe = expert_parallel(moe, group)
     half = x.tensor_split(2)[ctx.rank % 2]
     return moe(half.tensor_split(2)[ctx.rank // 2]).detach()
 

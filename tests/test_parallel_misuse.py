@@ -152,3 +152,91 @@ def test_sharded_optimizer_on_differing_replicas_says_broadcast(same_shapes, mes
     with pytest.raises(mpkit.LaunchError, match=message):
         mpkit.launch(_sharded_unequal, 2, args=(same_shapes,), timeout=30)
     assert "gloo" not in capfd.readouterr().err  # no C++ abort on the caller's stderr
+
+
+# ---- long sequences and experts used wrongly (issue 46): each case once aborted the process in
+# gloo (SIGABRT: messages of different sizes) or trained something else silently; now every rank
+# raises, naming the ranks and their values. One world runs every case in turn (each raises on
+# every rank alike, so the world carries on to the next).
+
+def _sp_block():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+
+
+def _long_sequence_misuse(ctx):
+    from mpkit.models import MixtureOfExperts
+    from mpkit.parallel import (expert_parallel, gather_from_sequence_parallel_region, ring_attention,
+                                sequence_parallel, ulysses_attention)
+    from mpkit.parallel.sequence_parallel import all_reduce_sequence_parallel_gradients
+    r = ctx.rank
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 8, 8, generator=g)
+
+    def sp_step(reduce):
+        block = sequence_parallel(_sp_block(), {"1": "column", "3": "row"}, seq_dim=1)
+        opt = torch.optim.SGD(block.parameters(), lr=0.1)
+        block(torch.randn(2, 4, 8, generator=g)).sum().backward()
+        if reduce:
+            all_reduce_sequence_parallel_gradients(block)
+        opt.step()
+
+    def moe(experts, seed):
+        torch.manual_seed(seed)
+        return expert_parallel(MixtureOfExperts(8, experts, 1, 1.0))
+
+    cases = {
+        "ring: another sequence length": lambda: ring_attention(q[:, :, :8 if r == 0 else 6], q[:, :, :8 if r == 0 else 6],
+                                                                q[:, :, :8 if r == 0 else 6]),
+        "ring: balanced on one rank only": lambda: ring_attention(q, q, q, balanced=r == 0),
+        "ulysses: another head count": lambda: ulysses_attention(q[:, :4 - 2 * r], q[:, :4 - 2 * r], q[:, :4 - 2 * r]),
+        "sequence parallel: another sequence length": lambda: sequence_parallel(
+            _sp_block(), {"1": "column", "3": "row"}, seq_dim=1)(torch.randn(2, 4 if r == 0 else 2, 8)),
+        "sequence parallel: a gather of another length": lambda: gather_from_sequence_parallel_region(
+            torch.randn(4 if r == 0 else 2, 8)),
+        "sequence parallel: a step without the sum": lambda: sp_step(reduce=False),
+        "sequence parallel: a step with the sum": lambda: sp_step(reduce=True),
+        "experts: another count": lambda: moe(4 if r == 0 else 8, 0),
+        "experts: another seed": lambda: moe(4, r),
+    }
+    replies = {}
+    for name, make in cases.items():
+        try:
+            make()
+            replies[name] = "accepted"
+        except (ValueError, RuntimeError) as exc:
+            replies[name] = f"{type(exc).__name__}: {exc}"
+    return replies
+
+
+LONG_CASES = {
+    "ring: another sequence length": "the ranks disagree on the local sequence length: group rank 0 has 8, group rank 1 "
+                                     "has 6",
+    "ring: balanced on one rank only": "the ranks disagree on the split: group rank 0 has 'zigzag', group rank 1 has "
+                                       "'contiguous'",
+    "ulysses: another head count": "the ranks disagree on the number of query heads: group rank 0 has 4, group rank 1 "
+                                   "has 2",
+    "sequence parallel: another sequence length": "sequence_parallel region input: the ranks disagree on the size of "
+                                                  "dimension 1: group rank 0 has 4, group rank 1 has 2",
+    "sequence parallel: a gather of another length": "gather_from_sequence_parallel_region: the ranks disagree on the "
+                                                     "size of dimension 0: group rank 0 has 4, group rank 1 has 2",
+    "sequence parallel: a step without the sum": "RuntimeError: optimizer.step() before "
+                                                 "all_reduce_sequence_parallel_gradients",
+    "sequence parallel: a step with the sum": "accepted",
+    "experts: another count": "the ranks disagree on the number of experts (all layers together): group rank 0 has 4, "
+                              "group rank 1 has 8",
+    "experts: another seed": "the replicas hold different values (group rank 1 differs from group rank 0)",
+}
+
+
+@pytest.fixture(scope="module")
+def long_sequence_replies():
+    return mpkit.launch(_long_sequence_misuse, 2, timeout=90)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(LONG_CASES))
+def test_long_sequence_and_expert_misuse_is_refused_on_every_rank(long_sequence_replies, case, capfd):
+    for rank, replies in enumerate(long_sequence_replies):
+        assert LONG_CASES[case] in replies[case], (rank, replies[case])
+    assert "gloo" not in capfd.readouterr().err  # no C++ abort on the caller's stderr

@@ -42,7 +42,10 @@ def plan(t):
 
 def split_block(block, t, how):
     """The block split over the world: 'sp' (sequence parallel) or 'tp' (tensor parallel only)."""
-    (sequence_parallel if how == "sp" else tensor_parallel)(block, plan(t))
+    if how == "sp":
+        sequence_parallel(block, plan(t), seq_dim=1)
+    else:
+        tensor_parallel(block, plan(t))
     block.attn.heads //= t
     return block
 
@@ -52,8 +55,8 @@ def run_block(ctx, how):
     t = ctx.world_size
     split_block(block, t, how)
     if how == "sp":
-        x_in = scatter_to_sequence_parallel_region(x.requires_grad_())
-        y = gather_from_sequence_parallel_region(block(x_in))
+        x_in = scatter_to_sequence_parallel_region(x.requires_grad_(), seq_dim=1)
+        y = gather_from_sequence_parallel_region(block(x_in), False, seq_dim=1)
     else:
         x_in = x.requires_grad_()
         y = block(x_in)
@@ -99,8 +102,8 @@ def count_sp_events(ctx):
     block, x, dy = block_and_data()
     split_block(block, ctx.world_size, "sp")
     ctx.set_step(0)
-    x_in = scatter_to_sequence_parallel_region(x, name="input")
-    block(x_in).backward(scatter_to_sequence_parallel_region(dy))
+    x_in = scatter_to_sequence_parallel_region(x, seq_dim=1, name="input")
+    block(x_in).backward(scatter_to_sequence_parallel_region(dy, seq_dim=1))
     ctx.set_step(None)
     names = [e.name for e in ctx.trace.events if e.step == 0 and e.kind in ("all_gather", "reduce_scatter", "all_reduce")]
     return names
@@ -142,7 +145,7 @@ def activation_bytes(ctx, how):
         split_block(block, ctx.world_size, how)
     x = x.requires_grad_()
     if how == "sp":
-        shard = scatter_to_sequence_parallel_region(x).detach().requires_grad_()
+        shard = scatter_to_sequence_parallel_region(x, seq_dim=1).detach().requires_grad_()
         return saved_bytes(block, lambda: block(shard))
     return saved_bytes(block, lambda: block(x))
 
@@ -179,7 +182,7 @@ def torch_sequence_parallel(ctx):
     parallelize_module(theirs, mesh, {"ln": SequenceParallel(),
                                       "up": ColwiseParallel(input_layouts=Shard(1)),
                                       "down": RowwiseParallel(output_layouts=Shard(1))})
-    sequence_parallel(ours, {"up": "column", "down": "row"})
+    sequence_parallel(ours, {"up": "column", "down": "row"}, seq_dim=1)
     results = []
     for model in (ours, theirs):
         xs = x.chunk(ctx.world_size, 1)[ctx.rank]
@@ -258,9 +261,10 @@ def block_in_subgroups(ctx):
     groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     group = groups[ctx.rank % 2]
     block, x, dy = block_and_data()
-    sequence_parallel(block, plan(2), group)
+    sequence_parallel(block, plan(2), group, seq_dim=1)
     block.attn.heads //= 2
-    y = gather_from_sequence_parallel_region(block(scatter_to_sequence_parallel_region(x.requires_grad_(), group)), group)
+    y = gather_from_sequence_parallel_region(block(scatter_to_sequence_parallel_region(x.requires_grad_(), group, seq_dim=1)),
+                                             False, group, seq_dim=1)
     y.backward(dy)
     all_reduce_sequence_parallel_gradients(block, group)
     with torch.no_grad():

@@ -49,5 +49,5 @@ def test_the_recommendation_is_the_simplest_layout_within_the_models_error_and_s
     assert best.setup.layout.pp > 1 and simple.setup.layout.pp == 1
     assert simple.step_time <= best.step_time * (1 + MEDIAN_ERROR)
     text = table.explain("en")
-    assert "Recommended: " in text and f"median error ({MEDIAN_ERROR:.1%}" in text
+    assert "Recommended: " in text and f"typical error (median {MEDIAN_ERROR:.1%} in-sample" in text
     assert "권장: " in table.explain("ko")

@@ -23,13 +23,13 @@ BANK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 TOPIC_PREFIX = {
     "overview": "ov", "data_parallel": "dp", "model_parallel": "mp", "tensor_parallel": "tp",
     "pipeline": "pp", "communication": "comm", "memory": "mem", "libraries": "lib", "combining": "comb",
-    "long_sequence": "ls",
+    "long_sequence": "ls", "faults": "ft",
 }
 REQUIRED = {"id", "statement", "answer", "explanation", "pitfall", "difficulty", "source"}
 OPTIONAL = {"corrected", "lab", "check"}
 LABS = {"00_start_here", "01_data_parallel", "02_model_parallel", "03_tensor_parallel",
         "04_pipeline_parallel", "05_communication", "06_memory_sharding", "07_pytorch_api",
-        "08_tensorflow_api", "09_exam_review", "11_long_sequences"}
+        "08_tensorflow_api", "09_exam_review", "11_long_sequences", "12_when_ranks_fail"}
 SEED_SECTIONS = ("정의", "특징", "적합한 경우", "시험 함정", "패턴 보기",
                  "추가 학습 내용 1", "추가 학습 내용 2", "추가 학습 내용 3")
 PATTERN_O = "모델 병렬화는 모델의 파라미터를 여러 장치로 나누어 학습한다."
@@ -98,6 +98,8 @@ FORMULAS = {
     # activation memory per transformer layer in MB (1e6 bytes), Korthikanti et al. 2022
     "activation_mb": lambda s, b, h, a: s * b * h * (34 + 5 * a * s / h) / 1e6,
     "activation_tp_mb": lambda s, b, h, a, t: s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) / 1e6,
+    # Young's (1974) checkpoint interval sqrt(2·delta·M) in minutes: save time in seconds, MTBF in hours
+    "young_minutes": lambda save_s, mtbf_h: math.sqrt(2 * save_s * mtbf_h * 3600) / 60,
     # one layer-boundary activation tensor in MiB
     "boundary_activation_mib": lambda b, s, h, bytes_per_element: b * s * h * bytes_per_element / 2**20,
 }
@@ -215,8 +217,9 @@ def test_no_duplicate_statements(items):
 
 def test_pitfalls_defined_and_used(items, pitfalls):
     # a small taxonomy a student can read in one table; lab 11 (long sequences, experts) added two kinds of
-    # mistake of its own, content round 3 one (compute estimates)
-    assert 12 <= len(pitfalls) <= 22
+    # mistake of its own, content round 3 one (compute estimates), round 4 one (data parallelism at scale),
+    # lab 12 (failures, checkpoints) two
+    assert 12 <= len(pitfalls) <= 25
     for tag, names in pitfalls.items():
         assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", tag), tag
         assert _bilingual_ok(names), tag

@@ -70,6 +70,12 @@ def test_collective_bytes_and_bus_bandwidth():
     assert formulas.reduce_scatter_bytes(S, 4) == pytest.approx(75e6)
     assert formulas.all_gather_bytes(S, 4) == pytest.approx(75e6)
     assert formulas.bus_bandwidth(100 * GB, 8) == pytest.approx(175 * GB)
+    # nccl-tests' factor is per collective, not the all-reduce's for all (doc/PERFORMANCE.md)
+    assert formulas.bus_bandwidth(100 * GB, 8, "all_gather") == pytest.approx(87.5 * GB)
+    assert formulas.bus_bandwidth(100 * GB, 8, "reduce_scatter") == pytest.approx(87.5 * GB)
+    assert formulas.bus_bandwidth(100 * GB, 8, "broadcast") == pytest.approx(100 * GB)
+    with pytest.raises(ValueError, match="collective='allreduce': use one of 'all_reduce'"):
+        formulas.bus_bandwidth(100 * GB, 8, "allreduce")
 
 
 def test_zero_memory_mixed_precision():

@@ -16,7 +16,7 @@ def test_a_stack_sets_the_matmul_rate_and_the_table_says_which():
     assert megatron.hardware.mfu == 0.66 and deepspeed.hardware.mfu == 0.54
     assert megatron.best.step_time < generic.best.step_time < deepspeed.best.step_time
     assert "Software: Megatron-LM, matmuls at 66% of peak (fitted to Narayanan et al. 2021" in str(megatron)
-    assert "Software: not given, matmuls at the hardware's own 65% of peak" in str(generic)
+    assert "Software: not given, matmuls at 65% of peak, the hardware preset's sustained matmul rate" in str(generic)
     assert "소프트웨어: Megatron-DeepSpeed" in deepspeed.to_text("ko")
 
 

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, _common/
 from costmodel import both_conditions, calibrate_now, condition_parser, grid  # noqa: E402 (benchmarks/costmodel.py)
 from mpkit.sim import predict
 

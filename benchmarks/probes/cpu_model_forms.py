@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, _common/
 from costmodel import both_conditions, calibrate_now, condition_args, grid, pct  # noqa: E402 (benchmarks/costmodel.py)
 from fairshare import measure, shared_step  # noqa: E402 (benchmarks/probes/fairshare.py)
 from mpkit.costmodel import calibration

@@ -30,7 +30,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, _common/
 from costmodel import both_conditions, calibrate_now, condition_args, grid  # noqa: E402 (benchmarks/costmodel.py)
 from mpkit.sim import predict
 from mpkit.costmodel.calibration import cpu_per_step

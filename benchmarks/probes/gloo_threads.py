@@ -17,8 +17,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
-from machine import load  # noqa: E402 (benchmarks/machine.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, _common/
+from _common.machine import load  # noqa: E402
 from mpkit.runtime.launch import launch
 from mpkit.strategies import get_strategy, make_config
 from mpkit.training import Run

@@ -20,9 +20,9 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, _common/
 from costmodel import MODELS, both_conditions, calibrate_now, condition_parser  # noqa: E402 (benchmarks/costmodel.py)
-from machine import load  # noqa: E402 (benchmarks/machine.py)
+from _common.machine import load  # noqa: E402
 import mpkit
 from mpkit.sim import predict
 

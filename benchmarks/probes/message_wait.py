@@ -20,9 +20,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, _common/
 from costmodel import both_conditions, condition_parser  # noqa: E402 (benchmarks/costmodel.py)
-from machine import load  # noqa: E402 (benchmarks/machine.py)
+from _common.machine import load  # noqa: E402
 from mpkit.costmodel.calibration import fit_wake_wait, late_waits, measure_p2p_link, wake_waits  # noqa: E402
 
 

@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, machine.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: costmodel.py, _common/
 from costmodel import background_load  # noqa: E402
-from machine import load  # noqa: E402
+from _common.machine import load  # noqa: E402
 
 import mpkit  # noqa: E402
 

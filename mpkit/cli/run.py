@@ -14,7 +14,8 @@ from mpkit.cli.outputs import output_file
 from mpkit.registry import STRATEGIES
 
 # The named flags of ``mpkit run``, each one of ``train``'s arguments; --option reaches the same ones.
-TRAIN_FLAGS = ("strategy", "world_size", "steps", "model", "batch_size", "lr", "optimizer", "seed", "timeout")
+TRAIN_FLAGS = ("strategy", "world_size", "steps", "model", "batch_size", "lr", "optimizer", "seed", "timeout",
+               "checkpoint_dir", "checkpoint_every", "resume_from")
 
 
 
@@ -32,6 +33,10 @@ def register(subparsers):
     p.add_argument("--optimizer", help="adam (default) or sgd")
     p.add_argument("--seed", type=int, help="model and data seed (default 0)")
     p.add_argument("--timeout", type=float, help="seconds before the world is stopped (default 120)")
+    p.add_argument("--checkpoint-dir", help="save checkpoints into this directory (step_000004, ...)")
+    p.add_argument("--checkpoint-every", type=int, help="save after every N steps (default: after the last)")
+    p.add_argument("--resume-from", help="a checkpoint (or a directory of them) to start from; 'latest': the newest "
+                                         "in --checkpoint-dir, or a fresh start if it has none (an elastic restart)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", type=parse_option,
                    help="a strategy option or model size, e.g. schedule=1f1b, micro_batches=8, layers=8 (repeatable)")
     p.add_argument("--compare", action="store_true", help="also train single and print the max difference")

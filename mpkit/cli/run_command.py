@@ -85,7 +85,7 @@ def bubble_note(run) -> list[str]:
 
 def as_json(run, comparison=None) -> dict:
     out = {"strategy": run.strategy, "world_size": run.world_size, "backend": run.backend,
-           "config": run.config.as_dict(), "losses": run.losses,
+           "config": run.config.as_dict(), "losses": run.losses, "first_step": run.first_step,
            "memory": [{"rank": m.rank, "peak": m.peak_total, "max_by_category": m.max_by_category}
                       for m in run.memory],
            "bubble_share": run.trace.bubble_share(), "comm_share": run.trace.comm_share(),

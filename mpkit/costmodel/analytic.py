@@ -46,213 +46,27 @@ within ``USABLE_MEMORY`` of the device.
 
 Which link a group talks over comes from ``mpkit.parallel.Layout``: the rank grid the
 real 3D run uses (TP innermost), cut into nodes of ``hw.devices_per_node``.
+
+Reading order: ``estimate`` is the step in a screenful, one line per dimension; each dimension
+is priced by its own function below it, in the order above (``_layer_compute``: matmuls,
+attention and memory-bound ops with recomputation; ``_tensor_parallel``, ``_context_parallel``,
+``_expert_parallel``, ``_logits``, ``_pipeline``, ``_data_parallel``, ``_memory``). The model's
+shape and the published presets are in ``shapes.py``.
 """
 from __future__ import annotations
 
-import math
-import re
-from dataclasses import dataclass, field, fields
-from functools import cached_property, lru_cache
+from dataclasses import dataclass, field
+from functools import lru_cache
 
+from mpkit.costmodel.shapes import MODELS, Transformer, transformer, whole_number  # MODELS, whole_number: re-exported
 from mpkit.i18n import t
 from mpkit.layout import Layout
 from mpkit.simulator import formulas
 from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, USABLE_MEMORY, Hardware, gpu_family
-from mpkit.whole import is_number
 
 BYTES = 2  # bf16 activations, gradients and the weights the matmuls read
 ADAM_BYTES = 28  # per parameter: read fp32 master, m, v (12) + bf16 grad (2); write master, m, v + bf16 weight (14)
-SCHEDULES = ("1f1b", "interleaved", "gpipe")
-# "op": torchtitan's op-level selective activation checkpointing (torchtitan/models/llama3/infra/
-# parallelize.py, _save_list): keeps the attention kernel's output and every other matmul's output,
-# recomputes the rest in backward; searched by plan only when pinned
-RECOMPUTE = (*formulas.RECOMPUTE, "op")
 CP_ATTENTION = ("ring", "all-gather", "ulysses")  # how context-parallel ranks exchange keys and values
-
-
-@dataclass(frozen=True)
-class Transformer:
-    """A decoder-only transformer by its shape. ``ffn``: MLP width (4·hidden if None);
-    ``kv_heads``: key/value heads (fewer than ``heads`` = grouped-query attention);
-    ``gated``: SwiGLU-style MLP (three matrices); ``bias``/``dropout``: GPT-style linear biases
-    and dropout masks; ``tied``: output layer shares the embedding; ``learned_positions``: a
-    position-embedding table (GPT) rather than rotary/ALiBi. ``experts`` > 1: a mixture of experts
-    in every ``moe_every``-th layer's MLP, each token routed to ``top_k`` of them (a router of
-    hidden x experts weights); a layer's price is the average over dense and MoE layers."""
-
-    layers: int
-    hidden: int
-    heads: int
-    seq_len: int = 2048
-    vocab: int = 51200
-    ffn: int | None = None
-    kv_heads: int | None = None
-    gated: bool = False
-    bias: bool = True
-    dropout: bool = True
-    tied: bool = True
-    learned_positions: bool = True
-    name: str = ""
-    experts: int = 1
-    top_k: int = 1
-    moe_every: int = 1
-
-    def __post_init__(self):
-        for key in ("layers", "hidden", "heads", "seq_len", "vocab", "experts", "top_k", "moe_every"):
-            whole_number(key, getattr(self, key))
-        for key in ("ffn", "kv_heads"):
-            if getattr(self, key) is not None:
-                whole_number(key, getattr(self, key))
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}; pick hidden as a "
-                             f"multiple of heads")
-        if self.heads % self.kv:
-            raise ValueError(f"kv_heads={self.kv} does not divide heads={self.heads}")
-        if self.top_k > self.experts:
-            raise ValueError(f"top_k={self.top_k} is more than experts={self.experts}: a token is routed to top_k of "
-                             f"the experts; choose top_k <= experts")
-
-    @cached_property
-    def ffn_hidden(self) -> int:
-        return self.ffn or 4 * self.hidden
-
-    @cached_property
-    def kv(self) -> int:
-        return self.kv_heads or self.heads
-
-    @cached_property
-    def kv_hidden(self) -> int:
-        return self.hidden // self.heads * self.kv
-
-    @cached_property
-    def moe_share(self) -> float:
-        """The share of layers whose MLP is a mixture of experts (0 for a dense model)."""
-        return 1 / self.moe_every if self.experts > 1 else 0.0
-
-    @cached_property
-    def mlp_weights(self) -> int:
-        """One MLP's (one expert's) weights."""
-        return (3 if self.gated else 2) * self.hidden * self.ffn_hidden
-
-    @cached_property
-    def mlp_passes(self) -> float:
-        """MLPs a token runs through per layer, on average: 1 dense, top_k in a MoE layer."""
-        return 1 - self.moe_share + self.moe_share * self.top_k
-
-    @cached_property
-    def layer_weights(self) -> float:
-        """Weights one block multiplies each token with: q, k, v, output projection and the MLP(s)
-        it is routed to (top_k experts in a MoE layer; averaged over the layers)."""
-        h = self.hidden
-        return h * (h + 2 * self.kv_hidden) + h * h + self.mlp_passes * self.mlp_weights
-
-    @cached_property
-    def expert_parameters(self) -> float:
-        """A layer's expert weights (averaged over the layers): what expert parallelism splits."""
-        return self.moe_share * self.experts * self.mlp_weights
-
-    @cached_property
-    def layer_parameters(self) -> float:
-        h, f = self.hidden, self.ffn_hidden
-        biases = (h + 2 * self.kv_hidden + h + f * (2 if self.gated else 1) + h) if self.bias else 0
-        router = self.moe_share * h * self.experts
-        dense = self.layer_weights - self.mlp_passes * self.mlp_weights + (1 - self.moe_share) * self.mlp_weights
-        return dense + self.expert_parameters + router + biases + 4 * h  # two LayerNorms (weight and bias)
-
-    @cached_property
-    def embedding_parameters(self) -> int:
-        return self.vocab * self.hidden + (self.seq_len * self.hidden if self.learned_positions else 0)
-
-    @cached_property
-    def head_parameters(self) -> int:
-        """The output layer's own weights (0 when tied to the embedding) and the final LayerNorm."""
-        return (0 if self.tied else self.vocab * self.hidden) + 2 * self.hidden
-
-    @cached_property
-    def parameters(self) -> int:
-        return round(self.layers * self.layer_parameters + self.embedding_parameters + self.head_parameters)
-
-    @cached_property
-    def active_parameters(self) -> int:
-        """The parameters one token uses: all of them for a dense model, top_k experts of each MoE layer."""
-        idle = self.moe_share * (self.experts - self.top_k) * self.mlp_weights
-        return round(self.parameters - self.layers * idle)
-
-    def describe(self) -> str:
-        label = f"{self.name}: " if self.name else ""
-        gqa = f", {self.kv} kv heads" if self.kv != self.heads else ""
-        moe = (f", {self.experts} experts top-{self.top_k}{f' every {self.moe_every} layers' if self.moe_every > 1 else ''}"
-               f", {self.active_parameters / 1e9:,.1f}B active" if self.experts > 1 else "")
-        return (f"{label}{self.parameters / 1e9:,.1f}B parameters ({self.layers} layers, hidden {self.hidden}, "
-                f"{self.heads} heads{gqa}, seq {self.seq_len}, vocab {self.vocab}{moe})")
-
-
-def whole_number(name, value) -> None:
-    """A ValueError naming ``name`` unless ``value`` is a whole number >= 1 (numpy's integers too)."""
-    formulas.require_whole(**{name: value})
-
-
-MODELS = {
-    # Brown et al. 2020, Table 2.1 (GPT-3 175B); vocabulary padded to 51,200 as Megatron-LM runs it
-    "gpt3-175b": Transformer(96, 12288, 96, 2048, 51200, name="GPT-3 175B"),
-    # Korthikanti et al. 2022, Table 3 and Smith et al. 2022 (MT-NLG)
-    "megatron-22b": Transformer(48, 6144, 64, 2048, 51200, name="Megatron 22B"),
-    "mt-nlg-530b": Transformer(105, 20480, 128, 2048, 51200, name="MT-NLG 530B"),
-    "megatron-1t": Transformer(128, 25600, 160, 2048, 51200, name="Megatron 1T"),
-    # Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3: SwiGLU, GQA with 8 kv heads, RoPE
-    "llama3-8b": Transformer(32, 4096, 32, 8192, 128256, ffn=14336, kv_heads=8, gated=True, bias=False,
-                             dropout=False, tied=False, learned_positions=False, name="Llama 3 8B"),
-    "llama3-70b": Transformer(80, 8192, 64, 8192, 128256, ffn=28672, kv_heads=8, gated=True, bias=False,
-                              dropout=False, tied=False, learned_positions=False, name="Llama 3 70B"),
-    "llama3-405b": Transformer(126, 16384, 128, 8192, 128256, ffn=53248, kv_heads=8, gated=True, bias=False,
-                               dropout=False, tied=False, learned_positions=False, name="Llama 3 405B"),
-    # Jiang et al. 2024 (Mixtral of Experts), Table 1: dim 4096, 32 layers, head dim 128, hidden 14336,
-    # 32 heads, 8 kv heads, context 32768, vocab 32000, 8 experts, top-2, in every layer
-    "mixtral-8x7b": Transformer(32, 4096, 32, 32768, 32000, ffn=14336, kv_heads=8, gated=True, bias=False,
-                                dropout=False, tied=False, learned_positions=False, experts=8, top_k=2,
-                                name="Mixtral 8x7B"),
-}
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT]?)\s*$")
-_SCALE = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
-
-
-def transformer(model) -> Transformer:
-    """A ``Transformer`` from a preset name (``MODELS``), a size (``175e9``, ``"175B"``, ``"7b"``),
-    a dict of its fields, or a ``Transformer``.
-
-    A size gets GPT-3's shape rule (Brown et al. 2020, Table 2.1: 175B is 96 layers of 12,288 =
-    128·96 with 128-wide heads): hidden = 128·layers, heads = layers, layers rounded to a multiple
-    of 4 so that 12·layers·hidden² comes closest to the size (7B -> 32 x 4096, 13B -> 40 x 5120)."""
-    if isinstance(model, Transformer):
-        return model
-    if isinstance(model, dict):
-        unknown = sorted(set(model) - {f.name for f in fields(Transformer)})
-        if unknown:
-            raise ValueError(f"model={model!r}: {', '.join(map(repr, unknown))} not a Transformer field; use "
-                             f"{', '.join(f.name for f in fields(Transformer))}")
-        return Transformer(**model)
-    if isinstance(model, str) and model.lower() in MODELS:
-        return MODELS[model.lower()]
-    size = None
-    if isinstance(model, str):
-        match = _SIZE.match(model)
-        if match:
-            size = float(match.group(1)) * _SCALE[match.group(2).lower()]
-    elif is_number(model):
-        size = float(model)
-    if size is None or not math.isfinite(size) or size < 1e6 or size > 1e15:
-        raise ValueError(f"model={model!r}: pass a preset ({', '.join(MODELS)}), a parameter count between 1e6 "
-                         f"and 1e15 (175e9 or '175B'), a dict of Transformer fields or a mpkit.sim.Transformer")
-    layers = max(4, 4 * round((size / (12 * 128 ** 2)) ** (1 / 3) / 4))
-    return Transformer(layers, 128 * layers, layers, name=f"{_size_label(size)} (GPT-3 shape)")
-
-
-def _size_label(size: float) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
-        if size >= scale:
-            return f"{size / scale:g}{unit}"
-    return f"{size:g}"
 
 
 # ---- per token, per layer ----------------------------------------------------------------------
@@ -489,6 +303,258 @@ def _strided_span(size: int, stride: int, per_node: int) -> tuple[int, int]:
     return per, (size - 1) * stride // per_node + 1
 
 
+# ---- one step: each dimension priced by its own function below -----------------------------------------
+
+def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
+    """Price one optimizer step of ``model`` on ``hw`` laid out as ``setup`` (see the module
+    docstring for what counts and what overlaps). Inputs are assumed consistent (``plan`` checks
+    them): dp·micro_batch divides the global batch, pp is at most the layers (an uneven split is
+    priced by its fullest stage)."""
+    model = transformer(model)
+    step, rates = _step(model, hw, setup, global_batch), _rates(hw, setup)
+    fwd, bwd, attention = _layer_compute(model, setup, step, rates)
+    tp_layer, tp_bytes = _tensor_parallel(model, hw, setup, step)
+    cp_layer, cp_bytes = _context_parallel(model, hw, setup, step.tokens, step.spans["cp"], attention)
+    ep_layer, ep_bytes = _expert_parallel(model, hw, setup.layout, step.tokens / (setup.layout.tp if step.sp else 1),
+                                          hw.devices_per_node, setup.recompute)
+    layer_comm = tp_layer + cp_layer + ep_layer  # all exposed alike: inside every layer, between dependent kernels
+    logits = _logits(model, setup, step, rates)
+    work = step.layers * (fwd + bwd)  # one micro-batch on one stage
+    comm_stage = step.layers * layer_comm
+    pipeline, hops, hop_bytes = _pipeline(model, hw, setup, step, work + comm_stage, logits)
+    psi_layers, psi = _stage_parameters(model, setup.layout, step.layers)
+    grads = psi * BYTES
+    dp_time, shard = _data_parallel(hw, setup, step, grads, fwd, bwd, logits)
+    optimizer = psi / (shard if setup.zero >= 1 else 1) * ADAM_BYTES / rates.memory
+
+    m = step.m
+    compute = m * (work + logits)
+    comm_exposed, pp_exposed = m * comm_stage, m * hops
+    time = {"compute": compute, "tp": m * (step.layers * tp_layer), "pp": pp_exposed,
+            "bubble": max(pipeline - compute - comm_exposed - pp_exposed, 0.0), "dp": dp_time, "optimizer": optimizer,
+            "cp": m * step.layers * cp_layer, "ep": m * step.layers * ep_layer}
+    memory = _memory(model, setup, step, psi, psi_layers, shard)
+    links = {dim: _link_name(step.spans[dim]) for dim in ("tp", "pp", "dp", "cp")}
+    links["ep"] = _link_name(_ep_span(setup.layout, hw.devices_per_node))
+    comm = {"tp": tp_bytes, "pp": hop_bytes, "dp": grads, "cp": cp_bytes, "ep": ep_bytes}
+    return Estimate(model, hw, setup, global_batch, m, time, memory, links, comm)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What every dimension's price reads: the step's shape on one rank."""
+    m: int  # micro-batches per step
+    tokens: int  # this rank's share of a micro-batch's tokens (b·s/cp)
+    layers: int  # layers on the fullest stage (uneven when pp·v does not divide the layers)
+    v: int  # model chunks per rank: the interleaved schedule's virtual stages, else 1
+    sp: bool  # sequence parallel inside a TP group of more than one rank
+    spans: dict  # (ranks per node, nodes) of rank 0's group along tp, pp, dp and cp
+
+
+def _step(model: Transformer, hw: Hardware, setup: Setup, global_batch: int) -> _Step:
+    lay = setup.layout
+    v = setup.virtual if setup.schedule == "interleaved" else 1
+    return _Step(m=global_batch // (lay.dp * setup.micro_batch), tokens=setup.micro_batch * model.seq_len // lay.cp,
+                 layers=-(-model.layers // (lay.pp * v)) * v, v=v, sp=setup.sequence_parallel and lay.tp > 1,
+                 spans={dim: _span(lay, dim, hw.devices_per_node) for dim in ("tp", "pp", "dp", "cp")})
+
+
+@dataclass(frozen=True)
+class _Rates:
+    """What one GPU sustains for each kind of kernel: FLOP/s, or bytes/s for memory-bound ones."""
+    matmul: float  # hw.flops × hw.mfu: the logit layer, selective recomputation's scores
+    blocks: float  # the blocks' matmuls: the matmul rate, FP8_MATMUL_SPEEDUP times it under fp8
+    attention: float  # the attention kernels: flash attention's own rate (hw.attention), else the matmul rate
+    memory: float  # hw.mem_bw: memory-bound ops and the optimizer step
+
+
+def _rates(hw: Hardware, setup: Setup) -> _Rates:
+    matmul = hw.flops * hw.mfu
+    return _Rates(matmul, matmul * (FP8_MATMUL_SPEEDUP[gpu_family(hw)] if setup.fp8 else 1.0),  # plan checks the GPU
+                  hw.flops * (hw.attention or hw.mfu) if setup.flash else matmul, hw.mem_bw)
+
+
+def _layer_compute(model: Transformer, setup: Setup, step: _Step, rates: _Rates) -> tuple[float, float, float]:
+    """(forward, backward, the forward's attention kernels) seconds of one layer for one
+    micro-batch on one rank: matmuls, attention scores and memory-bound ops; the backward twice
+    the forward (2.5 times for flash attention's scores, which it recomputes), plus what
+    ``setup.recompute`` runs again."""
+    tp, tokens = setup.layout.tp, step.tokens
+    gemm = 2 * tokens * model.layer_weights / tp
+    scores = 4 * tokens * model.seq_len * model.hidden / tp * (0.5 if setup.flash else 1.0)
+    local, attn_bytes = memory_bound_bytes(model, tp, step.sp, setup.flash, setup.fused)
+    mem_fwd = tokens * (local + attn_bytes) / rates.memory
+    fwd = gemm / rates.blocks + scores / rates.attention + mem_fwd
+    bwd = 2 * gemm / rates.blocks + (2.5 if setup.flash else 2.0) * scores / rates.attention + 2 * mem_fwd
+    if setup.recompute == "full":
+        bwd += fwd
+    elif setup.recompute == "selective" and not setup.flash:
+        bwd += scores / rates.matmul + tokens * attn_bytes / rates.memory
+    elif setup.recompute == "op":  # the even-numbered matmuls and every memory-bound op, forward again
+        again = 2 * tokens * sum(weights for _, weights in _matmuls(model, tp)[1::2])
+        bwd += again / rates.blocks + tokens * local / rates.memory
+    return fwd, bwd, scores / rates.attention
+
+
+def _tensor_parallel(model: Transformer, hw: Hardware, setup: Setup, step: _Step) -> tuple[float, float]:
+    """(exposed seconds per layer per micro-batch, bytes per collective) of tensor parallelism: 2
+    all-reduces of the layer's activations forward and 2 backward (+2 when full recomputation
+    reruns the forward); sequence parallelism's reduce-scatter + all-gather pairs cost the same."""
+    tp_bytes = step.tokens * model.hidden * BYTES
+    calls = 4 + (2 if setup.recompute == "full" else 0)
+    return (calls * _allreduce(hw, tp_bytes, step.spans["tp"]) if setup.layout.tp > 1 else 0.0), tp_bytes
+
+
+def _context_parallel(model, hw, setup, tokens, span, attention_seconds) -> tuple[float, float]:
+    """(exposed seconds per layer per micro-batch, forward and backward, bytes of this rank's K/V
+    block) of context parallelism's key/value exchange (module docstring)."""
+    cp = setup.layout.cp
+    kv = 2 * tokens * model.kv_hidden / setup.layout.tp * BYTES
+    if cp == 1:
+        return 0.0, 0.0
+    passes = 3 if setup.recompute == "full" else 2  # the forward's exchange again when recomputing
+    if setup.attention == "ring":
+        link = hw.inter_node if span[1] > 1 and hw.inter_node is not None else hw.p2p
+        step = (cp - 1) * link.time(kv)
+        fwd = max(0.0, step - attention_seconds)
+        bwd = max(0.0, 2 * step - 2.5 * attention_seconds)
+        return (passes - 1) * fwd + bwd, kv
+    if setup.attention == "all-gather":
+        return passes * _reduce_scatter(hw, kv * cp, span), kv
+    qkvo = 2 * tokens * (model.hidden + model.kv_hidden) / setup.layout.tp * BYTES  # ulysses: q, k, v in, output out
+    return 2 * passes * _all_to_all(hw, qkvo, cp, span), kv
+
+
+def _expert_parallel(model, hw, lay, tokens, per_node, recompute) -> tuple[float, float]:
+    """(seconds per layer per micro-batch, averaged over the layers, forward and backward, bytes
+    per all-to-all) of the experts' dispatch and combine: tokens·hidden·top_k bytes each way."""
+    if lay.ep == 1 or model.moe_share == 0:
+        return 0.0, 0.0
+    S = tokens * model.hidden * model.top_k * BYTES
+    passes = 3 if recompute == "full" else 2
+    return model.moe_share * 2 * passes * _all_to_all(hw, S, lay.ep, _ep_span(lay, per_node)), S
+
+
+def _logits(model: Transformer, setup: Setup, step: _Step, rates: _Rates) -> float:
+    """Seconds of the logit layer (forward and backward matmuls) and its fp32 cross-entropy on the last stage."""
+    tokens, tp, V = step.tokens, setup.layout.tp, model.vocab
+    return 3 * 2 * tokens * V * model.hidden / tp / rates.matmul + 5 * 4 * tokens * V / tp / rates.memory
+
+
+def _pipeline(model: Transformer, hw: Hardware, setup: Setup, step: _Step, stage_seconds: float,
+              logits: float) -> tuple[float, float, float]:
+    """(the pipeline's step seconds, seconds of one micro-batch's hops, bytes per hop).
+
+    One activation per micro-batch and chunk each way, split over the TP group (Megatron's
+    scatter/gather, or sequence parallel), on the link between neighbouring stages, not hidden.
+    Stages are equal (``stage_seconds``: one micro-batch's compute and layer communication) but the
+    last also runs the logits: (m-1)·slowest + every stage once, the fill and drain shrunk v-fold
+    by interleaving."""
+    pp, v = setup.layout.pp, step.v
+    hop_bytes = step.tokens * model.hidden * BYTES / setup.layout.tp
+    hops = 0.0
+    if pp > 1:
+        link = hw.inter_node if step.spans["pp"][1] > 1 and hw.inter_node is not None else hw.p2p
+        hops = 2 * v * link.time(hop_bytes)
+    slowest = stage_seconds + hops + logits
+    every_stage = pp * (stage_seconds + hops) + logits
+    return step.m * slowest + (every_stage - slowest) / v, hops, hop_bytes
+
+
+def _stage_parameters(model: Transformer, lay: Layout, layers: int) -> tuple[float, float]:
+    """(the fullest stage's layer parameters, the parameters one rank of it holds): the first stage
+    holds the embedding, the last the output layer (or a copy of the tied embedding when pp > 1);
+    experts split ep ways, the rest tp ways."""
+    psi_layers = layers * (model.layer_parameters - model.expert_parameters * (1 - 1 / lay.ep))
+    psi_first = psi_layers + model.embedding_parameters + (model.head_parameters if lay.pp == 1 else 0)
+    psi_last = psi_layers + model.head_parameters + (model.vocab * model.hidden if model.tied else 0)
+    return psi_layers, (psi_first if lay.pp == 1 else max(psi_first, psi_last)) / lay.tp
+
+
+def _data_parallel(hw: Hardware, setup: Setup, step: _Step, grads: float, fwd: float, bwd: float,
+                   logits: float) -> tuple[float, int]:
+    """(exposed seconds per step, the ranks ZeRO shards over) of data parallelism and ZeRO.
+
+    The gradients (``grads`` bytes) are reduced, and ZeRO shards, over the dp·cp ranks that hold
+    the same weights. ZeRO 0-1: once per step, after the last micro-batch's backward (hidden behind
+    it when ``overlap_dp``); ZeRO-2: reduce-scatter every micro-batch during backward; ZeRO-3 also
+    all-gathers the weights for forward and again for backward, a layer ahead (FSDP's prefetch).
+    HSDP (``setup.shard``): ZeRO within groups of ``shard`` DP ranks, whose replicas all-reduce
+    each shard once per step, behind the last backward."""
+    lay, per_node, layers, m = setup.layout, hw.devices_per_node, step.layers, step.m
+    dp, cp = lay.dp, lay.cp
+    shard = setup.shard if 0 < setup.shard < dp and setup.zero >= 1 else dp * cp
+    if dp * cp == 1:
+        return 0.0, shard
+    stride = lay.rank(dp=1) - lay.rank()
+    span = (_strided_span(shard, stride, per_node) if cp == 1 or shard < dp * cp else
+            (step.spans["cp"][0] * step.spans["dp"][0], step.spans["cp"][1] * step.spans["dp"][1]))
+    if setup.zero <= 1:
+        reduce = _allreduce(hw, grads, span) if setup.zero == 0 else 2 * _reduce_scatter(hw, grads, span)
+        last_backward = layers * bwd
+        dp_time = max(0.0, reduce - last_backward) if setup.overlap_dp else reduce
+    else:
+        unit = _reduce_scatter(hw, grads, span)
+        if setup.zero == 3:  # backward gathers the weights again unless forward kept them
+            again = 2 if setup.reshard_after_forward else 1
+            exposed = max(0.0, unit - layers * fwd) + max(0.0, again * unit - layers * bwd - logits)
+        else:
+            exposed = max(0.0, unit - layers * bwd)
+        dp_time = m * exposed + (unit if setup.zero == 2 else 0.0)  # ZeRO-2: all-gather the new weights once
+    if shard < dp * cp:
+        replicas = _allreduce(hw, grads / shard, _strided_span(dp // shard, stride * shard, per_node))
+        dp_time += max(0.0, replicas - layers * bwd) if setup.overlap_dp else replicas
+    return dp_time, shard
+
+
+def _memory(model: Transformer, setup: Setup, step: _Step, psi: float, psi_layers: float, shard: int) -> dict:
+    """Bytes of the fullest rank by category: each candidate stage's model states and the
+    activations it holds at once (stage 0: the embedding and the most micro-batches in flight; the
+    last: the logits; an uneven split's first full stage), the largest of them."""
+    tp, tokens, layers = setup.layout.tp, step.tokens, step.layers
+    per_layer = tokens * activation_bytes(model, tp, step.sp, setup.recompute, setup.flash)
+    transient = 0.0
+    if setup.recompute == "full":  # the layer being recomputed holds its full activations for a moment
+        transient = tokens * activation_bytes(model, tp, step.sp, "none", setup.flash)
+    logit_bytes = 2 * 4 * tokens * model.vocab / tp  # fp32 logits and their gradient
+    stages = ([(psi, layers * per_layer + logit_bytes)] if setup.layout.pp == 1 else
+              _pipeline_stages(model, setup, step, psi_layers, per_layer, logit_bytes))
+
+    def rank_memory(stage_psi, activations):
+        states = formulas.zero_memory(max(stage_psi, 1.0), shard, setup.zero)
+        if setup.zero == 3 and shard > 1:  # FSDP holds two layers' gathered weights and one layer's full
+            # gradient (or, keeping them after forward, the whole stage's until its backward)
+            states["parameters"] += (2 * model.layer_parameters / tp if setup.reshard_after_forward
+                                     else stage_psi) * BYTES
+            states["gradients"] += model.layer_parameters / tp * BYTES
+        return {**states, "activations": activations + transient}
+
+    return max((rank_memory(*st) for st in stages), key=lambda mem: sum(mem.values()))
+
+
+def _pipeline_stages(model, setup, step, psi_layers, per_layer, logit_bytes) -> list[tuple[float, float]]:
+    """(parameters on one rank, activations held at once) of the stages that may be the fullest:
+    the first, the last and, in an uneven split, the first stage with every layer. The lighter
+    stages (one layer fewer) go to the ends first, as Llama 3's (Dubey et al. 2024 §3.3.2): stage
+    0, the last, then stage 1, ...; each holds ``formulas.inflight_activations`` micro-batches."""
+    pp, tp, layers, v = setup.layout.pp, setup.layout.tp, step.layers, step.v
+    per_layer_params = psi_layers / layers
+
+    def stage(r, n, extra):  # stage r holding n layers (in v chunks) and ``extra`` parameters
+        held = formulas.inflight_activations(setup.schedule, pp, step.m, r, v) * n / v * per_layer
+        return (n * per_layer_params + extra) / tp, held + (logit_bytes if r == pp - 1 else 0.0)
+
+    head = model.head_parameters + (model.vocab * model.hidden if model.tied else 0)
+    light = pp * layers - model.layers
+    heavy = (light + 1) // 2  # stages 0 .. heavy-1 are light
+    stages = [stage(0, layers - (light > 0), model.embedding_parameters), stage(pp - 1, layers - (light > 1), head)]
+    if 0 < heavy < pp - 1:
+        stages.append(stage(heavy, layers, 0.0))
+    return stages
+
+
+# ---- which link a group talks over, and what a collective costs on it -----------------------------------
+
 def _links(hw: Hardware):
     intra = (hw.collective.alpha, hw.collective.beta)
     inter = (hw.inter_node.alpha, hw.inter_node.beta) if hw.inter_node is not None else intra
@@ -514,165 +580,6 @@ def _reduce_scatter(hw, S, span):
     return _collective("reduce_scatter", S, span, *_links(hw))
 
 
-def estimate(model, hw: Hardware, setup: Setup, global_batch: int) -> Estimate:
-    """Price one optimizer step of ``model`` on ``hw`` laid out as ``setup`` (see the module
-    docstring for what counts and what overlaps). Inputs are assumed consistent (``plan`` checks
-    them): dp·micro_batch divides the global batch, pp is at most the layers (an uneven split is
-    priced by its fullest stage)."""
-    model = transformer(model)
-    lay = setup.layout
-    dp, pp, tp, cp = lay.dp, lay.pp, lay.tp, lay.cp
-    b, s, h, V = setup.micro_batch, model.seq_len, model.hidden, model.vocab
-    m = global_batch // (dp * b)
-    tokens = b * s // cp  # this rank's share of the micro-batch's tokens
-    per_node = hw.devices_per_node
-    sp = setup.sequence_parallel and tp > 1
-    rate, mem_bw = hw.flops * hw.mfu, hw.mem_bw
-    fused = hw.flops * (hw.attention or hw.mfu) if setup.flash else rate  # the attention kernels' rate
-    spans = {dim: _span(lay, dim, per_node) for dim in ("tp", "pp", "dp", "cp")}
-
-    # compute of one layer for one micro-batch, forward and backward (recomputation included)
-    gemm = 2 * tokens * model.layer_weights / tp
-    scores = 4 * tokens * s * h / tp * (0.5 if setup.flash else 1.0)
-    local, attn_bytes = memory_bound_bytes(model, tp, sp, setup.flash, setup.fused)
-    mem_fwd = tokens * (local + attn_bytes) / mem_bw
-    gemm_rate = rate * (FP8_MATMUL_SPEEDUP[gpu_family(hw)] if setup.fp8 else 1.0)  # plan checks the GPU
-    fwd = gemm / gemm_rate + scores / fused + mem_fwd
-    bwd = 2 * gemm / gemm_rate + (2.5 if setup.flash else 2.0) * scores / fused + 2 * mem_fwd
-    if setup.recompute == "full":
-        bwd += fwd
-    elif setup.recompute == "selective" and not setup.flash:
-        bwd += scores / rate + tokens * attn_bytes / mem_bw
-    elif setup.recompute == "op":  # the even-numbered matmuls and every memory-bound op, forward again
-        again = 2 * tokens * sum(weights for _, weights in _matmuls(model, tp)[1::2])
-        bwd += again / gemm_rate + tokens * local / mem_bw
-
-    # tensor parallel: 2 collectives of the layer's activations each way (+2 when recomputing)
-    tp_bytes = tokens * h * BYTES
-    tp_calls = 4 + (2 if setup.recompute == "full" else 0)
-    tp_layer = tp_calls * _allreduce(hw, tp_bytes, spans["tp"]) if tp > 1 else 0.0
-    cp_layer, cp_bytes = _context_parallel(model, hw, setup, tokens, spans["cp"], scores / fused)
-    ep_layer, ep_bytes = _expert_parallel(model, hw, lay, tokens / (tp if sp else 1), per_node, setup.recompute)
-    layer_comm = tp_layer + cp_layer + ep_layer  # all exposed alike: inside every layer, between dependent kernels
-
-    # the logit layer and its fp32 cross-entropy on the last stage
-    logits = 3 * 2 * tokens * V * h / tp / rate + 5 * 4 * tokens * V / tp / mem_bw
-    v = setup.virtual if setup.schedule == "interleaved" else 1
-    layers = -(-model.layers // (pp * v)) * v  # on the fullest stage (uneven when pp·v does not divide the layers)
-    work = layers * (fwd + bwd)  # one micro-batch on one stage
-    comm_stage = layers * layer_comm
-
-    # pipeline hops: one activation per micro-batch and chunk each way (split over the TP group:
-    # Megatron's scatter/gather, or sequence parallel), on the link between neighbouring stages
-    hop_bytes = tokens * h * BYTES / tp
-    hops = 0.0
-    if pp > 1:
-        link = hw.inter_node if spans["pp"][1] > 1 and hw.inter_node is not None else hw.p2p
-        hops = 2 * v * link.time(hop_bytes)
-    # stages are equal but the last also runs the logits: (m-1)·slowest + every stage once,
-    # the fill and drain shrunk v-fold by interleaving
-    slowest = work + comm_stage + hops + logits
-    every_stage = pp * (work + comm_stage + hops) + logits
-    pipeline = m * slowest + (every_stage - slowest) / v
-
-    # data parallel and ZeRO: this rank's share of the fullest stage (the first holds the
-    # embedding; the last the output layer, or a copy of the tied embedding when pp > 1)
-    psi_layers = layers * (model.layer_parameters - model.expert_parameters * (1 - 1 / lay.ep))  # experts split ep ways
-    psi_first = psi_layers + model.embedding_parameters + (model.head_parameters if pp == 1 else 0)
-    psi_last = psi_layers + model.head_parameters + (model.vocab * h if model.tied else 0)
-    psi = (psi_first if pp == 1 else max(psi_first, psi_last)) / tp
-    grads = psi * BYTES
-    dp_time = 0.0
-    # the gradients are reduced (and ZeRO shards) over the dp·cp ranks that hold the same weights
-    shard = setup.shard if 0 < setup.shard < dp and setup.zero >= 1 else dp * cp  # HSDP: ZeRO within shard groups
-    if dp * cp > 1:
-        stride = lay.rank(dp=1) - lay.rank()
-        span = (_strided_span(shard, stride, per_node) if cp == 1 or shard < dp * cp else
-                (spans["cp"][0] * spans["dp"][0], spans["cp"][1] * spans["dp"][1]))
-        if setup.zero <= 1:  # once per step, after the last micro-batch's backward
-            reduce = _allreduce(hw, grads, span) if setup.zero == 0 else 2 * _reduce_scatter(hw, grads, span)
-            last_backward = layers * bwd
-            dp_time = max(0.0, reduce - last_backward) if setup.overlap_dp else reduce
-        else:  # every micro-batch: reduce-scatter the gradients during backward; ZeRO-3 also
-            # all-gathers the weights for forward and again for backward, a layer ahead (FSDP prefetch)
-            unit = _reduce_scatter(hw, grads, span)
-            if setup.zero == 3:  # backward gathers the weights again unless forward kept them
-                again = 2 if setup.reshard_after_forward else 1
-                exposed = max(0.0, unit - layers * fwd) + max(0.0, again * unit - layers * bwd - logits)
-            else:
-                exposed = max(0.0, unit - layers * bwd)
-            dp_time = m * exposed + (unit if setup.zero == 2 else 0.0)  # ZeRO-2: all-gather the new weights once
-        if shard < dp * cp:  # HSDP: the replicas of each shard all-reduce it once per step, behind the last backward
-            replicas = _allreduce(hw, grads / shard, _strided_span(dp // shard, stride * shard, per_node))
-            dp_time += max(0.0, replicas - layers * bwd) if setup.overlap_dp else replicas
-    optimizer = psi / (shard if setup.zero >= 1 else 1) * ADAM_BYTES / mem_bw
-
-    compute = m * (work + logits)
-    comm_exposed, pp_exposed = m * comm_stage, m * hops
-    time = {"compute": compute, "tp": m * (layers * tp_layer), "pp": pp_exposed,
-            "bubble": max(pipeline - compute - comm_exposed - pp_exposed, 0.0), "dp": dp_time, "optimizer": optimizer,
-            "cp": m * layers * cp_layer, "ep": m * layers * ep_layer}
-
-    # memory of the fullest rank: each candidate stage's model states and the activations it holds
-    # at once (stage 0: the embedding and the most micro-batches in flight; the last: the logits)
-    per_layer = tokens * activation_bytes(model, tp, sp, setup.recompute, setup.flash)
-    transient = 0.0
-    if setup.recompute == "full":  # the layer being recomputed holds its full activations for a moment
-        transient = tokens * activation_bytes(model, tp, sp, "none", setup.flash)
-    logit_bytes = 2 * 4 * tokens * V / tp  # fp32 logits and their gradient
-    if pp == 1:
-        stages = [(psi, layers * per_layer + logit_bytes)]
-    else:
-        def stage(r, n, extra):  # stage r holding n layers (in v chunks) and ``extra`` parameters
-            held = formulas.inflight_activations(setup.schedule, pp, m, r, v) * n / v * per_layer
-            return (n * per_layer_params + extra) / tp, held + (logit_bytes if r == pp - 1 else 0.0)
-        per_layer_params = psi_layers / layers
-        head = model.head_parameters + (model.vocab * h if model.tied else 0)
-        light = pp * layers - model.layers
-        # an uneven split gives its lighter stages (one layer fewer) to the ends first, as Llama 3 does
-        # (Dubey et al. 2024 §3.3.2): stage 0, the last, then stage 1, ...; stages 0 .. heavy-1 are light
-        heavy = (light + 1) // 2
-        stages = [stage(0, layers - (light > 0), model.embedding_parameters), stage(pp - 1, layers - (light > 1), head)]
-        if 0 < heavy < pp - 1:
-            stages.append(stage(heavy, layers, 0.0))
-
-    def rank_memory(stage_psi, activations):
-        states = formulas.zero_memory(max(stage_psi, 1.0), shard, setup.zero)
-        if setup.zero == 3 and shard > 1:  # FSDP holds two layers' gathered weights and one layer's full
-            # gradient (or, keeping them after forward, the whole stage's until its backward)
-            states["parameters"] += (2 * model.layer_parameters / tp if setup.reshard_after_forward
-                                     else stage_psi) * BYTES
-            states["gradients"] += model.layer_parameters / tp * BYTES
-        return {**states, "activations": activations + transient}
-
-    memory = max((rank_memory(*st) for st in stages), key=lambda mem: sum(mem.values()))
-
-    links = {dim: _link_name(spans[dim]) for dim in ("tp", "pp", "dp", "cp")}
-    links["ep"] = _link_name(_ep_span(lay, per_node))
-    comm = {"tp": tp_bytes, "pp": hop_bytes, "dp": grads, "cp": cp_bytes, "ep": ep_bytes}
-    return Estimate(model, hw, setup, global_batch, m, time, memory, links, comm)
-
-
-def _context_parallel(model, hw, setup, tokens, span, attention_seconds) -> tuple[float, float]:
-    """(exposed seconds per layer per micro-batch, forward and backward, bytes of this rank's K/V
-    block) of context parallelism's key/value exchange (module docstring)."""
-    cp = setup.layout.cp
-    kv = 2 * tokens * model.kv_hidden / setup.layout.tp * BYTES
-    if cp == 1:
-        return 0.0, 0.0
-    passes = 3 if setup.recompute == "full" else 2  # the forward's exchange again when recomputing
-    if setup.attention == "ring":
-        link = hw.inter_node if span[1] > 1 and hw.inter_node is not None else hw.p2p
-        step = (cp - 1) * link.time(kv)
-        fwd = max(0.0, step - attention_seconds)
-        bwd = max(0.0, 2 * step - 2.5 * attention_seconds)
-        return (passes - 1) * fwd + bwd, kv
-    if setup.attention == "all-gather":
-        return passes * _reduce_scatter(hw, kv * cp, span), kv
-    qkvo = 2 * tokens * (model.hidden + model.kv_hidden) / setup.layout.tp * BYTES  # ulysses: q, k, v in, output out
-    return 2 * passes * _all_to_all(hw, qkvo, cp, span), kv
-
-
 def _all_to_all(hw, S, n, span) -> float:
     """An all-to-all of S bytes per rank over n ranks: (n-1)/n of it leaves each rank, over the
     slowest link the group spans, in n-1 messages."""
@@ -685,19 +592,9 @@ def _ep_span(lay: Layout, per_node: int) -> tuple[int, int]:
     return _strided_span(lay.ep, lay.rank(dp=1) - lay.rank(), per_node) if lay.dp > 1 else (1, 1)
 
 
-def _expert_parallel(model, hw, lay, tokens, per_node, recompute) -> tuple[float, float]:
-    """(seconds per layer per micro-batch, averaged over the layers, forward and backward, bytes
-    per all-to-all) of the experts' dispatch and combine: tokens·hidden·top_k bytes each way."""
-    if lay.ep == 1 or model.moe_share == 0:
-        return 0.0, 0.0
-    S = tokens * model.hidden * model.top_k * BYTES
-    passes = 3 if recompute == "full" else 2
-    return model.moe_share * 2 * passes * _all_to_all(hw, S, lay.ep, _ep_span(lay, per_node)), S
-
-
 def _link_name(span) -> str:
     return "none" if span == (1, 1) else ("intra" if span[1] == 1 else "inter")
 
 
-__all__ = ["Transformer", "MODELS", "transformer", "Setup", "Estimate", "estimate", "activation_bytes", "RECOMPUTE", "CP_ATTENTION",
-           "memory_bound_bytes", "aligned", "whole_number", "SCHEDULES", "USABLE_MEMORY"]
+__all__ = ["Transformer", "MODELS", "transformer", "Setup", "Estimate", "estimate", "activation_bytes", "CP_ATTENTION",
+           "memory_bound_bytes", "aligned", "whole_number", "USABLE_MEMORY"]

@@ -20,12 +20,14 @@ from mpkit.observe.memory import CATEGORIES
 from mpkit.simulator import formulas
 from mpkit.layout import Layout
 from mpkit.parallel.expert_parallel import expert_parallel
-from mpkit.parallel.pipeline.schedules import chunks_per_rank, placement, schedule, simulate
+from mpkit.parallel.pipeline.schedules import chunks_per_rank, placement, schedule
+from mpkit.parallel.pipeline.simulation import simulate
 from mpkit.parallel.pipeline.split import partition
 from mpkit.parallel.sharded_optimizer import shard_numel
 from mpkit.pricing.pricing import Pricer
 from mpkit.strategies.fsdp import unsharded_bytes
 from mpkit.strategies.tp import shard as tp_shard
+from mpkit.vocabulary import CLOSED_FORM_SCHEDULES
 
 
 class PredictedMemory(dict):
@@ -204,7 +206,7 @@ def _pipeline_memory(plan, cap, name, m, v, grid, zero=False):
         own = [_target_bytes(plan, mb) + (_input_bytes(plan, mb) if groups[s].start == 0 else 0) for s in stages]
         retained = [prof.retained - o for prof, o in zip(profs, own)]
         peak_one = max(prof.memory["activations"] - o for prof, o in zip(profs, own))
-        in_flight = (formulas.inflight_activations(name, p, m, r, v) if name in formulas.SCHEDULES
+        in_flight = (formulas.inflight_activations(name, p, m, r, v) if name in CLOSED_FORM_SCHEDULES
                      else simulate(schedule(name, p, m, v)).peak_in_flight[r])  # the newer ones: from their lists
         held = (in_flight - 1) * sum(retained) / len(retained)
         values["activations"] = _scale(plan, _batch_bytes(plan, plan.batch) + held + peak_one)

@@ -1,5 +1,16 @@
 """``mpkit.sim.plan``: which dp x pp x tp layout to train a large transformer with, and why.
 
+The search in ~10 lines (``plan``, ``_candidates``, ``LayoutTable``)::
+
+    for tp in divisors of a node's GPUs dividing the heads:     # TP inside a node unless pinned
+        for cp, pp, ep, rank order:                             # dp = gpus / (tp·pp·cp), ep inside dp
+            for micro_batch dividing the global batch / dp:
+                for schedule, virtual, recompute, ZeRO stage:
+                    e = estimate(model, hw, Setup(...), global_batch)   # analytic.py: one step, closed form
+                    (rows if e.fits else dropped).append(e)
+    rows.sort(key=(step time, memory))                          # fastest first
+    table.explain(): why this TP, PP, DP, CP and EP; what memory it needs
+
 Enumerates every layout of ``gpus`` GPUs (dp·pp·tp = gpus, tp dividing the attention and
 key/value heads and a node's GPUs, pp at most the layers), every micro-batch size, pipeline
 schedule, ZeRO stage and activation recomputation; drops what does not fit in GPU memory (with
@@ -30,10 +41,11 @@ from dataclasses import dataclass, field, replace
 from mpkit.i18n import check_lang, t
 from mpkit.layout import ORDERS, Layout
 from mpkit.simulator import formulas
-from mpkit.costmodel.analytic import (CP_ATTENTION, RECOMPUTE, SCHEDULES, Estimate, Setup, Transformer, aligned, estimate,
-                                transformer, whole_number)
+from mpkit.costmodel.analytic import CP_ATTENTION, Estimate, Setup, aligned, estimate
+from mpkit.costmodel.shapes import Transformer, transformer, whole_number
 from mpkit.simulator.hardware import FP8_MATMUL_SPEEDUP, STACKS, Hardware, gpu_family, with_stack
 from mpkit.simulator.machines import get_hardware
+from mpkit.vocabulary import CLOSED_FORM_SCHEDULES, RECOMPUTE
 
 VIRTUAL = (2, 3, 4)  # model chunks per rank tried for the interleaved schedule
 # The planner's median error against 40 published training runs it was not fitted to (benchmarks/
@@ -337,9 +349,12 @@ class LayoutTable:
         lay, s = best.setup.layout, best.setup
         if lay.dp == 1:
             return t("plan_dp_none", lang)
-        how = t("plan_dp_zero" if s.zero >= 2 else ("plan_dp_overlap" if s.overlap_dp else "plan_dp_exposed"), lang)
-        return t("plan_dp", lang, dp=lay.dp, link=self._link_text(best.links["dp"], lang),
-                 gb=best.comm_bytes["dp"] / 1e9, how=how, share=best.time["dp"] / best.step_time)
+        link, gb = self._link_text(best.links["dp"], lang), best.comm_bytes["dp"] / 1e9
+        share = best.time["dp"] / best.step_time
+        if s.zero >= 2:  # one gradient's reduce-scatter per micro-batch, m of them per step
+            return t("plan_dp_zero", lang, dp=lay.dp, link=link, gb=gb, m=best.micro_batches, share=share)
+        how = t("plan_dp_overlap" if s.overlap_dp else "plan_dp_exposed", lang)
+        return t("plan_dp", lang, dp=lay.dp, link=link, gb=gb, how=how, share=share)
 
     def _explain_cp(self, best, lang):
         """Context parallelism, where it was asked for or the model's sequences are split."""
@@ -436,7 +451,7 @@ def _check(model, hw, gpus, global_batch, pinned, max_micro_batch, software, top
             whole_number(name, pinned[name])
     _choice("zero", pinned["zero"], formulas.ZERO_STAGES)
     _choice("recompute", pinned["recompute"], RECOMPUTE)
-    _choice("schedule", pinned["schedule"], SCHEDULES)
+    _choice("schedule", pinned["schedule"], CLOSED_FORM_SCHEDULES)
     _choice("order", pinned["order"], tuple(ORDERS))
     dims = {d: pinned[d] for d in ("dp", "tp", "pp") if pinned[d] is not None}
     cp = pinned["cps"][0] if len(pinned["cps"]) == 1 else 1
@@ -496,7 +511,7 @@ def plan(model, hardware="8xH100-nvlink", gpus=None, global_batch=None, *, dp=No
     PyTorch op, as torchtitan without compile) and ``overlap_dp`` (gradient reduction hidden behind
     backward) describe the training software; ``stack`` ("megatron", "deepspeed", "torchtitan",
     "llm-foundry", "llama3", "generic"; ``mpkit.simulator.hardware.STACKS``) prices matmuls at the rate
-    that software's published runs imply on this GPU (None: the hardware's own). ``cp``: context
+    that software's published runs imply on this GPU (None: the hardware preset's fitted rate). ``cp``: context
     parallel ranks per sequence (1: none; a size, a list of sizes or "search": the divisors of the
     GPUs), sitting just outside TP in either rank order; ``attention``: how they exchange keys and
     values ("ring", "all-gather" as Llama 3, "ulysses"); ``ep``: expert parallel ranks, carved out

@@ -30,8 +30,8 @@ from mpkit.i18n import check_lang
 from mpkit.quiz.assignment import nbgrader_course, register_nbgrader
 
 SETUP = ("import torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\nfrom mpkit import exercises\n"
-         "from mpkit.parallel.pipeline.schedules import (Backward, Forward, OptimizerStep, RecvAct, RecvGrad,\n"
-         "                                               SendAct, SendGrad)")
+         "from mpkit.parallel.pipeline.schedules import (Backward, BackwardInput, BackwardWeight, Forward, OptimizerStep,\n"
+         "                                               RecvAct, RecvGrad, SendAct, SendGrad)")
 INTRO = ("## 직접 만들기 / Build it yourself\n\n"
          "각 연습의 `### YOUR CODE HERE` 자리에 코드를 쓰고, 바로 아래의 확인 셀을 실행해 보세요. 채점은 같은 검사기로 "
          "경우(case)마다 1점씩입니다. 확인 셀과 잠긴 셀은 고치지 마세요: 채점할 때 원래대로 복원됩니다.\n\n"

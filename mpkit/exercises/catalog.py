@@ -1,9 +1,13 @@
 """Every exercise, in teaching order: the lab that teaches it, its stub, hints and cases."""
 from __future__ import annotations
 
-from mpkit.exercises import collectives, data_parallel, layout, model_parallel, pipeline, tensor_parallel, zero
+from mpkit.exercises import (accumulation, checkpointing, collectives, data_parallel, faults, fsdp, halving_doubling,
+                             layout, long_sequences, loss_scaling, model_parallel, pipeline, pipeline_bubble, stage_split,
+                             tensor_parallel, zero)
 
-EXERCISES = {ex.name: ex for module in (data_parallel, model_parallel, tensor_parallel, pipeline, collectives, zero, layout) for ex in module.EXERCISES}
+MODULES = (data_parallel, model_parallel, stage_split, tensor_parallel, pipeline, pipeline_bubble, collectives,
+           halving_doubling, zero, fsdp, accumulation, loss_scaling, checkpointing, layout, long_sequences, faults)
+EXERCISES = {ex.name: ex for module in MODULES for ex in module.EXERCISES}
 
 
 def get(name: str):

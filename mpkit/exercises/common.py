@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from mpkit.exercises import harness
 from mpkit.exercises.result import CaseResult, Text
 
 # float32 sums of a few terms in another order differ by a few ulps: 1e-5 relative to the
@@ -111,6 +112,16 @@ def factor_hint(factor: float | None, n: int, wanted: str = "average") -> Text |
         if abs(factor - value) <= 1e-3 * value:
             return hint
     return None
+
+
+def _pure_body(ctx, recorder, fn, calls):
+    return [recorder.call(fn, *args) for args in calls]
+
+
+def pure_results(fn, calls, timeout):
+    """``fn(*args)`` for each ``args`` of ``calls``, run on one watched rank (a function that needs
+    no world: a formula, a plan), as the learner's code always runs: with its timeout."""
+    return harness.run(_pure_body, 1, (fn, calls), timeout)[0]["out"]
 
 
 def passed(case: Case, detail: Text | None = None) -> CaseResult:

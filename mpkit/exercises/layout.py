@@ -8,21 +8,12 @@ checker compares with both. Groups may come in any order.
 """
 from __future__ import annotations
 
-from mpkit.exercises import harness
-from mpkit.exercises.common import Case, Exercise, failed, passed
+from mpkit.exercises.common import Case, Exercise, failed, passed, pure_results
 from mpkit.exercises.result import Text
 from mpkit.layout import DIMS, Layout
 from mpkit.simulator.formulas import zero_memory
 
 LAYOUTS = [(2, 2, 2), (1, 4, 2), (4, 1, 2), (2, 3, 1)]
-
-
-def _pure_body(ctx, recorder, fn, calls):
-    return [recorder.call(fn, *args) for args in calls]
-
-
-def _results(fn, calls, timeout):
-    return harness.run(_pure_body, 1, (fn, calls), timeout)[0]["out"]
 
 
 def _order_hint(layout, got_of):
@@ -39,7 +30,7 @@ def _order_hint(layout, got_of):
 def _judge_coords(case, fn, timeout):
     layout = Layout(*case.params["layout"])
     calls = [(rank, layout.dp, layout.pp, layout.tp) for rank in range(layout.world_size)]
-    got = _results(fn, calls, timeout)
+    got = pure_results(fn, calls, timeout)
 
     def as_dict(value):
         return dict(zip(DIMS, value)) if isinstance(value, (tuple, list)) and len(value) == 3 else value
@@ -67,7 +58,7 @@ def _normal(groups):
 
 def _judge_groups(case, fn, timeout):
     layout = Layout(*case.params["layout"])
-    got = _results(fn, [(layout.dp, layout.pp, layout.tp)], timeout)[0]
+    got = pure_results(fn, [(layout.dp, layout.pp, layout.tp)], timeout)[0]
     if not isinstance(got, dict) or set(got) != set(DIMS):
         return failed(case, Text(f"{{'dp': ..., 'pp': ..., 'tp': ...}} 사전을 기대했는데 {got!r}입니다.",
                                  f"expected a dict {{'dp': ..., 'pp': ..., 'tp': ...}}, got {got!r}."))
@@ -126,7 +117,7 @@ def _memory_hint(params, dp, pp, tp, stage, got):
 
 
 def _judge_memory(case, fn, timeout):
-    got = _results(fn, case.params["calls"], timeout)
+    got = pure_results(fn, case.params["calls"], timeout)
     for args, value in zip(case.params["calls"], got):
         want = expected_memory(*args)
         params, dp, pp, tp, stage = args

@@ -17,10 +17,11 @@ from mpkit.exercises import harness
 from mpkit.exercises.common import Case, Exercise, compare_grads, failed, grads, passed, seeded
 from mpkit.exercises.result import Text
 from mpkit.parallel.pipeline.executor import PipelineExecutor
-from mpkit.parallel.pipeline.schedules import (Backward, Forward, OptimizerStep, RecvAct, RecvGrad, ScheduleError,
-                                               SendAct, SendGrad, simulate)
+from mpkit.parallel.pipeline.schedules import (Backward, BackwardInput, BackwardWeight, Forward, OptimizerStep, RecvAct,
+                                               RecvGrad, ScheduleError, SendAct, SendGrad, simulate)
 
-KINDS = (Forward, Backward, SendAct, RecvAct, SendGrad, RecvGrad, OptimizerStep)
+KINDS = (Forward, Backward, BackwardInput, BackwardWeight, SendAct, RecvAct, SendGrad, RecvGrad, OptimizerStep)
+WHOLE = (Forward, Backward)  # the computations of a schedule whose backward is not split
 WIDTH, ROWS_PER_MB = 6, 2
 
 
@@ -28,9 +29,10 @@ def _lists_body(ctx, recorder, fn, p, m):
     return [recorder.call(fn, rank, p, m) for rank in range(p)]
 
 
-def _model(seed, p):
+def _model(seed, stages):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()) for _ in range(p)])
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh())
+                                 for _ in range(stages)])
 
 
 def _data(seed, m):
@@ -38,48 +40,93 @@ def _data(seed, m):
     return torch.randn(m * ROWS_PER_MB, WIDTH, generator=g), torch.randn(m * ROWS_PER_MB, WIDTH, generator=g)
 
 
-def _run_body(ctx, recorder, programs, seed):
-    p, m = ctx.world_size, len([i for i in programs[0] if isinstance(i, Forward)])
-    stage = _model(seed, p)[ctx.rank]
+def _stage_grads(model, stages) -> dict:
+    """The gradients of ``stages`` of ``model``, named "stage s: parameter"."""
+    return {f"stage {s}: {name}": grad for s in stages for name, grad in grads(model[s]).items()}
+
+
+def _run_body(ctx, recorder, programs, seed, where):
+    p, m = ctx.world_size, len({i.mb for i in programs[0] if isinstance(i, Forward)})
+    model, mine = _model(seed, len(where)), [s for s, r in enumerate(where) if r == ctx.rank]
     x, y = _data(seed, m)
-    executor = PipelineExecutor({ctx.rank: stage}, p, m, F.mse_loss, list(range(p)))
-    executor.step(programs[ctx.rank], x if ctx.rank == 0 else None, y if ctx.rank == p - 1 else None)
-    return grads(stage)
+    executor = PipelineExecutor({s: model[s] for s in mine}, len(where), m, F.mse_loss, list(range(p)), where=where)
+    executor.step(programs[ctx.rank], x if 0 in mine else None, y if len(where) - 1 in mine else None)
+    return _stage_grads(model, mine)
 
 
-def _structure(case, programs, p, m):
-    for rank, program in enumerate(programs):
-        where = Text(f"랭크 {rank}의 목록:", f"rank {rank}'s list:")
-        if not isinstance(program, list) or not all(isinstance(i, KINDS) for i in program):
-            return failed(case, where + Text("명령(Forward, Backward, SendAct, ...)의 list여야 합니다.",
-                                             "must be a list of instructions (Forward, Backward, SendAct, ...)."))
-        for kind in (Forward, Backward):
-            done = sorted(i.mb for i in program if isinstance(i, kind) and i.stage == rank)
-            if done != list(range(m)) or any(isinstance(i, kind) and i.stage != rank for i in program):
-                return failed(case, where + Text(f"{kind.__name__}(mb, stage={rank})가 마이크로배치 0..{m - 1}마다 정확히 한 번씩 "
+NEIGHBOURS = Text("활성값은 r → r+1(SendAct to=r+1, RecvAct frm=r-1), 그래디언트는 r+1 → r(RecvGrad frm=r+1, SendGrad to=r-1). "
+                  "첫 스테이지는 활성값을 받지 않고 마지막 스테이지는 보내지 않습니다.",
+                  "activations go r -> r+1 (SendAct to=r+1, RecvAct frm=r-1), gradients r+1 -> r (RecvGrad frm=r+1, "
+                  "SendGrad to=r-1). The first stage receives no activation and the last sends none.")
+NEIGHBOURS_OF_STAGES = Text("활성값은 스테이지 s → s+1로, 그래디언트는 s+1 → s로 갑니다. 스테이지 s는 랭크 s % p에 있습니다: "
+                            "SendAct(mb, s, to=(s+1) % p), RecvAct(mb, s, frm=(s-1) % p), RecvGrad(mb, s, frm=(s+1) % p), "
+                            "SendGrad(mb, s, to=(s-1) % p). 첫 스테이지는 활성값을 받지 않고 마지막 스테이지는 보내지 않습니다.",
+                            "activations go from stage s to s+1, gradients from s+1 to s, and stage s lives on rank s % p: "
+                            "SendAct(mb, s, to=(s+1) % p), RecvAct(mb, s, frm=(s-1) % p), RecvGrad(mb, s, frm=(s+1) % p), "
+                            "SendGrad(mb, s, to=(s-1) % p). The first stage receives no activation and the last sends none.")
+
+
+def _computations(case, where, program, mine, m, kinds):
+    """Each computation kind of ``kinds`` exactly once per micro-batch on each stage of ``mine``,
+    and no other computation."""
+    for ins in program:
+        if isinstance(ins, (Forward, Backward, BackwardInput, BackwardWeight)) and not isinstance(ins, kinds):
+            wanted = ", ".join(k.__name__ for k in kinds)
+            return failed(case, where + Text(f"{ins}: 이 연습의 계산은 {wanted}입니다.",
+                                             f"{ins}: this exercise's computations are {wanted}."),
+                          Text("B/W로 나눈 스케줄은 Backward 대신 BackwardInput(B)과 BackwardWeight(W)를, 나누지 않은 스케줄은 "
+                               "Backward만 씁니다.", "a schedule with the backward split uses BackwardInput (B) and "
+                               "BackwardWeight (W) instead of Backward; an unsplit one uses Backward only."))
+    for kind in kinds:
+        for stage in mine:
+            done = sorted(i.mb for i in program if isinstance(i, kind) and i.stage == stage)
+            if done != list(range(m)):
+                held = (Text(f"(이 랭크는 스테이지 {mine}을(를) 가집니다)", f"(this rank holds stages {mine})") if len(mine) > 1
+                        else Text("", ""))
+                return failed(case, where + Text(f"{kind.__name__}(mb, stage={stage})가 마이크로배치 0..{m - 1}마다 정확히 한 번씩 "
                                                  f"있어야 하는데 {done}입니다.",
-                                                 f"needs {kind.__name__}(mb, stage={rank}) exactly once for each "
-                                                 f"micro-batch 0..{m - 1}; it has {done}."))
+                                                 f"needs {kind.__name__}(mb, stage={stage}) exactly once for each "
+                                                 f"micro-batch 0..{m - 1}; it has {done}.") + held)
+        stray = next((i for i in program if isinstance(i, kind) and i.stage not in mine), None)
+        if stray is not None:
+            return failed(case, where + Text(f"{stray}: 이 랭크에는 스테이지 {stray.stage}가 없습니다(스테이지 {mine}).",
+                                             f"{stray}: this rank does not hold stage {stray.stage} (it holds {mine})."))
+    return None
+
+
+def _structure(case, programs, p, m, where=None, kinds=WHOLE):
+    """Each rank's list: instructions only; every computation of ``kinds`` once per micro-batch and
+    stage it holds (``where[s]``: the rank of stage s; default stage = rank); messages only between
+    neighbouring stages; OptimizerStep last."""
+    where = where or list(range(p))
+    last = len(where) - 1
+    for rank, program in enumerate(programs):
+        at = Text(f"랭크 {rank}의 목록:", f"rank {rank}'s list:")
+        if not isinstance(program, list) or not all(isinstance(i, KINDS) for i in program):
+            return failed(case, at + Text("명령(Forward, Backward, SendAct, ...)의 list여야 합니다.",
+                                          "must be a list of instructions (Forward, Backward, SendAct, ...)."))
+        mine = [s for s, r in enumerate(where) if r == rank]
+        problem = _computations(case, at, program, mine, m, kinds)
+        if problem:
+            return problem
         for ins in program:
             peer = getattr(ins, "to", getattr(ins, "frm", None))
             if peer is None:
                 continue
-            neighbour = rank + 1 if isinstance(ins, (SendAct, RecvGrad)) else rank - 1
-            if ins.stage != rank or peer != neighbour or not 0 <= neighbour < p:
-                what = (Text(f"{ins}: 스테이지 {rank}에는 이런 메시지가 없습니다(그쪽에 이웃 스테이지가 없음).",
-                             f"{ins}: stage {rank} has no such message (no neighbouring stage on that side).")
-                        if not 0 <= neighbour < p else
-                        Text(f"{ins}: 스테이지 {rank}의 이 메시지는 랭크 {neighbour}와 주고받아야 합니다.",
-                             f"{ins}: this message of stage {rank} goes to or comes from rank {neighbour}."))
-                return failed(case, where + what,
-                              Text("활성값은 r → r+1(SendAct to=r+1, RecvAct frm=r-1), 그래디언트는 r+1 → r(RecvGrad frm=r+1, "
-                                   "SendGrad to=r-1). 첫 스테이지는 활성값을 받지 않고 마지막 스테이지는 보내지 않습니다.",
-                                   "activations go r -> r+1 (SendAct to=r+1, RecvAct frm=r-1), gradients r+1 -> r "
-                                   "(RecvGrad frm=r+1, SendGrad to=r-1). The first stage receives no activation and the "
-                                   "last sends none."))
+            neighbour = ins.stage + 1 if isinstance(ins, (SendAct, RecvGrad)) else ins.stage - 1
+            if ins.stage in mine and 0 <= neighbour <= last and peer == where[neighbour]:
+                continue
+            what = (Text(f"{ins}: 이 랭크에는 스테이지 {ins.stage}가 없습니다.", f"{ins}: this rank does not hold stage {ins.stage}.")
+                    if ins.stage not in mine else
+                    Text(f"{ins}: 스테이지 {ins.stage}에는 이런 메시지가 없습니다(그쪽에 이웃 스테이지가 없음).",
+                         f"{ins}: stage {ins.stage} has no such message (no neighbouring stage on that side).")
+                    if not 0 <= neighbour <= last else
+                    Text(f"{ins}: 스테이지 {ins.stage}의 이 메시지는 랭크 {where[neighbour]}와 주고받아야 합니다.",
+                         f"{ins}: this message of stage {ins.stage} goes to or comes from rank {where[neighbour]}."))
+            return failed(case, at + what, NEIGHBOURS if where == list(range(p)) else NEIGHBOURS_OF_STAGES)
         if not program or not isinstance(program[-1], OptimizerStep):
-            return failed(case, where + Text("마지막 명령은 OptimizerStep()이어야 합니다.",
-                                             "must end with OptimizerStep()."))
+            return failed(case, at + Text("마지막 명령은 OptimizerStep()이어야 합니다.",
+                                          "must end with OptimizerStep()."))
     return None
 
 
@@ -99,45 +146,70 @@ SIMULATOR_HINTS = (
 )
 
 
-def _judge(kind):
+def schedule_judge(prop, where_of=None, kinds=WHOLE, costs=None, describe=None, simulator_hint=None):
+    """A judge for schedule exercises: the lists' structure (``where_of(p)``: each stage's rank,
+    default stage = rank; ``kinds``: the computations), then the simulator on unit costs
+    (``costs``: ``simulate``'s keyword arguments), then ``prop(case, programs, sim, p, m)`` (the
+    schedule's own property or cost target: a failed CaseResult or None), then a real run whose
+    gradients must equal the unsplit model's. A pass says ``describe(sim, p, m)`` (default: the
+    bubble and the activations in flight); ``simulator_hint(programs, p, m)``: the exercise's own
+    hint when the simulator cannot run the lists (None: the general ones)."""
     def judge(case, fn, timeout):
         p, m, seed = case.world_size, case.params["m"], case.params["seed"]
+        where = where_of(p) if where_of else list(range(p))
         programs = harness.run(_lists_body, 1, (fn, p, m), timeout)[0]["out"]
-        problem = _structure(case, programs, p, m)
+        problem = _structure(case, programs, p, m, where, kinds)
         if problem:
             return problem
         try:
-            sim = simulate(programs)
+            sim = simulate(programs, **(costs or {}))
         except ScheduleError as err:
             return failed(case, Text(f"시뮬레이터에서 실행할 수 없습니다: {err}", f"the simulator cannot run the lists: {err}"),
-                          next(h for key, h in SIMULATOR_HINTS if key in str(err)))
-        for rank, program in enumerate(programs):
-            order = [i for i in program if isinstance(i, (Forward, Backward))]
-            first_backward = next(k for k, i in enumerate(order) if isinstance(i, Backward))
-            if kind == "gpipe" and first_backward < m:
-                return failed(case, Text(f"랭크 {rank}: 모든 Forward 전에 Backward가 시작했습니다.",
-                                         f"rank {rank}: a Backward starts before every Forward has run."),
-                              Text("GPipe는 m개의 Forward를 모두 한 뒤에 Backward를 합니다(채우고, 비우기).",
-                                   "GPipe runs all m Forwards, then the Backwards (fill, then drain)."))
-            limit = min(m, p - rank)
-            if kind == "1f1b" and sim.peak_in_flight[rank] > limit:
-                return failed(case, Text(f"랭크 {rank}이(가) 한때 {sim.peak_in_flight[rank]}개 마이크로배치의 활성값을 들고 있습니다"
-                                         f"(1F1B는 최대 {limit}).", f"rank {rank} holds the activations of "
-                                         f"{sim.peak_in_flight[rank]} micro-batches at once (1F1B: at most {limit})."),
-                              Text("준비 단계(warm-up)에서 랭크 r은 p-r-1개만 Forward하고, 그다음부터 Forward 하나와 Backward 하나를 "
-                                   "번갈아 하세요.", "in the warm-up rank r runs only p-r-1 Forwards, then alternates one "
-                                   "Forward and one Backward."))
-        outputs = harness.run(_run_body, p, (programs, seed), timeout)
-        model = _model(seed, p)
+                          (simulator_hint and simulator_hint(programs, p, m))
+                          or next(h for key, h in SIMULATOR_HINTS if key in str(err)))
+        problem = prop(case, programs, sim, p, m)
+        if problem:
+            return problem
+        outputs = harness.run(_run_body, p, (programs, seed, where), timeout)
+        model = _model(seed, len(where))
         x, y = _data(seed, m)
         F.mse_loss(model(x), y).backward()
         for rank, output in enumerate(outputs):
-            problem = compare_grads(case, rank, grads(model[rank]), output["out"], p)
+            mine = [s for s, r in enumerate(where) if r == rank]
+            problem = compare_grads(case, rank, _stage_grads(model, mine), output["out"], p)
             if problem:
                 return problem
-        return passed(case, Text(f"버블 {float(sim.bubble):.0%}(단위 시간: forward 1, backward 2)",
-                                 f"bubble {float(sim.bubble):.0%} (unit times: forward 1, backward 2)"))
+        return passed(case, (describe or bubble_text)(sim, p, m))
     return judge
+
+
+def bubble_text(sim, p=None, m=None) -> Text:
+    return Text(f"버블 {float(sim.bubble):.1%}(단위 시간), 랭크별 최대 활성값 {sim.peak_in_flight}",
+                f"bubble {float(sim.bubble):.1%} (unit times), activations in flight per rank at most {sim.peak_in_flight}")
+
+
+def _gpipe_property(case, programs, sim, p, m):
+    for rank, program in enumerate(programs):
+        order = [i for i in program if isinstance(i, (Forward, Backward))]
+        if next(k for k, i in enumerate(order) if isinstance(i, Backward)) < m:
+            return failed(case, Text(f"랭크 {rank}: 모든 Forward 전에 Backward가 시작했습니다.",
+                                     f"rank {rank}: a Backward starts before every Forward has run."),
+                          Text("GPipe는 m개의 Forward를 모두 한 뒤에 Backward를 합니다(채우고, 비우기).",
+                               "GPipe runs all m Forwards, then the Backwards (fill, then drain)."))
+    return None
+
+
+def _one_f_one_b_property(case, programs, sim, p, m):
+    for rank in range(p):
+        limit = min(m, p - rank)
+        if sim.peak_in_flight[rank] > limit:
+            return failed(case, Text(f"랭크 {rank}이(가) 한때 {sim.peak_in_flight[rank]}개 마이크로배치의 활성값을 들고 있습니다"
+                                     f"(1F1B는 최대 {limit}).", f"rank {rank} holds the activations of "
+                                     f"{sim.peak_in_flight[rank]} micro-batches at once (1F1B: at most {limit})."),
+                          Text("준비 단계(warm-up)에서 랭크 r은 p-r-1개만 Forward하고, 그다음부터 Forward 하나와 Backward 하나를 "
+                               "번갈아 하세요.", "in the warm-up rank r runs only p-r-1 Forwards, then alternates one "
+                               "Forward and one Backward."))
+    return None
 
 
 STUB = '''def {name}(rank, p, m):
@@ -176,7 +248,7 @@ EXERCISES = [
              "Backward(mb, rank) + [SendGrad]\nprog.append(OptimizerStep())",
              "prog = []\nfor mb in range(m): [RecvAct] + Forward(mb, rank) + [SendAct]\nfor mb in range(m): [RecvGrad] + "
              "Backward(mb, rank) + [SendGrad]\nprog.append(OptimizerStep())")),
-        CASES, _judge("gpipe")),
+        CASES, schedule_judge(_gpipe_property)),
     Exercise("one_f_one_b_schedule", "04", Text("1F1B 스케줄", "The 1F1B schedule"), STUB_1F1B, (
         Text("1F1B는 활성값을 오래 들고 있지 않도록 Backward를 가능한 한 일찍 시작합니다.",
              "1F1B starts Backwards as early as it can so activations are not held long."),
@@ -188,5 +260,5 @@ EXERCISES = [
              "range(m - w, m)]. 각 F/B 앞뒤에 통신 명령을 붙이세요.",
              "order = [F(k) for k in range(w)]; for k in range(m - w): order += [F(w + k), B(k)]; order += [B(k) for k in "
              "range(m - w, m)]. Wrap each F/B in its messages.")),
-        CASES, _judge("1f1b")),
+        CASES, schedule_judge(_one_f_one_b_property)),
 ]

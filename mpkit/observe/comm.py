@@ -159,9 +159,13 @@ class Comm:
                          lambda a: dist.reduce_scatter_tensor(output, input, _REDUCE_OPS[op], group, a),
                          nbytes(input), async_op, group, **tags)
 
-    def all_to_all_single(self, output, input, group=None, async_op=False, **tags):
-        return self._run("all_to_all", lambda a: dist.all_to_all_single(output, input, group=group, async_op=a),
-                         nbytes(input), async_op, group, **tags)
+    def all_to_all_single(self, output, input, group=None, async_op=False, output_split_sizes=None,
+                          input_split_sizes=None, **tags):
+        """Split sizes (rows of dim 0 to and from each rank) as ``dist.all_to_all_single``'s: an
+        uneven exchange (Ulysses' uneven heads, a dropless MoE's tokens)."""
+        return self._run("all_to_all", lambda a: dist.all_to_all_single(
+            output, input, output_split_sizes, input_split_sizes, group=group, async_op=a),
+            nbytes(input), async_op, group, **tags)
 
     def send(self, tensor, dst, group=None, **tags):
         self._run("send", lambda a: dist.send(tensor, dst, group), nbytes(tensor), False, group, **tags)

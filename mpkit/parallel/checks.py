@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from mpkit.observe import active
 
@@ -37,6 +38,22 @@ def trainable_parameters(module: nn.Module, what: str) -> list[nn.Parameter]:
         raise ValueError(f"{what}: the module has no trainable parameters (every parameter has "
                          f"requires_grad=False); there is nothing to synchronise")
     return params
+
+
+# Parameters whose gradients are split over the ranks of a world (a pipeline's stages: each rank holds
+# others), by that world's size: a check of their gradients on one rank alone sees only its share.
+_SPLIT_GRADIENTS = WeakIdKeyDictionary()  # by identity: a tensor's == is elementwise
+
+
+def mark_split_gradients(params, world_size: int) -> None:
+    """Record that ``params``' gradients are one rank's share of a world of ``world_size`` ranks."""
+    for p in params:
+        _SPLIT_GRADIENTS[p] = world_size
+
+
+def split_gradients_world(params) -> int:
+    """The largest world any of ``params``' gradients are split over (1: each rank holds them all)."""
+    return max((_SPLIT_GRADIENTS.get(p, 1) for p in params), default=1)
 
 
 def broadcast_module(module: nn.Module, group=None, parameters: bool = True, buffers: bool = True) -> None:
@@ -155,3 +172,54 @@ def _check_count(first, theirs, rank, what) -> None:
         raise ValueError(f"{what}: the replicas differ: group rank {rank} has {len(theirs)} parameter tensors, "
                          f"group rank 0 has {len(first)}: group rank {more}'s parameter {name!r} has no "
                          f"counterpart on group rank {less}{_HINT}")
+
+
+def check_agree(values: dict, group, what: str, fix: str, shown: dict | None = None, device=None) -> None:
+    """Every rank of ``group`` must pass the same ``values`` ({what it is: int}), such as the
+    sizes a collective is about to exchange: gloo aborts the process (SIGABRT) when two ranks post
+    messages of different sizes, and a flag that differs (a split, a causal mask) computes another
+    function on each rank, silently. One small untraced all-gather; a ValueError on every rank
+    naming the ranks and their values (``shown[name](value)`` displays a coded value). ``device``:
+    where the collective's tensor lives (a CUDA device under NCCL)."""
+    names = list(values)
+    mine = torch.tensor([int(values[n]) for n in names], dtype=torch.int64, device=device)
+    if dist.get_world_size(group) == 1:
+        return
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    with active.quiet():
+        active.comm().all_gather(every, mine, group=group)
+    table = torch.stack(every)
+    for k, name in enumerate(names):
+        column = table[:, k].tolist()
+        if len(set(column)) > 1:
+            show = (shown or {}).get(name, str)
+            per_rank = ", ".join(f"group rank {r} has {show(v)}" for r, v in enumerate(column))
+            raise ValueError(f"{what}: the ranks disagree on the {name}: {per_rank}; {fix}")
+
+
+def check_same_values(module: nn.Module, group, what: str, fix: str) -> None:
+    """Every rank's ``module`` must hold the same values (replicas built from one seed): two
+    checksums of all its parameters and buffers (the sum, and the sum weighted by position, so a
+    permutation shows too), one small untraced all-gather; a ValueError on every rank naming the
+    first rank that differs."""
+    flat = [t.detach().double().reshape(-1) for t in (*module.parameters(), *module.buffers())]
+    values = torch.cat(flat) if flat else torch.zeros(1, dtype=torch.float64)
+    weights = torch.arange(1, values.numel() + 1, dtype=values.dtype, device=values.device)
+    mine = torch.stack([values.sum(), (values * weights).sum()])
+    if dist.get_world_size(group) == 1:
+        return
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    with active.quiet():
+        active.comm().all_gather(every, mine, group=group)
+    differ = [r for r, theirs in enumerate(every) if not torch.equal(theirs, every[0])]
+    if differ:
+        raise ValueError(f"{what}: the replicas hold different values (group rank {differ[0]} differs from group "
+                         f"rank 0), so the ranks would train parts of different models; {fix}")
+
+
+def check_same_shape(x: torch.Tensor, group, what: str, fix: str) -> None:
+    """``check_agree`` on a tensor's dtype and shape (up to 8 dimensions): what a collective over
+    it needs from every rank."""
+    values = {"dtype": _DTYPES.index(x.dtype), "number of dimensions": x.dim()}
+    values.update({f"size of dimension {d}": x.shape[d] if d < x.dim() else -1 for d in range(8)})
+    check_agree(values, group, what, fix, {"dtype": lambda i: str(_DTYPES[i]).removeprefix("torch.")}, x.device)

@@ -53,8 +53,11 @@ real training loops add comes after, each behind a named method:
   used nowhere keep the ``.grad`` they had (None after ``zero_grad()``), so the optimizer skips
   them exactly as it would on one device (``_zero_unused_slices``, ``_restore_unused_everywhere``);
 - misuse raises and says what to do: a second backward into an all-reduced bucket, a forward or an
-  ``optimizer.step()`` before ``finish_gradient_synchronization()`` (a global optimizer pre-hook),
-  finishing twice or inside ``no_sync()``.
+  ``optimizer.step()`` before ``finish_gradient_synchronization()``, finishing twice or inside
+  ``no_sync()``. The early ``optimizer.step()`` is caught by a global optimizer-step pre-hook
+  (``torch.optim.optimizer.register_optimizer_step_pre_hook``), the hook torch's own profiler and
+  ``MemTracker`` register: the one place that sees every optimizer's step without the caller
+  handing theirs to ``DataParallel``.
 """
 from __future__ import annotations
 
@@ -125,7 +128,8 @@ class DataParallel(nn.Module):
         self._buffers_due = True  # DDP's require_forward_param_sync: set by the previous forward
         self._new_step()
         self._file_buckets_as_gradients()
-        # 3. a hook per parameter, and a guard against optimizer steps on unsynchronised gradients
+        # 3. a hook per parameter (autograd's documented post-accumulate-grad hook), and a guard against
+        # optimizer steps on unsynchronised gradients
         for p in params:
             p.register_post_accumulate_grad_hook(partial(DataParallel._grad_ready, self))
         _guard_optimizer_steps()

@@ -25,7 +25,10 @@ optimizer's step (6); bf16 skips 2-5 and 7. Then the checks.
 
 ``autocast_layers(layers, "bf16")`` runs each layer's forward under ``torch.autocast`` (matmuls in
 bf16 or fp16, reductions such as the loss in fp32) and hands the next layer an fp32 tensor, so a
-pipeline cut between any two layers sends what the cut-free model computes. The parameters,
+pipeline cut between any two layers sends what the cut-free model computes. It wraps each layer's
+``forward`` on the instance, as torch's own docs apply ``torch.autocast`` as a decorator on
+``forward``: the parameter names and the module's hooks stay as they were (a wrapper module would
+rename every parameter), and ``nn.Module.__call__`` calls the wrapped forward like the original. The parameters,
 their gradients and the optimizer stay fp32 (the "master weights"): autocast only makes
 short-lived low-precision copies of the weights for the matmuls.
 
@@ -38,12 +41,17 @@ fp32's exponent range and needs no scaler.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from mpkit.config import DEFAULT_LOSS_SCALE, check_precision_name
+from mpkit.errors import MpkitWarning
+from mpkit.i18n import both
 from mpkit.observe import active
+from mpkit.parallel.checks import split_gradients_world
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # by config.PRECISIONS
 
@@ -58,7 +66,7 @@ class MixedPrecision:
         self.precision, self.scaler = precision, scaler
 
     def wrap(self, layers) -> None:
-        autocast_layers(layers, self.precision)
+        autocast_layers(layers, self.precision, self.scaler)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
@@ -104,7 +112,12 @@ class LossScaler:
 
     def unscale_(self, params, group=None) -> bool:
         """Divide the gradients by the scale; True when all are finite on every rank of ``group``
-        (the ranks that hold different gradients: shards or stages; None: this rank holds them all)."""
+        (the ranks that hold different gradients: shards or stages; None: this rank holds them all).
+        A pipeline's stages with ``group=None`` are refused: each rank would decide alone."""
+        params = list(params)
+        world = split_gradients_world(params) if group is None else 1
+        if world > 1:
+            raise ValueError(both("err_fp16_pipeline_group", world=world))
         grads = _grads(params)
         if grads:
             torch._foreach_mul_(grads, 1.0 / self.value)
@@ -128,10 +141,13 @@ class LossScaler:
         self.steps += 1
 
 
-def autocast_layers(layers, precision: str) -> None:
+def autocast_layers(layers, precision: str, scaler: LossScaler | None = None) -> None:
     """Make each module of ``layers`` compute in ``precision`` ("bf16" or "fp16"; "fp32": unchanged).
-    In place; parameter names do not change."""
-    check_precision(precision, scaler=True)
+    In place; parameter names do not change. fp16 without ``scaler``, the ``LossScaler`` that will
+    scale the loss, warns (in Korean and English): unscaled, most small gradients underflow to 0."""
+    check_precision_name(precision)
+    if precision == "fp16" and scaler is None:
+        warnings.warn(both("warn_fp16_no_scaler"), MpkitWarning, stacklevel=2)
     dtype = DTYPES[precision]
     if dtype is None:
         return

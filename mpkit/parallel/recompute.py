@@ -10,21 +10,36 @@ adds ``"selective"``, ``checkpoint``'s ``context_fn``, and does it in place on a
         return x
 
 In the code: ``recompute_layers(layers, mode)`` wraps each layer's forward (``"full"``) or each
-attention core (``"selective"``, ``selective_targets``) in ``_Checkpointed``.
+attention core (``"selective"``, ``selective_targets``) in ``_Checkpointed``, on the instance:
+``torch.utils.checkpoint`` wraps a function, and wrapping the bound ``forward`` (or the attention
+core, a method, which no module wrapper could reach) keeps every parameter name, as torch's
+composable ``checkpoint(module)`` does in place.
 
 ``"full"``: each layer keeps only its input; its whole forward runs again during backward (about
 one extra forward per step). ``"selective"`` (Korthikanti et al. 2022): only the attention core,
 whose activations grow with the sequence length squared but cost few FLOPs to redo, is
 recomputed; the matmuls' inputs stay. On a user's model the attention core is each
 ``nn.MultiheadAttention``.
+
+Recomputing runs a forward twice, so whatever a forward changes besides its output changes twice:
+BatchNorm in training mode updates its running statistics in the forward and again in the
+recomputation (``torch.utils.checkpoint`` does the same; it restores only the random state, so
+dropout masks match). ``recompute_layers`` warns when it wraps such a layer.
 """
 from __future__ import annotations
+
+import warnings
 
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mpkit.config import RECOMPUTE as MODES, check_recompute
+from mpkit.config import check_recompute
+from mpkit.errors import MpkitWarning
+from mpkit.i18n import both
 from mpkit.models import SelfAttention
+
+# BatchNorm in every form torch makes public (the lazy ones become these once built)
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 def recompute_layers(layers, mode: str | None, context_fn=None) -> None:
@@ -33,11 +48,21 @@ def recompute_layers(layers, mode: str | None, context_fn=None) -> None:
     ``checkpoint``'s (the contexts of the forward and of its recomputation)."""
     check_recompute(mode)
     if mode == "full":
-        for layer in layers:
+        for index, layer in enumerate(layers):
+            _warn_if_batchnorm_trains(layer, index)
             layer.forward = _Checkpointed(layer.forward, context_fn)
     elif mode == "selective":
-        for module, name in selective_targets(layers):
+        for index, (module, name) in enumerate(selective_targets(layers)):
+            _warn_if_batchnorm_trains(module, index)
             setattr(module, name, _Checkpointed(getattr(module, name), context_fn))
+
+
+def _warn_if_batchnorm_trains(module: nn.Module, index: int) -> None:
+    """A warning (Korean and English) when ``module`` holds BatchNorm that tracks running statistics in
+    training mode: recomputation would update them twice per step."""
+    if any(isinstance(m, _BATCH_NORMS) and m.training and m.track_running_stats for m in module.modules()):
+        warnings.warn(both("warn_recompute_batchnorm", layer=f"{index} ({type(module).__name__})"), MpkitWarning,
+                      stacklevel=3)
 
 
 def selective_targets(layers) -> list:
@@ -71,4 +96,4 @@ class _Checkpointed:
         return checkpoint(self.fn, *args, use_reentrant=False, **self.context, **kwargs)
 
 
-__all__ = ["MODES", "check_recompute", "recompute_layers", "attention_cores", "selective_targets"]
+__all__ = ["check_recompute", "recompute_layers", "attention_cores", "selective_targets"]

@@ -224,7 +224,8 @@ class RowParallelLinear(_ShardedLinear):
         return y + self.bias if self.bias is not None else y
 
 
-def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, world_size=None) -> nn.Module:
+def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, world_size=None,
+                    layers: dict | None = None) -> nn.Module:
     """Replace the ``nn.Linear`` layers named in ``plan`` by this rank's column/row slices, in place.
 
     ``plan`` maps module names (``fnmatch`` patterns allowed, e.g. ``"layers.*.mlp.up"``) to
@@ -237,10 +238,11 @@ def tensor_parallel(module: nn.Module, plan: dict, group=None, *, rank=None, wor
     ``Split("column", gather_output=True)`` for the full output (e.g. a vocab-parallel output
     layer), ``Split("column", gather_output=False)`` for the slice (its row layer comes in a later
     call). A row layer takes a slice of its input features. ``rank``/``world_size`` default to
-    ``group``'s. Returns ``module``.
+    ``group``'s. ``layers``: the classes that build each style (default ``ColumnParallelLinear``
+    and ``RowParallelLinear``; ``sequence_parallel`` passes its own). Returns ``module``.
     """
     targets = plan_targets(module, plan)
-    sharded = slices(module, targets, group, rank=rank, world_size=world_size)  # swapped in last: a bad plan
+    sharded = slices(module, targets, group, rank=rank, world_size=world_size, layers=layers)  # swapped in last: a bad plan
     # leaves the module whole. A plain 'column' layer with no row layer to take its slice: its output would reach a full layer or
     # the loss as a slice (a shape error, or, for a loss over the features, a silently wrong result)
     unsaid = [n for n, split in targets.items() if split.style == "column" and split.gather_output is None]
@@ -296,7 +298,7 @@ def plan_targets(module: nn.Module, plan: dict) -> dict:
     return targets
 
 
-def slices(module: nn.Module, targets: dict, group=None, *, rank=None, world_size=None) -> dict:
+def slices(module: nn.Module, targets: dict, group=None, *, rank=None, world_size=None, layers: dict | None = None) -> dict:
     """{layer name: this rank's column/row slice} of ``plan_targets``' layers, built but not swapped
     in; ValueError for a layer that is invalid on its own (not an ``nn.Linear``, a size the tp size
     does not divide, a weight tied to a layer outside it)."""
@@ -305,8 +307,8 @@ def slices(module: nn.Module, targets: dict, group=None, *, rank=None, world_siz
     for name, split in targets.items():
         layer = module.get_submodule(name)
         extra = {"gather_output": bool(split.gather_output)} if split.style == "column" else {}
-        sharded[name] = _STYLES[split.style](layer, group, split.indices, rank=rank, world_size=world_size, name=name,
-                                             **extra)
+        sharded[name] = (layers or _STYLES)[split.style](layer, group, split.indices, rank=rank, world_size=world_size,
+                                                         name=name, **extra)
     return sharded
 
 

@@ -5,6 +5,7 @@ shows whether or not it is the cell's value, once (``style.new_figure``).
 """
 from mpkit.plot.bubble import bubble
 from mpkit.plot.breakdown import breakdown
+from mpkit.plot.checkpoints import checkpoint_interval, restarts
 from mpkit.plot.collectives import collectives
 from mpkit.plot.comm import comm
 from mpkit.i18n import LANGS
@@ -16,4 +17,4 @@ from mpkit.plot.style import save
 from mpkit.plot.timeline import timeline
 
 __all__ = ["timeline", "memory", "memory_over_time", "comm", "bubble", "breakdown", "timelines", "staleness", "collectives",
-           "save", "LANGS"]
+           "checkpoint_interval", "restarts", "save", "LANGS"]

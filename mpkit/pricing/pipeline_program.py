@@ -1,7 +1,7 @@
 """A pipeline schedule's lists priced for the cost model: what ``pp`` and ``3d`` build their
 ``program(pricer)`` with.
 
-``mpkit.parallel.pipeline.schedules.engine_instructions`` says what each instruction of a list
+``mpkit.parallel.pipeline.simulation.engine_instructions`` says what each instruction of a list
 needs and produces in the simulator's terms; this module says what it costs, from a strategy's
 prices: a computation's seconds (or its pieces with tensor parallelism's collectives between them),
 a message's bytes and seconds between two global ranks, the optimizer step after the flush, and
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mpkit.parallel.pipeline.schedules import (Backward, BackwardWeight, Forward, SendAct, SendGrad, computation,
-                                               engine_instructions, message)
+from mpkit.parallel.pipeline.instructions import Backward, BackwardWeight, Forward, SendAct, SendGrad
+from mpkit.parallel.pipeline.simulation import computation, engine_instructions, message
 from mpkit.simulator.engine import Compute
 
 

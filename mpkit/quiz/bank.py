@@ -20,7 +20,7 @@ import yaml
 from mpkit.i18n import LANGS
 
 TOPICS = ("overview", "data_parallel", "model_parallel", "tensor_parallel",
-          "pipeline", "communication", "memory", "libraries", "combining", "long_sequence")
+          "pipeline", "communication", "memory", "libraries", "combining", "long_sequence", "faults")
 ANSWERS = ("O", "X")
 DIFFICULTIES = (1, 2, 3)
 PITFALLS_FILE = "pitfalls.yaml"

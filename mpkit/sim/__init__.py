@@ -2,7 +2,7 @@
 Closed-form formulas, hardware presets (``cpu-sim`` measured here by ``calibrate()``, GPU machines
 from datasheets), ``predict`` — step time, breakdown, per-rank memory and a predicted timeline that
 ``mpkit.plot`` draws like a measured one — and ``plan``, which ranks the dp x pp x tp layouts of a
-large transformer on a GPU cluster. ``whatif`` and ``planner`` are the widgets.
+large transformer on a GPU cluster. ``whatif``, ``planner`` and ``checkpoint_interval`` are the widgets.
 
 The code lives in one folder per layer (ARCHITECTURE.md): ``mpkit.simulator`` (the discrete-event
 engine, formulas, machines), ``mpkit.pricing`` (op counts and prices), ``mpkit.costmodel``
@@ -26,10 +26,11 @@ _LAZY = {
     "calibrate": ("mpkit.costmodel.calibration", "calibrate"),
     "plan": ("mpkit.costmodel.plan", "plan"),
     "LayoutTable": ("mpkit.costmodel.plan", "LayoutTable"),
-    "Transformer": ("mpkit.costmodel.analytic", "Transformer"),
-    "MODELS": ("mpkit.costmodel.analytic", "MODELS"),
+    "Transformer": ("mpkit.costmodel.shapes", "Transformer"),
+    "MODELS": ("mpkit.costmodel.shapes", "MODELS"),
     "whatif": ("mpkit.widgets.whatif", "whatif"),
     "planner": ("mpkit.widgets.planwidget", "planner"),
+    "checkpoint_interval": ("mpkit.widgets.checkpoint_interval", "checkpoint_interval"),
 }
 
 __all__ = list(_LAZY)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 
+from mpkit.vocabulary import CLOSED_FORM_SCHEDULES, RECOMPUTE, SCHEDULES
 from mpkit.whole import is_number, is_whole
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -27,8 +27,9 @@ def require_whole(**values) -> None:
 
 
 def _schedule(schedule: str) -> str:
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
+    if schedule not in CLOSED_FORM_SCHEDULES:
+        known = "has no closed form (mpkit.parallel.simulate plays its lists)" if schedule in SCHEDULES else "is unknown"
+        raise ValueError(f"schedule={schedule!r} {known}; use one of {', '.join(CLOSED_FORM_SCHEDULES)}")
     return schedule
 
 
@@ -117,12 +118,23 @@ def wire_bytes(trace, n: int) -> dict[int, dict[str, float]]:
             for rank, kinds in trace.bytes_by_kind().items()}
 
 
-def bus_bandwidth(algbw: float, N: int) -> float:
-    """nccl-tests bus bandwidth of an all-reduce: algbw · 2(N-1)/N (nccl-tests doc/PERFORMANCE.md),
-    where algbw = S / time. It is the per-link rate the ring achieved, comparable to hardware peak."""
+BUS_FACTORS = {  # nccl-tests doc/PERFORMANCE.md: busbw = algbw x this, per collective
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n, "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0,
+}
+
+
+def bus_bandwidth(algbw: float, N: int, collective: str = "all_reduce") -> float:
+    """nccl-tests bus bandwidth: algbw x a factor of the collective (``BUS_FACTORS``; all-reduce
+    2(N-1)/N, reduce-scatter, all-gather and all-to-all (N-1)/N, broadcast and reduce 1), where
+    algbw = S / time and S is the full tensor (the gathered output, the scattered input). It is the
+    rate the busiest link achieved, comparable to the hardware's peak whatever N is."""
     _positive(algbw=algbw)
     require_whole(N=N)
-    return algbw * 2 * (N - 1) / N
+    if collective not in BUS_FACTORS:
+        raise ValueError(f"collective={collective!r}: use one of {', '.join(map(repr, BUS_FACTORS))}")
+    return algbw * BUS_FACTORS[collective](N)
 
 
 # ---- memory ----------------------------------------------------------------------------------
@@ -166,9 +178,6 @@ def bytes_per_parameter(recipe: str) -> int:
     return sum(PRECISION_RECIPES[recipe])
 
 
-RECOMPUTE = ("none", "selective", "full")
-
-
 def activation_memory_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
                                 recompute: str = "none") -> float:
     """Activation bytes one transformer layer keeps for backward (Korthikanti et al. 2022,
@@ -179,8 +188,9 @@ def activation_memory_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sequ
     drops the attention-score terms (5·a·s/h: recomputed in backward), ``"full"`` keeps only each
     layer's input, 2·s·b·h (split t ways under sequence parallelism)."""
     require_whole(s=s, b=b, h=h, a=a, t=t)
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r} is unknown; use one of {', '.join(RECOMPUTE)}")
+    if recompute not in RECOMPUTE or recompute == "op":
+        known = "has no per-layer formula (mpkit.sim.plan prices it)" if recompute == "op" else "is unknown"
+        raise ValueError(f"recompute={recompute!r} {known}; use one of none, selective, full")
     split = t if sequence_parallel else 1
     if recompute == "full":
         return 2 * s * b * h / split
@@ -233,8 +243,6 @@ def ring_reduce_scatter_time(S: float, N: int, alpha: float, beta: float) -> flo
     return (N - 1) * (alpha + S / N * beta)
 
 
-ring_all_gather_time = ring_reduce_scatter_time
-
 
 def tree_allreduce_time(S: float, N: int, alpha: float, beta: float) -> float:
     """Binary-tree reduce then broadcast of S bytes: 2·ceil(log2 N) steps of the whole message
@@ -275,3 +283,53 @@ def hierarchical_reduce_scatter_time(S: float, k: int, n: int, intra: tuple[floa
     inside = ring_reduce_scatter_time(S, k, *intra) if k > 1 else 0.0
     across = ring_reduce_scatter_time(S / k, n, *inter) if n > 1 else 0.0
     return inside + across
+
+
+# ---- checkpoints and failures ----------------------------------------------------------------
+# Failures arrive at random (a Poisson process) with mean time between them M; every tau seconds
+# of work the job writes a checkpoint that takes delta seconds, and after a failure it spends R
+# seconds restarting and then redoes the work since the last checkpoint.
+
+
+def young_interval(checkpoint: float, mtbf: float) -> float:
+    """The work between checkpoints that wastes the least, to first order: sqrt(2·delta·M) (Young,
+    "A first order approximation to the optimum checkpoint interval", CACM 17(9), 1974). It
+    balances the checkpoints' cost delta/tau against the work a failure loses, tau/(2M) on average."""
+    _positive(checkpoint=checkpoint, mtbf=mtbf)
+    return math.sqrt(2 * checkpoint * mtbf)
+
+
+def daly_interval(checkpoint: float, mtbf: float) -> float:
+    """Daly's higher-order optimum ("A higher order estimate of the optimum checkpoint interval for
+    restart dumps", FGCS 22(3), 2006): sqrt(2·delta·M)·[1 + sqrt(xi)/3 + xi/9] - delta with
+    xi = delta/(2M), for delta < 2M; M otherwise. It corrects Young's when checkpoints are not cheap
+    next to M (his M = 24 h, delta = 5 min: 117 min against Young's 120)."""
+    _positive(checkpoint=checkpoint, mtbf=mtbf)
+    if checkpoint >= 2 * mtbf:
+        return mtbf
+    xi = checkpoint / (2 * mtbf)
+    return math.sqrt(2 * checkpoint * mtbf) * (1 + math.sqrt(xi) / 3 + xi / 9) - checkpoint
+
+
+def expected_runtime(work: float, interval: float, checkpoint: float, mtbf: float, restart: float = 0.0) -> float:
+    """Expected wall time to finish ``work`` seconds of computation checkpointing every ``interval``
+    seconds of it: M·e^(R/M)·(e^((tau+delta)/M) - 1)·work/tau (Daly 2006; failures may also strike
+    during a checkpoint or a restart)."""
+    _positive(work=work, interval=interval, checkpoint=checkpoint, mtbf=mtbf)
+    if not is_number(restart) or restart < 0:
+        raise ValueError(f"restart={restart!r} must be a number of seconds >= 0")
+    return mtbf * math.exp(restart / mtbf) * math.expm1((interval + checkpoint) / mtbf) * work / interval
+
+
+def waste_fraction(interval: float, checkpoint: float, mtbf: float, restart: float = 0.0) -> float:
+    """The share of the wall time that is not useful work: 1 - work/``expected_runtime``."""
+    return 1.0 - 1.0 / expected_runtime(1.0, interval, checkpoint, mtbf, restart)
+
+
+def mtbf_of(interruptions: int, days: float) -> float:
+    """Mean time between failures in seconds from a count over a period (Llama 3 405B's pre-training:
+    419 unexpected interruptions in 54 days, Dubey et al. 2024, "The Llama 3 Herd of Models" § 3.3.4:
+    one every 3.1 hours on 16,384 GPUs)."""
+    require_whole(interruptions=interruptions)
+    _positive(days=days)
+    return days * 86400.0 / interruptions

@@ -351,13 +351,13 @@ def with_stack(hw, stack: str):
     which stacks have runs on it when this one has none."""
     if stack not in STACKS:
         raise ValueError(f"stack={stack!r} is unknown; use one of {', '.join(map(repr, STACKS))} (or None: the "
-                         f"hardware's own efficiency)")
+                         f"hardware preset's fitted matmul efficiency)")
     family = gpu_family(hw)  # A100-40GB runs at an A100's rate
     if family not in STACKS[stack].matmul:
         known = [k for k, v in STACKS.items() if family in v.matmul]
         raise ValueError(f"stack={stack!r} has no published runs on {gpu_model(hw) or hw.name!r}"
                          + (f"; stacks measured on it: {', '.join(map(repr, known))}" if known else "")
-                         + "; or pass stack=None to keep the hardware's own matmul efficiency")
+                         + "; or pass stack=None to keep the hardware preset's fitted matmul efficiency")
     return replace(hw, mfu=STACKS[stack].matmul[family])
 _LINK_EFF, _GPU_OP = 0.8, dict.fromkeys(PHASES, 5e-6)
 

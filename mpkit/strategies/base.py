@@ -32,6 +32,7 @@ class Strategy:
     model_defaults: Callable[[int], dict] | None = None
     takes_precision: bool = False  # runs precision="bf16"/"fp16" and recompute= (mpkit.parallel.precision)
     no_precision: str = ""  # where it does not: why, for the error message
+    no_checkpoint: str = ""  # a strategy whose run cannot be checkpointed and resumed: why (train refuses it)
 
     def mesh(self, cfg: TrainConfig) -> Layout | None:
         """The run's ranks on the dp x pp x tp grid."""

@@ -20,6 +20,7 @@ from mpkit.strategies.dp import bucket_program
 from mpkit.parallel.context_parallel import ATTENTION, context_parallel_attention, sequence_positions, shard_sequence
 from mpkit.parallel.data_parallel import DataParallel
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import (forward_backward, full_batch, group_mean, mixed_precision, optimizer_step,
                                    prepare_layers, run_steps)
 from mpkit.strategies.sp import require_gpt
@@ -69,7 +70,7 @@ def run_rank(ctx, cfg, group=None):
         optimizer_step(ctx, opt, mp=mp, params=model.parameters())
         return loss.item()
 
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt), state=Resumable(dp, opt, mp=mp))
     return RankOutput(losses=group_mean(ctx, losses, group), params=state_of(model), extra={
         "positions": sequence_positions(cfg.model.seq_len, ctx.world_size, ctx.rank).tolist(), **mp.report()})
 

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mpkit.parallel.buckets import FIRST_BUCKET_MB, MiB, check_bucket_mb
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
 from mpkit.strategies.dp import bucket_program, check_flags, validate_batch
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import build_model, group_mean, local_batch, mixed_precision, plain_step, run_steps
 
 OPTIONS = {"bucket_mb": 25.0, "find_unused_parameters": False}
@@ -60,7 +61,7 @@ def run_rank(ctx, cfg):
     opt = make_optimizer(ddp.parameters(), cfg)
 
     losses = group_mean(ctx, run_steps(ctx, cfg, plain_step(ctx, cfg, ddp, opt, mp), local_batch(ctx, cfg),
-                                       track=(model, opt)))
+                                       track=(model, opt), state=Resumable(ddp, opt, mp=mp)))
     buckets = hook_state.bucket_bytes[cfg.steps - 1]  # after DDP's rebuild at the end of step 0
     extra = {"buckets": len(buckets), "bucket_bytes": buckets, "all_reduce_bytes_per_step": sum(buckets),
              **mp.report()}

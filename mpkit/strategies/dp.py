@@ -16,6 +16,7 @@ from mpkit.parallel.data_parallel import DataParallel
 from mpkit.simulator.engine import Compute, Wait
 from mpkit.pricing.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible, state_of
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import (build_model, forward_backward, group_mean, local_batch, mixed_precision,
                                    optimizer_step, run_steps)
 
@@ -61,7 +62,7 @@ def run_rank(ctx, cfg):
         optimizer_step(ctx, opt, set_to_none=False, mp=mp, params=model.parameters())
         return loss.item()
 
-    losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt))
+    losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt), state=Resumable(dp, opt, mp=mp))
     bucket_bytes = [b.nbytes for b in dp.buckets]
     extra = {"buckets": len(bucket_bytes), "bucket_bytes": bucket_bytes,
              "all_reduce_bytes_per_step": sum(bucket_bytes), "overlap": cfg.option("overlap"), **mp.report()}

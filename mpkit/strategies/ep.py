@@ -7,7 +7,7 @@ ranks that own those experts, and a second all-to-all brings the outputs back
 (``mpkit.parallel.expert_parallel``). After backward the router, attention, LayerNorms,
 embedding and head are averaged over the ranks like data-parallel gradients, and the experts'
 gradients, which already hold every rank's tokens, are divided by the world size
-(``synchronize_gradients``). Capacity is per sequence, so the dropped tokens are the ones a
+(``synchronize_expert_gradients``). Capacity is per sequence, so the dropped tokens are the ones a
 single device drops.
 """
 from __future__ import annotations
@@ -17,10 +17,11 @@ import math
 import torch.distributed as dist
 
 from mpkit.parallel.expert_parallel import (ExpertParallelMoE, check_expert_split, expert_load, expert_parallel,
-                                            full_expert_parameters, synchronize_gradients)
+                                            full_expert_parameters, synchronize_expert_gradients)
 from mpkit.simulator.engine import Compute
 from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import (forward_backward, group_mean, local_batch, mixed_precision, optimizer_step,
                                    prepare_layers, run_steps)
 from mpkit.strategies.sp import require_gpt
@@ -49,11 +50,11 @@ def run_rank(ctx, cfg, group=None):
     def step(x, y):
         loss = forward_backward(ctx, cfg, model, x, y, mp)
         loads.append([{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in s.items()} for s in expert_load(model)])
-        synchronize_gradients(model, group)
+        synchronize_expert_gradients(model, group)
         optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=dist.group.WORLD)  # experts: per rank
         return loss.item()
 
-    losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt))
+    losses = run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt), state=Resumable(model, opt, mp=mp))
     return RankOutput(losses=group_mean(ctx, losses, group), params=full_expert_parameters(model, group),
                       extra={"expert_load": loads, **mp.report(),
                              "first_expert": [m.first for m in model.modules() if isinstance(m, ExpertParallelMoE)]})

@@ -38,6 +38,7 @@ from mpkit.simulator.engine import Compute, Wait
 from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
 from mpkit.strategies.dp import validate_batch
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import group_mean, local_batch, mixed_precision, plain_step, prepare_layers, run_steps
 
 OPTIONS = {}
@@ -118,7 +119,8 @@ def run_rank(ctx, cfg):
 
     # each rank holds its gradient shards: an fp16 overflow in one shard skips the step on all
     step = plain_step(ctx, cfg, model, opt, mp, group=dist.group.WORLD)
-    losses = group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt)))
+    losses = group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, opt),
+                                       state=Resumable(model, opt, mp=mp)))
     local = {name: p.to_local() for name, p in model.named_parameters()}
     full = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}  # collective
     extra = {"local_numel": sum(t.numel() for t in local.values()),

@@ -12,6 +12,7 @@ import math
 import torch
 
 from mpkit.config import TrainConfig
+from mpkit.strategies.checkpointing import LoopCheckpoints, Resumable
 from mpkit.parallel.precision import LossScaler, MixedPrecision
 from mpkit.parallel.recompute import recompute_layers
 
@@ -20,20 +21,25 @@ class NonFiniteLoss(FloatingPointError):
     """The loss of a step is NaN or infinite (a learning rate too large, an overflow)."""
 
 
-def run_steps(ctx, cfg: TrainConfig, step, data, *, track=()) -> list[float]:
+def run_steps(ctx, cfg: TrainConfig, step, data, *, track=(), state: Resumable | None = None) -> list[float]:
     """``step(x, y) -> loss (float) or None`` for each of ``cfg.steps`` steps on ``data(k)``, inside
-    ``ctx.memory.track(*track)``; returns this rank's losses."""
+    ``ctx.memory.track(*track)``; returns this rank's losses. ``state``: what the run's checkpoints
+    hold (``checkpointing.Resumable``): with ``resume_from`` the loop starts at the checkpoint's
+    step (and returns the losses from there on), with ``checkpoint_dir`` it saves as asked."""
     losses = []
+    checkpoints = LoopCheckpoints(ctx, cfg, state)
     with ctx.memory.track(*track):
-        for k in range(cfg.steps):
+        for k in range(checkpoints.resume(), cfg.steps):
             ctx.set_step(k)
+            checkpoints.before_step(k)
             loss = step(*data(k))
-            if loss is None:
-                continue
-            if cfg.check_finite and not math.isfinite(loss):
+            if loss is not None and cfg.check_finite and not math.isfinite(loss):
                 raise NonFiniteLoss(f"step {k}: the loss is {loss} on rank {ctx.rank}. Lower the learning rate "
                                     f"(lr={cfg.lr:g}), or pass check_finite=False to keep training anyway")
-            losses.append(loss)
+            if loss is not None:
+                losses.append(loss)
+            checkpoints.after_step(k + 1)
+        checkpoints.finish()
     ctx.set_step(None)
     return losses
 

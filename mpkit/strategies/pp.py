@@ -18,6 +18,7 @@ from mpkit.pricing.pipeline_program import engine_programs
 from mpkit.pricing.profile import Cost
 from mpkit.strategies import stages as builtin
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import PipelineLoss, full_batch, mixed_precision, optimizer_step, prepare_layers, run_steps
 
 OPTIONS = {"schedule": "gpipe", "micro_batches": 4, "virtual_stages": 2}
@@ -87,7 +88,8 @@ def train_pipeline(ctx, cfg, name, m, v):
         optimizer_step(ctx, opt, mp=mp, params=pipe.parameters(), group=dist.group.WORLD)
         return loss
 
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(pipe, opt))
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(pipe, opt),
+                       state=Resumable(pipe, opt, "layers." if cfg.model.builtin else "", mp))
     prefix = "layers." if cfg.model.builtin else ""
     mine = sorted(pipe.stages)
     return RankOutput(

@@ -243,4 +243,7 @@ STRATEGY = Strategy("ps", OPTIONS, validate, run_rank, program, dim=None, no_pre
     "its workers push gradients over rpc to a server that steps on them, so fp16's loss scaler would have to "
     "live on the server and, in mode='async', skip one worker's push while the others' apply: mpkit leaves "
     "the parameter server in fp32; for mixed precision or recomputation with data parallelism use dp, ddp, "
-    "zero1 or fsdp"))
+    "zero1 or fsdp"), no_checkpoint=(
+    "its parameters and optimizer live on the server behind rpc, and in mode='async' the order in which pushes "
+    "apply is not reproducible, so a resumed run could not equal the uninterrupted one; for checkpoints of "
+    "data parallelism use dp, ddp, zero1 or fsdp"))

@@ -2,6 +2,7 @@
 strategy is tested against this run."""
 from mpkit.pricing.pricing import fwd_bwd, optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, state_of
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import build_model, full_batch, mixed_precision, plain_step, run_steps
 
 OPTIONS = {}
@@ -17,7 +18,8 @@ def run_rank(ctx, cfg):
     model = build_model(ctx, cfg, mp)
     opt = make_optimizer(model.parameters(), cfg)
 
-    losses = run_steps(ctx, cfg, plain_step(ctx, cfg, model, opt, mp), full_batch(ctx, cfg), track=(model, opt))
+    losses = run_steps(ctx, cfg, plain_step(ctx, cfg, model, opt, mp), full_batch(ctx, cfg), track=(model, opt),
+                       state=Resumable(model, opt, mp=mp))
     return RankOutput(losses=losses, params=state_of(model), extra=mp.report())
 
 

@@ -17,11 +17,12 @@ import torch.distributed as dist
 from mpkit.models import Block
 from mpkit.simulator.engine import Compute
 from mpkit.pricing.pricing import optimizer
-from mpkit.parallel.sequence_parallel import (all_reduce_sequence_parallel_gradients, gather_from_sequence_parallel_region,
-                                              scatter_to_sequence_parallel_region, sequence_parallel)
+from mpkit.parallel.mappings import gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region
+from mpkit.parallel.sequence_parallel import all_reduce_sequence_parallel_gradients, sequence_parallel
 from mpkit.parallel.tensor_parallel import full_parameters
 from mpkit.strategies import tp as tensor_strategy
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer, require_divisible
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import (forward_backward, full_batch, mixed_precision, optimizer_step, prepare_layers,
                                    run_steps)
 
@@ -49,12 +50,12 @@ def shard(model, rank: int, tp: int, group=None):
     plan = {k.removeprefix("layers.*."): v for k, v in tensor_strategy.builtin_plan(model.cfg, tp).items()}
     for layer in model.layers:
         if isinstance(layer, Block):
-            sequence_parallel(layer, plan, group, rank=rank, world_size=tp)
+            sequence_parallel(layer, plan, group, seq_dim=1, rank=rank, world_size=tp)
             layer.attn.heads //= tp
     model.layers[0].register_forward_hook(
-        lambda _m, _x, out: scatter_to_sequence_parallel_region(out, group, name="embedding"))
-    model.layers[-1].register_forward_pre_hook(
-        lambda _m, args: (gather_from_sequence_parallel_region(args[0], group, name="head"),))
+        lambda _m, _x, out: scatter_to_sequence_parallel_region(out, group, seq_dim=1, name="embedding"))
+    model.layers[-1].register_forward_pre_hook(  # the head is replicated: backward keeps this rank's shard
+        lambda _m, args: (gather_from_sequence_parallel_region(args[0], False, group, seq_dim=1, name="head"),))
     return model
 
 
@@ -71,7 +72,7 @@ def run_rank(ctx, cfg, group=None):
         optimizer_step(ctx, opt, mp=mp, params=model.parameters(), group=dist.group.WORLD)
         return loss.item()
 
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt), state=Resumable(model, opt, mp=mp))
     return RankOutput(losses=losses, params=full_parameters(model),
                       extra={"parameters_per_rank": sum(p.numel() for p in model.parameters()), **mp.report()})
 

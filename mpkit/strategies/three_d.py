@@ -48,6 +48,7 @@ from mpkit.strategies import tp as tensor_strategy
 from mpkit.strategies.base import (
     RankOutput, Strategy, make_optimizer, optimizer_spec, require_builtin, require_divisible,
 )
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import (PipelineLoss, full_batch, group_mean, mixed_precision, optimizer_step, prepare_layers,
                                    run_steps)
 
@@ -197,7 +198,7 @@ def run_rank(ctx, cfg):
             optimizer_step(ctx, opt, mp=mp, params=pipe.parameters(), group=dist.group.WORLD)
         return loss
 
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=track)
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=track, state=Resumable(pipe, opt, "layers.", mp))
     if pipe.holds_last_stage:
         losses = group_mean(ctx, losses, groups["dp"])  # the replicas' shard losses -> the global batch's
     params = {}

@@ -28,6 +28,7 @@ from mpkit.parallel.tensor_parallel import (Split, full_parameters, head_split, 
 from mpkit.simulator.engine import Compute
 from mpkit.pricing.pricing import optimizer
 from mpkit.strategies.base import RankOutput, Strategy, make_optimizer
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import full_batch, mixed_precision, plain_step, prepare_layers, run_steps
 
 OPTIONS = {"plan": None}
@@ -134,7 +135,7 @@ def run_rank(ctx, cfg):
 
     # each rank holds other slices' gradients: an fp16 overflow in one slice skips the step on all
     step = plain_step(ctx, cfg, model, opt, mp, group=dist.group.WORLD)
-    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt))
+    losses = run_steps(ctx, cfg, step, full_batch(ctx, cfg), track=(model, opt), state=Resumable(model, opt, mp=mp))
     return RankOutput(losses=losses, params=full_parameters(model), extra={
         "parameters_per_rank": sum(p.numel() for p in model.parameters()),
         "sharded_layers": list(sharded_layers(model)),

@@ -18,6 +18,7 @@ from mpkit.pricing.pricing import fwd_bwd
 from mpkit.pricing.profile import optimizer_cost
 from mpkit.strategies.base import RankOutput, Strategy, optimizer_spec, state_of
 from mpkit.strategies.dp import validate_batch
+from mpkit.strategies.checkpointing import Resumable
 from mpkit.strategies.loop import build_model, forward_backward, group_mean, local_batch, mixed_precision, run_steps
 
 OPTIONS = {}
@@ -46,7 +47,8 @@ def run_rank(ctx, cfg):
         opt.all_gather_parameters()
         return loss.item()
 
-    losses = group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, shards, opt.inner)))
+    losses = group_mean(ctx, run_steps(ctx, cfg, step, local_batch(ctx, cfg), track=(model, shards, opt.inner),
+                                       state=Resumable(model, opt, mp=mp)))
     shard = opt.shards[0]
     extra = {"partition": "flat", "shard_numel": shard.shard_numel, "padding": shard.padding,
              "shard_range": (shard.lo, shard.hi), **mp.report()}

@@ -14,22 +14,25 @@ import html
 
 import ipywidgets as w
 
+from mpkit.widgets.controls import LanguageControls
 from mpkit.i18n import LANG_LABELS, LANGS, t
-from mpkit.costmodel.analytic import CP_ATTENTION, MODELS, RECOMPUTE
+from mpkit.costmodel.analytic import CP_ATTENTION
+from mpkit.costmodel.shapes import MODELS
 from mpkit.simulator.formulas import ZERO_STAGES
 from mpkit.simulator.hardware import STACKS
 from mpkit.simulator.hardware import GPU_PRESETS, MULTI_NODE
+from mpkit.vocabulary import RECOMPUTE
 from mpkit.costmodel.plan import plan
 
 MODEL_CHOICES = (*MODELS, "7B", "13B", "70B")
 HARDWARE_CHOICES = (*GPU_PRESETS, *MULTI_NODE)
 PINS = {"tp": (1, 2, 4, 8, 16, 32), "zero": ZERO_STAGES, "recompute": RECOMPUTE,  # None: searched
         "cp": (1, 2, 4, 8, 16, 32), "ep": (1, 2, 4, 8, 16, 32),  # None: plan's "search"
-        "stack": tuple(STACKS)}  # None: the hardware's own matmul efficiency
+        "stack": tuple(STACKS)}  # None: the hardware preset's fitted matmul efficiency
 SWITCHES = ("sequence_parallel", "flash", "fused")  # the software's on/off assumptions (plan's keywords)
 
 
-class Planner:
+class Planner(LanguageControls):
     """Controls -> ``plan`` -> table and explanation. ``result`` is the latest good LayoutTable."""
 
     def __init__(self, model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=1536, lang="ko", top=8,
@@ -60,10 +63,7 @@ class Planner:
         self.table = w.HTML()
         self.explanation = w.HTML()
         self.result = None
-        self._label()
-        for control in self.controls.values():
-            control.observe(self._changed, names="value")
-        self.update()
+        self._watch()
 
     def _label(self):
         lang = self.controls["lang"].value
@@ -74,11 +74,6 @@ class Planner:
             auto = "-" if key == "stack" else t("plan_w_auto", lang)
             value, control.options = control.value, [(auto, None), *control.options[1:]]
             control.value = value
-
-    def _changed(self, change):
-        if change["owner"] is self.controls["lang"]:
-            self._label()
-        self.update()
 
     def arguments(self) -> dict:
         c = self.controls
@@ -117,7 +112,7 @@ def planner(model="gpt3-175b", hardware="Nx8xH100-ib", gpus=64, global_batch=153
             attention="ring") -> w.Widget:
     """The planner widget; the ``Planner`` behind it is ``widget.planner``. ``tp``, ``zero``,
     ``recompute``, ``cp`` and ``ep`` start pinned where given (None: searched; cp and ep are 1
-    unless given), ``stack`` names the training software (None: the hardware's own matmul rate),
+    unless given), ``stack`` names the training software (None: the hardware preset's fitted matmul rate),
     ``sequence_parallel``, ``flash`` and ``fused`` (plan's keywords) on or off, ``attention`` CP's
     K/V exchange; each is a control."""
     state = Planner(model, hardware, gpus, global_batch, lang, top, tp=tp, zero=zero, recompute=recompute,

@@ -16,8 +16,9 @@ The mechanism in ~20 lines: ``pipeline(...)`` cuts the model and keeps this rank
         RecvGrad(mb, s):   irecv(grad[mb]) from the rank holding stage s+1
         OptimizerStep():   wait for the last sends; the caller then steps its optimizer
 
-The schedules (``schedules.py``: one list per rank, checked by ``validate`` and drawn by the
-labs) differ only in the order of those instructions:
+The schedules (``schedules.py``: one list per rank, written in the instructions of
+``instructions.py``, checked by ``validate`` in ``simulation.py`` and drawn by the labs) differ
+only in the order of those instructions:
 
 - ``gpipe``: all forwards, then all backwards; every rank keeps m micro-batches of activations.
 - ``1f1b``: rank r runs p-1-r warm-up forwards, then alternates one forward / one backward; at
@@ -48,12 +49,13 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
-from mpkit.parallel.checks import global_rank
+from mpkit.parallel.checks import global_rank, mark_split_gradients
 from mpkit.parallel.pipeline.checks import (check_every_rank_trains, check_no_tie_across_ranks, check_pipeline_args,
                                             check_ranks_agree, check_stages_given)
 from mpkit.parallel.pipeline.executor import PipelineExecutor
 from mpkit.parallel.pipeline.schedules import (MULTI_CHUNK, SCHEDULES, check_schedule_args, chunks_per_rank, placement,
-                                               schedule, simulate, validate)
+                                               schedule)
+from mpkit.parallel.pipeline.simulation import simulate, validate
 from mpkit.parallel.pipeline.split import Stage, partition, split_layers
 
 
@@ -117,6 +119,7 @@ class Pipeline(nn.Module):
         peers = [global_rank(group, r) for r in range(self.world_size)]
         where = placement(schedule_name, self.world_size, virtual_stages)
         self.executor = PipelineExecutor(stages, num_stages, micro_batches, loss_fn, peers, group, where, scale_grads)
+        mark_split_gradients(self.parameters(), self.world_size)  # fp16's overflow check must cover the group
 
     def step(self, x=None, y=None, *, losses=None, outputs=None):
         """Forward and backward of one batch over the micro-batches. ``x``: needed where the first

@@ -16,7 +16,7 @@ executor knows nothing about GPipe or 1F1B):
                           dx[mb, s] = the gradient w.r.t. the stage's input x
         OptimizerStep():  wait for the last sends; the caller steps its optimizer
 
-A send thus overlaps the next computation, as in torch's schedules; ``schedules.validate`` and
+A send thus overlaps the next computation, as in torch's schedules; ``simulation.validate`` and
 the cost model's simulator prove these semantics deadlock-free, and a rank blocked on its
 neighbour shows as recv/send time in the trace. Zero-bubble lists split a Backward into B (the
 input gradient only) and W (the weight gradients, later; ``split_backward.py``).
@@ -33,8 +33,8 @@ from torch import nn
 
 from mpkit.observe import active
 from mpkit.parallel.pipeline.split_backward import backward_input, backward_weight
-from mpkit.parallel.pipeline.schedules import (Backward, BackwardInput, BackwardWeight, Forward, OptimizerStep, RecvAct,
-                                               SendAct, SendGrad, batches)
+from mpkit.parallel.pipeline.instructions import (Backward, BackwardInput, BackwardWeight, Forward, OptimizerStep,
+                                                  RecvAct, SendAct, SendGrad, batches)
 
 _MAX_DIMS = 8
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32)

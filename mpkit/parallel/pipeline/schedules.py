@@ -1,279 +1,126 @@
-"""Pipeline schedules as data (ShallowSpeed / LLM-Training-Puzzles style).
+"""Pipeline schedules as data (ShallowSpeed / LLM-Training-Puzzles style): one instruction list per rank.
 
-``schedule(name, stages, micro_batches, virtual)`` returns one instruction list per rank. The
-same lists are checked and timed by the one simulator, ``mpkit.simulator.engine`` (``simulate`` here:
-no deadlock, every micro-batch once per stage, in-flight activations, bubble, on unit costs;
-the cost model, through ``mpkit.pricing.pipeline_program``: on a machine's prices), drawn by the labs, and run for real by
-``executor.PipelineExecutor``.
+The algorithm in ~20 lines. With p ranks and m micro-batches, a schedule is only an *order* of
+computations per rank; ``schedule`` then adds the messages around them:
+
+    gpipe (Huang et al. 2019)       every forward, then every backward: F0 F1 .. Fm-1 B0 .. Bm-1
+    1f1b (PipeDream-Flush)          rank r: p-1-r warm-up forwards, then one F and one B in turn,
+                                    then the B left; at most p-r micro-batches' activations alive
+    interleaved (Megatron 2021)     v chunks per rank (stage s on rank s % p); 1F1B over the chunks,
+                                    micro-batches in groups of p: the bubble shrinks v-fold
+    looped_bfs (Lamy-Poirier 2023)  v chunks; GPipe chunk by chunk
+    interleaved_zb, zbv (Qi 2024)   zero bubble: Backward split into B (input gradient: the previous
+                                    stage waits for it) and W (weight gradients: nobody waits), W
+                                    played into the slots where 1F1B waits (``players.py``); zbv
+                                    folds two chunks per rank in a V
+    dualpipev (DeepSeek-V3)         the V, each forward of one chunk paired with a whole backward of
+                                    the other chunk
+
+    for each computation op of a rank's order:       # stage s, micro-batch mb
+        Forward:  RecvAct from the rank of s-1 before it, SendAct to the rank of s+1 after it
+        Backward: RecvGrad from the rank of s+1 before it, SendGrad to the rank of s-1 after it
+    end with OptimizerStep()
+
+The instructions are in ``instructions.py``; ``simulation.py`` checks and times the lists on the
+one simulator (``simulate``: no deadlock, every micro-batch once per stage, in-flight activations,
+bubble; the cost model prices the same lists through ``mpkit.pricing.pipeline_program``); the labs
+draw them; ``executor.PipelineExecutor`` runs them for real.
 
 Stages are numbered globally: with ``p`` ranks and ``v`` virtual stages (model chunks) per rank
-there are ``p·v`` stages and stage ``s`` lives on rank ``s % p`` (Megatron's interleaving:
-rank 0 holds stages 0, p, 2p, ...). Without interleaving (v = 1) stage = rank. ``zbv`` and
-``dualpipev`` place their two chunks per rank in a V (``placement``). Zero-bubble lists split a
-stage's ``Backward`` into ``BackwardInput`` (B) and ``BackwardWeight`` (W); their order comes from
-playing the F/B order on unit costs with W filling the waits (``_play``, ``_zbv``), deadlock-free
-by construction and checked again by ``simulate``. ``dualpipev``'s order is DeepSeek's, as torch
-builds it (``_dualpipev``).
-
-Communication semantics (what the executor does and the simulator models): the communication
-instructions between two computations form one *batch*, posted together (isend/irecv), like
-torch's ``batch_isend_irecv`` and Megatron's ``send_forward_recv_backward``. Its receives are
-waited at once; its sends at the rank's next batch (or before the optimizer step), so a send
-overlaps the next computation. A send completes only once the receiver posted the receive
-(gloo sends are rendezvous: data moves when the receive is posted). Messages between two ranks
-are matched in the order they were posted, so the receiver must post them in the sender's order.
+there are ``p·v`` stages and stage ``s`` lives on rank ``s % p`` (Megatron's interleaving: rank 0
+holds stages 0, p, 2p, ...). Without interleaving (v = 1) stage = rank. ``zbv`` and ``dualpipev``
+place their two chunks per rank in a V (``placement``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from fractions import Fraction
+from mpkit.parallel.pipeline.instructions import (COMM, COMPUTE, Backward, BackwardInput, BackwardWeight, Forward,
+                                                  OptimizerStep, RecvAct, RecvGrad, SendAct, SendGrad, batches)
+from mpkit.parallel.pipeline.players import play_orders, play_zbv
+from mpkit.parallel.pipeline.simulation import (ScheduleError, Simulation, computation, dataflow, engine_instructions,
+                                                message, simulate, validate)
+from mpkit.vocabulary import SCHEDULES  # every schedule below has an entry in ORDERS
 
-from mpkit.simulator.engine import Compute, Msg, P2P, ProgramError, WaitSends
-from mpkit.simulator.engine import simulate as run_programs
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")
 MULTI_CHUNK = ("interleaved", "looped_bfs", "interleaved_zb")  # virtual_stages chunks per rank, stage s on rank s % p
 V_SHAPED = ("zbv", "dualpipev")  # two chunks per rank in a V: rank r holds stages r and 2p-1-r
-SPLIT_BACKWARD = ("interleaved_zb", "zbv")  # backward split into B (input gradient) and W (weight gradient)
 
 
-@dataclass(frozen=True)
-class Forward:
-    mb: int
-    stage: int
+# ---- the schedules: each returns every rank's computations in order (p ranks, m micro-batches, v chunks) --------
+
+def gpipe(p, m, v=1) -> list[list]:
+    """Fill, then drain: all m forwards, then all m backwards; every rank keeps m activations alive."""
+    return [[Forward(i, r) for i in range(m)] + [Backward(i, r) for i in range(m)] for r in range(p)]
 
 
-@dataclass(frozen=True)
-class Backward:
-    """The whole backward of a stage for one micro-batch: input gradient and weight gradients."""
-    mb: int
-    stage: int
+def one_f_one_b(p, m, v=1) -> list[list]:
+    """1F1B (PipeDream-Flush, Narayanan et al. 2021): rank r runs p-1-r warm-up forwards, then
+    alternates one forward and one backward; the same bubble as GPipe, p-r activations alive."""
+    return [_warm_up_then_alternate([Forward(k, r) for k in range(m)], [Backward(k, r) for k in range(m)],
+                                    min(p - 1 - r, m)) for r in range(p)]
 
 
-@dataclass(frozen=True)
-class BackwardInput:
-    """B of a zero-bubble schedule: only the gradient w.r.t. the stage's input (what the previous
-    stage waits for); the weight gradients are left for a later ``BackwardWeight``."""
-    mb: int
-    stage: int
+def interleaved(p, m, v) -> list[list]:
+    """Megatron's interleaved 1F1B (Narayanan et al. 2021 §2.2): v chunks per rank (stage s on rank
+    s % p); micro-batches in groups of p visit chunk 0, 1, ..., v-1 forward and the chunks in
+    reverse backward; 2(p-1-r) + (v-1)·p warm-up forwards on rank r."""
+    def visit(k, backward, rank):  # the k-th forward (backward) of ``rank``: (micro-batch, stage)
+        chunk = (k // p) % v
+        return (k // (p * v)) * p + k % p, (v - 1 - chunk if backward else chunk) * p + rank
+
+    total = m * v
+    return [_warm_up_then_alternate([Forward(*visit(k, False, r)) for k in range(total)],
+                                    [Backward(*visit(k, True, r)) for k in range(total)],
+                                    min((p - r - 1) * 2 + (v - 1) * p, total)) for r in range(p)]
 
 
-@dataclass(frozen=True)
-class BackwardWeight:
-    """W: the weight gradients of a stage for one micro-batch, after its ``BackwardInput``. Nobody
-    waits for it, so a zero-bubble schedule runs it where the rank would otherwise idle."""
-    mb: int
-    stage: int
-
-
-@dataclass(frozen=True)
-class SendAct:
-    """Send the output activation of ``stage`` to rank ``to`` (which holds stage + 1)."""
-    mb: int
-    stage: int
-    to: int
-
-
-@dataclass(frozen=True)
-class RecvAct:
-    """Receive the input activation of ``stage`` from rank ``frm`` (which holds stage - 1)."""
-    mb: int
-    stage: int
-    frm: int
-
-
-@dataclass(frozen=True)
-class SendGrad:
-    """Send the gradient w.r.t. the input of ``stage`` to rank ``to`` (which holds stage - 1)."""
-    mb: int
-    stage: int
-    to: int
-
-
-@dataclass(frozen=True)
-class RecvGrad:
-    """Receive the gradient w.r.t. the output of ``stage`` from rank ``frm`` (stage + 1)."""
-    mb: int
-    stage: int
-    frm: int
-
-
-@dataclass(frozen=True)
-class OptimizerStep:
-    pass
-
-
-COMPUTE = (Forward, Backward, BackwardInput, BackwardWeight)
-COMM = (SendAct, RecvAct, SendGrad, RecvGrad)
-
-
-def chunks_per_rank(name, virtual=1) -> int:
-    """Model chunks (stages) each rank holds under schedule ``name``."""
-    return virtual if name in MULTI_CHUNK else 2 if name in V_SHAPED else 1
-
-
-def placement(name, ranks, virtual=1) -> list[int]:
-    """The rank of each stage: round robin (stage s on rank s % p), or a V for ``zbv`` and
-    ``dualpipev`` (rank r holds stages r and 2p-1-r, so the first and the last stage share rank 0
-    and the middle two share rank p-1, where an activation passes without a message)."""
-    count = ranks * chunks_per_rank(name, virtual)
-    if name in V_SHAPED:
-        return [s if s < ranks else count - 1 - s for s in range(count)]
-    return [s % ranks for s in range(count)]
-
-
-def check_schedule_args(name, stages, micro_batches, virtual=1) -> None:
-    if name not in SCHEDULES:
-        raise ValueError(f"schedule={name!r} is unknown; use one of {', '.join(map(repr, SCHEDULES))}")
-    if not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ValueError(f"micro_batches={micro_batches!r}: pass a whole number >= 1")
-    if name in V_SHAPED and stages < 2:
-        raise ValueError(f"schedule={name!r} needs world_size >= 2 (its V folds the stages back over the ranks)")
-    if name == "dualpipev" and micro_batches < 2 * stages:
-        raise ValueError(f"schedule='dualpipev' needs micro_batches >= 2*(pipeline ranks)={2 * stages} (at least one "
-                         f"micro-batch per stage, as torch's ScheduleDualPipeV); got micro_batches={micro_batches}")
-    if name not in MULTI_CHUNK:
-        return
-    least = 1 if name == "interleaved_zb" else 2
-    if not isinstance(virtual, int) or virtual < least:
-        raise ValueError(f"virtual_stages={virtual!r}: schedule={name!r} needs virtual_stages >= {least} "
-                         f"model chunks per rank" + (" (with 1 it is plain '1f1b')" if name == "interleaved" else ""))
-    if stages < 2 and virtual > 1:
-        raise ValueError(f"schedule={name!r} needs world_size >= 2 (on one rank the chunks would pass "
-                         f"activations to themselves); use schedule='gpipe' or '1f1b'")
-    if name != "looped_bfs" and virtual > 1 and micro_batches % stages:
-        raise ValueError(f"schedule={name!r} needs micro_batches to be a multiple of world_size={stages} "
-                         f"(micro-batches go round the ranks in groups of {stages}); got micro_batches={micro_batches}")
-
-
-def _compute_order(name, p, m, v, rank):
-    """The Forward/Backward sequence of one rank (for the zero-bubble ones: before the split)."""
-    if name == "gpipe":  # fill, then drain: all m activations alive at once
-        return [Forward(i, rank) for i in range(m)] + [Backward(i, rank) for i in range(m)]
-    if name == "looped_bfs":  # GPipe chunk by chunk: every micro-batch through the rank's first chunk first
+def looped_bfs(p, m, v) -> list[list]:
+    """Looped BFS (Lamy-Poirier 2023): GPipe chunk by chunk, every micro-batch through a rank's
+    first chunk before its next; the interleaved bubble with GPipe's memory."""
+    orders = []
+    for rank in range(p):
         mine = range(rank, p * v, p)
-        return ([Forward(i, s) for s in mine for i in range(m)]
-                + [Backward(i, s) for s in reversed(mine) for i in reversed(range(m))])
-    if name == "1f1b" or (name == "interleaved_zb" and v == 1):
-        def fwd(k):
-            return Forward(k, rank)
-
-        def bwd(k):
-            return Backward(k, rank)
-        total, warmup = m, min(p - 1 - rank, m)
-    else:  # Megatron interleaved 1F1B: micro-batches in groups of p visit chunk 0, 1, ..., v-1
-        def virtual_mb(k, backward):
-            chunk = (k // p) % v
-            return (k // (p * v)) * p + k % p, (v - 1 - chunk if backward else chunk) * p + rank
-
-        def fwd(k):
-            return Forward(*virtual_mb(k, False))
-
-        def bwd(k):
-            return Backward(*virtual_mb(k, True))
-        total, warmup = m * v, min((p - rank - 1) * 2 + (v - 1) * p, m * v)
-    order = [fwd(k) for k in range(warmup)]  # warm-up
-    for k in range(total - warmup):  # steady state: one forward, one backward
-        order += [fwd(warmup + k), bwd(k)]
-    return order + [bwd(k) for k in range(total - warmup, total)]  # cool-down
+        orders.append([Forward(i, s) for s in mine for i in range(m)]
+                      + [Backward(i, s) for s in reversed(mine) for i in reversed(range(m))])
+    return orders
 
 
-def _ready(op, done, t, last):
-    """Whether ``op``'s inputs were computed before time ``t`` (``done``: op -> finish time)."""
-    def by(dep):
-        return done.get(dep, t + 1) <= t
-    if isinstance(op, Forward):
-        return op.stage == 0 or by(Forward(op.mb, op.stage - 1))
-    if isinstance(op, BackwardWeight):
-        return by(BackwardInput(op.mb, op.stage))
-    up = Forward(op.mb, op.stage) if op.stage == last else next(
-        (k(op.mb, op.stage + 1) for k in (Backward, BackwardInput) if (k(op.mb, op.stage + 1)) in done),
-        Backward(op.mb, op.stage + 1))
-    return by(up) and by(Forward(op.mb, op.stage))
+def interleaved_zb(p, m, v) -> list[list]:
+    """Zero bubble on (interleaved) 1F1B's order (ZB-H1 with v = 1, Qi et al. 2024): each Backward
+    becomes B, and each W fills a slot where 1F1B would wait (``players.play_orders``)."""
+    orders = one_f_one_b(p, m) if v == 1 else interleaved(p, m, v)
+    return play_orders(orders, p * v - 1, True)[0]
 
 
-def _play(orders, last, split):
-    """Play the F/B orders on unit costs (one slot per computation), slot by slot; returns the
-    orders run and each computation's start slot. ``split``: zero bubble — every Backward becomes
-    B, and a rank runs a pending W (oldest first) in each slot where its next F or B is not ready
-    yet (the time 1F1B spends waiting), and the W left at the end; at most as many W wait as the
-    rank's warm-up forwards (a pending W keeps its activations alive: ZB-H1 keeps 1F1B's memory).
-    Deadlock-free by construction."""
-    todo = [[BackwardInput(op.mb, op.stage) if split and isinstance(op, Backward) else op for op in order]
-            for order in orders]
-    cap = [max(1, next((i for i, op in enumerate(order) if not isinstance(op, Forward)), len(order)))
-           for order in orders]
-    out, pending, done, start, t = [[] for _ in orders], [[] for _ in orders], {}, {}, 0
-    while any(todo) or any(pending):
-        finished = {}
-        for r in range(len(orders)):
-            if len(pending[r]) >= cap[r]:
-                op = pending[r].pop(0)
-            elif todo[r] and _ready(todo[r][0], done, t, last):
-                op = todo[r].pop(0)
-                if split and isinstance(op, BackwardInput):
-                    pending[r].append(BackwardWeight(op.mb, op.stage))
-            elif pending[r]:
-                op = pending[r].pop(0)
-            else:
-                continue
-            out[r].append(op)
-            start[op], finished[op] = t, t + 1
-        if not finished:
-            raise ScheduleError(f"the compute orders wait on each other at slot {t}: no rank can go on")
-        done.update(finished)
-        t += 1
-    return out, start
+def zbv(p, m, v=2) -> list[list]:
+    """ZB-V (Qi et al. 2024): two chunks per rank in a V, played greedily (``players.play_zbv``)."""
+    return play_zbv(p, m, placement("zbv", p))
 
 
-def _zbv(p, m):
-    """ZB-V (Qi et al. 2024) on the V placement, played greedily on unit costs: in each slot a
-    rank runs the first ready of B (the later stage first: it unblocks the rank below), F (the
-    later stage first, at most 2p micro-batch chunks alive, ZB-V's memory: as 1F1B's), else its
-    oldest pending W. Deadlock-free by construction, like ``_play``."""
-    where, last = placement("zbv", p), 2 * p - 1
-    mine = [sorted((s for s in range(last + 1) if where[s] == r), reverse=True) for r in range(p)]
-    nxt_f = [{s: 0 for s in mine[r]} for r in range(p)]
-    nxt_b = [{s: 0 for s in mine[r]} for r in range(p)]
-    out, pending, done, alive, t = [[] for _ in range(p)], [[] for _ in range(p)], {}, [0] * p, 0
-    while any(len(o) < 6 * m for o in out):
-        finished = {}
-        for r in range(p):
-            bs = [BackwardInput(nxt_b[r][s], s) for s in mine[r] if nxt_b[r][s] < m]
-            fs = [Forward(nxt_f[r][s], s) for s in mine[r] if nxt_f[r][s] < m]
-            op = next((b for b in bs if _ready(b, done, t, last)), None)
-            if op is None and alive[r] < 2 * p:
-                op = next((f for f in fs if _ready(f, done, t, last)), None)
-            if op is None and pending[r]:
-                op = pending[r].pop(0)
-            if op is None:
-                continue
-            if isinstance(op, BackwardInput):
-                nxt_b[r][op.stage] += 1
-                pending[r].append(BackwardWeight(op.mb, op.stage))
-            elif isinstance(op, Forward):
-                nxt_f[r][op.stage] += 1
-                alive[r] += 1
-            else:
-                alive[r] -= 1
-            out[r].append(op)
-            finished[op] = t + 1
-        if not finished:
-            raise ScheduleError(f"zbv: no rank can go on at slot {t}")
-        done.update(finished)
-        t += 1
-    return out
+def dualpipev(p, m, v=2) -> list[list]:
+    """DualPipeV (DeepSeek-V3's DualPipe folded in a V), as torch 2.13's ``ScheduleDualPipeV``."""
+    return [_dualpipev_rank(p, m, rank) for rank in range(p)]
 
 
-def _dualpipev(p, m, rank):
-    """One rank's order under DualPipeV (DeepSeek-V3's DualPipe folded in a V), step for step as
-    torch 2.13's ``ScheduleDualPipeV._calculate_single_rank_operations`` builds it. Rank r holds
-    chunk 0 = stage r and chunk 1 = stage 2p-1-r. In its main phase it pairs the forward of one
-    chunk with the whole backward (B and W at once) of the other chunk, for two different
-    micro-batches (torch's OVERLAP_F_B action: here the two in order, as torch's runtime also runs
-    them unless a custom function overlaps their compute and communication). W is split off only
-    at the edges: where a B would otherwise leave the rank idle (after the warm-up and in the
-    cool-down, the pending W filling the waits)."""
+ORDERS = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "looped_bfs": looped_bfs,
+          "interleaved_zb": interleaved_zb, "zbv": zbv, "dualpipev": dualpipev}
+
+
+def _warm_up_then_alternate(forwards, backwards, warmup) -> list:
+    """1F1B's shape: ``warmup`` forwards, then one forward and one backward in turn, then the backwards left."""
+    order = forwards[:warmup]
+    for forward, backward in zip(forwards[warmup:], backwards):  # steady state
+        order += [forward, backward]
+    return order + backwards[len(forwards) - warmup:]  # cool-down
+
+
+def _dualpipev_rank(p, m, rank):
+    """One rank's order under DualPipeV, step for step as torch 2.13's
+    ``ScheduleDualPipeV._calculate_single_rank_operations`` builds it. Rank r holds chunk 0 = stage
+    r and chunk 1 = stage 2p-1-r. In its main phase it pairs the forward of one chunk with the whole
+    backward (B and W at once) of the other chunk, for two different micro-batches (torch's
+    OVERLAP_F_B action: here the two in order, as torch's runtime also runs them unless a custom
+    function overlaps their compute and communication). W is split off only at the edges: where a B
+    would otherwise leave the rank idle (after the warm-up and in the cool-down, the pending W
+    filling the waits)."""
     c0, c1 = rank, 2 * p - 1 - rank
     nxt, weights, out = {}, [], []  # (stage, kind) -> next micro-batch; pending W, oldest first
 
@@ -327,40 +174,53 @@ def _dualpipev(p, m, rank):
     return out
 
 
-def _orders(name, p, m, v):
-    return [_compute_order(name, p, m, v, r) for r in range(p)]
+# ---- where the stages live, and which arguments a schedule takes -------------------------------------------------
 
+def chunks_per_rank(name, virtual=1) -> int:
+    """Model chunks (stages) each rank holds under schedule ``name``."""
+    return virtual if name in MULTI_CHUNK else 2 if name in V_SHAPED else 1
+
+
+def placement(name, ranks, virtual=1) -> list[int]:
+    """The rank of each stage: round robin (stage s on rank s % p), or a V for ``zbv`` and
+    ``dualpipev`` (rank r holds stages r and 2p-1-r, so the first and the last stage share rank 0
+    and the middle two share rank p-1, where an activation passes without a message)."""
+    count = ranks * chunks_per_rank(name, virtual)
+    if name in V_SHAPED:
+        return [s if s < ranks else count - 1 - s for s in range(count)]
+    return [s % ranks for s in range(count)]
+
+
+def check_schedule_args(name, stages, micro_batches, virtual=1) -> None:
+    if name not in SCHEDULES:
+        raise ValueError(f"schedule={name!r} is unknown; use one of {', '.join(map(repr, SCHEDULES))}")
+    if not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ValueError(f"micro_batches={micro_batches!r}: pass a whole number >= 1")
+    if name in V_SHAPED and stages < 2:
+        raise ValueError(f"schedule={name!r} needs world_size >= 2 (its V folds the stages back over the ranks)")
+    if name == "dualpipev" and micro_batches < 2 * stages:
+        raise ValueError(f"schedule='dualpipev' needs micro_batches >= 2*(pipeline ranks)={2 * stages} (at least one "
+                         f"micro-batch per stage, as torch's ScheduleDualPipeV); got micro_batches={micro_batches}")
+    if name not in MULTI_CHUNK:
+        return
+    least = 1 if name == "interleaved_zb" else 2
+    if not isinstance(virtual, int) or virtual < least:
+        raise ValueError(f"virtual_stages={virtual!r}: schedule={name!r} needs virtual_stages >= {least} "
+                         f"model chunks per rank" + (" (with 1 it is plain '1f1b')" if name == "interleaved" else ""))
+    if stages < 2 and virtual > 1:
+        raise ValueError(f"schedule={name!r} needs world_size >= 2 (on one rank the chunks would pass "
+                         f"activations to themselves); use schedule='gpipe' or '1f1b'")
+    if name != "looped_bfs" and virtual > 1 and micro_batches % stages:
+        raise ValueError(f"schedule={name!r} needs micro_batches to be a multiple of world_size={stages} "
+                         f"(micro-batches go round the ranks in groups of {stages}); got micro_batches={micro_batches}")
+
+
+# ---- the lists: each rank's order with its messages ---------------------------------------------------------------
 
 def compute_orders(name, ranks, micro_batches, virtual=1) -> list[list]:
     """Every rank's computations in order, without the messages (see ``schedule``)."""
     check_schedule_args(name, ranks, micro_batches, virtual)
-    v = chunks_per_rank(name, virtual)
-    if name == "dualpipev":
-        return [_dualpipev(ranks, micro_batches, r) for r in range(ranks)]
-    if name in V_SHAPED:
-        return _zbv(ranks, micro_batches)
-    orders = _orders(name, ranks, micro_batches, v)
-    return _play(orders, ranks * v - 1, True)[0] if name in SPLIT_BACKWARD else orders
-
-
-def _messages(op, rank, where, last):
-    """(receive, send) around computation ``op`` on ``rank``: None where the neighbour stage is
-    on the same rank (or there is none)."""
-    s = op.stage
-    if isinstance(op, Forward):
-        recv = RecvAct(op.mb, s, where[s - 1]) if s > 0 and where[s - 1] != rank else None
-        return recv, (SendAct(op.mb, s, where[s + 1]) if s < last and where[s + 1] != rank else None)
-    if isinstance(op, BackwardWeight):
-        return None, None
-    recv = RecvGrad(op.mb, s, where[s + 1]) if s < last and where[s + 1] != rank else None
-    return recv, (SendGrad(op.mb, s, where[s - 1]) if s > 0 and where[s - 1] != rank else None)
-
-
-def _producer(recv):
-    """The computation (on the sending rank) whose result ``recv`` receives."""
-    if isinstance(recv, RecvAct):
-        return Forward(recv.mb, recv.stage - 1)
-    return recv.mb, recv.stage + 1
+    return ORDERS[name](ranks, micro_batches, chunks_per_rank(name, virtual))
 
 
 def schedule(name: str, stages: int, micro_batches: int, virtual: int = 1) -> list[list]:
@@ -377,7 +237,7 @@ def schedule(name: str, stages: int, micro_batches: int, virtual: int = 1) -> li
     where = placement(name, stages, virtual)
     last = len(where) - 1
     early = name not in ("gpipe", "1f1b", "interleaved")
-    start = _play(orders, last, False)[1] if early else {}
+    start = play_orders(orders, last, False)[1] if early else {}
     finish = {(op.mb, op.stage) if not isinstance(op, Forward) else op: t + 1 for op, t in start.items()
               if not isinstance(op, BackwardWeight)}
     programs = []
@@ -400,164 +260,31 @@ def schedule(name: str, stages: int, micro_batches: int, virtual: int = 1) -> li
     return programs
 
 
-def batches(program):
-    """Split a program into items: a compute/optimizer instruction, or a list (one comm batch)."""
-    out, pending = [], []
-    for ins in program:
-        if isinstance(ins, COMM):
-            pending.append(ins)
-            continue
-        if pending:
-            out.append(pending)
-            pending = []
-        out.append(ins)
-    return out + ([pending] if pending else [])
+def _messages(op, rank, where, last):
+    """(receive, send) around computation ``op`` on ``rank``: None where the neighbour stage is
+    on the same rank (or there is none)."""
+    s = op.stage
+    if isinstance(op, Forward):
+        recv = RecvAct(op.mb, s, where[s - 1]) if s > 0 and where[s - 1] != rank else None
+        return recv, (SendAct(op.mb, s, where[s + 1]) if s < last and where[s + 1] != rank else None)
+    if isinstance(op, BackwardWeight):
+        return None, None
+    recv = RecvGrad(op.mb, s, where[s + 1]) if s < last and where[s + 1] != rank else None
+    return recv, (SendGrad(op.mb, s, where[s - 1]) if s > 0 and where[s - 1] != rank else None)
 
 
-# ---------------------------------------------------------------------------------------------
-# Checking and timing the lists: converted to the one simulator's instructions (mpkit.simulator.engine).
-# What each instruction needs and produces is the schedule's meaning, so it lives here; what each
-# costs is the caller's: ``simulate`` below on unit costs, the cost model on a machine's prices
-# (``mpkit.pricing.pipeline_program``, the strategies' ``program``).
-
-ScheduleError = ProgramError  # the lists cannot run: deadlock, mismatched messages or a missing input
+def _producer(recv):
+    """The computation (on the sending rank) whose result ``recv`` receives."""
+    if isinstance(recv, RecvAct):
+        return Forward(recv.mb, recv.stage - 1)
+    return recv.mb, recv.stage + 1
 
 
-def message(ins) -> tuple:
-    """The identity of a message, the same on sender and receiver: (kind, micro-batch, stage it feeds)."""
-    if isinstance(ins, SendAct):
-        return ("act", ins.mb, ins.stage + 1)
-    if isinstance(ins, RecvAct):
-        return ("act", ins.mb, ins.stage)
-    if isinstance(ins, SendGrad):
-        return ("grad", ins.mb, ins.stage - 1)
-    return ("grad", ins.mb, ins.stage)
-
-
-def _data(ins) -> tuple:
-    """What a message instruction needs (send) or produces (receive) on its rank."""
-    if isinstance(ins, SendAct):
-        return ("out", ins.mb, ins.stage)
-    if isinstance(ins, SendGrad):
-        return ("dx", ins.mb, ins.stage)
-    return ("in" if isinstance(ins, RecvAct) else "grad", ins.mb, ins.stage)
-
-
-def dataflow(item, mine, last) -> tuple:
-    """(needs, produces) of computation ``item`` on a rank holding stages ``mine`` (``last``: the
-    last stage). Two consecutive stages on one rank hand their tensors over in place: the
-    computation produces the next one's input (or the previous one's output gradient). B leaves
-    ``w`` for its W."""
-    s, mb = item.stage, item.mb
-    if isinstance(item, Forward):
-        return ((("in", mb, s),) if s > 0 else (),
-                (("out", mb, s),) + ((("in", mb, s + 1),) if s + 1 in mine else ()))
-    if isinstance(item, BackwardWeight):
-        return (("w", mb, s),), (("w done", mb, s),)
-    needs = (("out", mb, s),) + ((("grad", mb, s),) if s < last else ())
-    made = (("dx", mb, s),) + ((("grad", mb, s - 1),) if s - 1 in mine else ())
-    return needs, made + ((("w", mb, s),) if isinstance(item, BackwardInput) else ())
-
-
-_NAMES = {BackwardInput: "B", BackwardWeight: "W"}  # the trace's name of a split backward's two parts
-
-
-def computation(item, seconds, needs, produces) -> Compute:
-    """Computation ``item`` (Forward, Backward, B or W) as one simulator instruction of ``seconds``."""
-    return Compute("forward" if isinstance(item, Forward) else "backward", seconds, item.stage, item.mb, needs=needs,
-                   produces=produces, source=item, name=_NAMES.get(type(item), ""))
-
-
-def engine_instructions(program, rank, compute, link, optimizer=None, last=None) -> list:
-    """One rank's schedule list as the simulator's instructions, priced by the caller.
-
-    ``compute(item, needs, produces)`` -> the instructions of a computation (``computation``, or
-    several); ``link(ins)`` -> (global rank of the peer, bytes, seconds) of a message;
-    ``optimizer()`` -> the instructions after the flush (None: no optimizer step); ``last``: the
-    last stage (default: this rank's last). Each communication batch stays one batch, as the
-    executor runs it: receives waited at once, sends at the next batch or before the optimizer step.
-    """
-    if last is None:
-        last = max(ins.stage for ins in program if isinstance(ins, Forward))
-    mine = {ins.stage for ins in program if isinstance(ins, Forward)}
-    out = []
-    for item in batches(program):
-        if isinstance(item, list):
-            out.append(P2P(tuple(_msg(ins, link) for ins in item), defer_sends=True, source=item))
-        elif isinstance(item, OptimizerStep):
-            out += [WaitSends()] + (optimizer() if optimizer is not None else [])
-        else:
-            out += compute(item, *dataflow(item, mine, last))
-    return out
-
-
-def _msg(ins, link):
-    peer, nbytes, seconds = link(ins)
-    kind = "send" if isinstance(ins, (SendAct, SendGrad)) else "recv"
-    return Msg(kind, peer, message(ins), nbytes, seconds, ins.stage, ins.mb, _data(ins))
-
-
-@dataclass
-class Simulation:
-    makespan: Fraction
-    spans: list = field(default_factory=list)  # (rank, instruction, start, end) for compute
-    peak_in_flight: list = field(default_factory=list)  # per rank: max forwards - backwards done
-    compute_time: list = field(default_factory=list)  # per rank
-
-    @property
-    def bubble(self) -> Fraction:
-        """Share of rank-time inside the makespan not spent in forward/backward."""
-        return 1 - sum(self.compute_time) / (self.makespan * len(self.compute_time))
-
-
-def simulate(programs, forward=1, backward=2, comm=0, weight=None) -> Simulation:
-    """Run per-rank instruction lists on unit costs: ``forward``/``backward`` per Forward/Backward,
-    ``weight`` of the backward in W where it is split (default half), ``comm`` per message. Raises ``ScheduleError`` on a deadlock, on a receive matched by a
-    different message than it expects (posting order differs), or on an instruction whose input
-    is missing (e.g. a Backward before its Forward, or one that runs twice)."""
-    _check_lists(programs)
-    w = Fraction(backward) / 2 if weight is None else Fraction(weight)
-    seconds = {Forward: Fraction(forward), Backward: Fraction(backward), BackwardInput: Fraction(backward) - w,
-               BackwardWeight: w}
-    last = max((ins.stage for prog in programs for ins in prog if isinstance(ins, Forward)), default=0)
-
-    def compute(item, needs, produces):
-        return [computation(item, seconds[type(item)], needs, produces)]
-
-    def link(ins):
-        return (ins.to if isinstance(ins, (SendAct, SendGrad)) else ins.frm), 0, Fraction(comm)
-
-    trace = run_programs([engine_instructions(program, rank, compute, link, last=last)
-                          for rank, program in enumerate(programs)])
-    p = len(programs)
-    spans, peak, busy, in_flight = [], [0] * p, [Fraction(0)] * p, [0] * p
-    for e in trace.events:  # sorted by rank, then time
-        if e.kind not in ("forward", "backward"):
-            continue
-        kind = Forward if e.kind == "forward" else {"B": BackwardInput, "W": BackwardWeight}.get(e.name, Backward)
-        spans.append((e.rank, kind(e.micro_batch, e.stage), e.start, e.end))
-        busy[e.rank] += e.end - e.start
-        in_flight[e.rank] += 1 if kind is Forward else 0 if kind is BackwardInput else -1
-        peak[e.rank] = max(peak[e.rank], in_flight[e.rank])
-    makespan = max((end for *_, end in spans), default=Fraction(0))
-    return Simulation(Fraction(makespan), spans, peak, busy)
-
-
-def validate(programs) -> None:
-    """Raise ``ScheduleError`` unless the lists run to the end (see ``simulate``)."""
-    simulate(programs)
-
-
-def _check_lists(programs) -> None:
-    """Every item is an instruction and every message addresses one of the lists' ranks (a rank
-    -1 would silently be the last one)."""
-    for rank, program in enumerate(programs):
-        for ins in program:
-            if not isinstance(ins, COMPUTE + COMM + (OptimizerStep,)):
-                raise ScheduleError(f"rank {rank}'s list holds {ins!r}, which is not an instruction; use Forward, "
-                                    f"Backward, BackwardInput, BackwardWeight, SendAct, RecvAct, SendGrad, RecvGrad "
-                                    f"or OptimizerStep")
-            peer = getattr(ins, "to", getattr(ins, "frm", None))
-            if isinstance(ins, COMM) and not 0 <= peer < len(programs):
-                raise ScheduleError(f"rank {rank}'s {ins} addresses rank {peer}, but the lists are for ranks "
-                                    f"0..{len(programs) - 1}")
+__all__ = [  # the schedules and the names labs, exercises and the cost model import from here
+    "SCHEDULES", "MULTI_CHUNK", "V_SHAPED", "ORDERS", "gpipe", "one_f_one_b", "interleaved",
+    "looped_bfs", "interleaved_zb", "zbv", "dualpipev", "chunks_per_rank", "placement", "check_schedule_args",
+    "compute_orders", "schedule",
+    # re-exported: the instructions (instructions.py) and the simulator glue (simulation.py)
+    "Forward", "Backward", "BackwardInput", "BackwardWeight", "SendAct", "RecvAct", "SendGrad", "RecvGrad",
+    "OptimizerStep", "COMPUTE", "COMM", "batches", "ScheduleError", "Simulation", "simulate", "validate", "message",
+    "dataflow", "computation", "engine_instructions"]

@@ -11,7 +11,7 @@ import platform
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout, not installed
 
 import torch  # noqa: E402
 
