@@ -97,7 +97,7 @@ class Run:
     published: float
     metric: str  # "tflops": TFLOP/s per GPU by Megatron's eq. 3 (with recompute); "seconds": per iteration;
     # "tflops_6n": TFLOP/s per GPU by 6·params + attention per token; "tokens": tokens/s;
-    # "tokens_gpu": tokens/s per GPU
+    # "tokens_gpu": tokens/s per GPU; "mfu": model FLOPs utilisation (a fraction of the dense peak)
     setup: dict = field(default_factory=dict)
 
 
@@ -197,6 +197,60 @@ RUNS = [
 ]
 
 
+# Sources that set a training stack's matmul rate on a GPU where the runs above have none of that stack
+# (mpkit.simulator.hardware.STACKS; `--stacks` fits them with the rest). They are never in RUNS: the MAPE,
+# the family count and the leave-one-source-out table above never see them, so no rate is judged on the
+# runs it was fitted to. Layouts a source does not state are the planner's choice, as above.
+# Megatron-Core as the Megatron-LM README runs it: the distributed optimizer (ZeRO-1; --overlap-param-gather
+# needs it), sequence parallelism (--tp-comm-overlap needs it), fused (flash) attention, overlapped gradient
+# reduction, PP outermost
+MEGATRON_CORE = dict(sequence_parallel=True, flash=True, overlap_dp=True, zero=1, **MEGATRON_ORDER)
+GPT3_131K = replace(MODELS["gpt3-175b"], seq_len=4096, vocab=131072, name="GPT-3 175B (vocab 131,072, seq 4096)")
+# NVIDIA NeMo 24.07's pre-training table on DGX-H100 (NVIDIA/NeMo docs/source/performance/
+# performance_summary.md @070a0bb): Megatron-Core with Transformer Engine, every row FP8 (priced fp8=True,
+# with FP8_MATMUL_SPEEDUP, which torchtitan's Float8 rows fitted): the rate is the bf16 matmul rate that,
+# with that speed-up, gives NeMo's FP8 throughput. Shapes: NeMo's GPT-3 5B and 20B configs (24 x 4096 /
+# 44 x 6144), Llama 2 (Touvron et al. 2023), Llama 3. Left out: Nemotron-8B and -22B (shapes neither in the
+# table nor in a config we could cite) and Nemotron-4 340B (does not fit the memory model as published;
+# benchmarks/probes/ninth_source.py prices it)
+NEMO_SHAPES = {
+    "GPT3-5B": Transformer(24, 4096, 32, 2048, 51200, name="GPT-3 5B"),
+    "GPT3-20B": Transformer(44, 6144, 48, 2048, 51200, name="GPT-3 20B"),
+    "GPT3-175B": MODELS["gpt3-175b"],
+    "LLAMA2-7B": Transformer(32, 4096, 32, 4096, 32000, ffn=11008, **_LLAMA, name="Llama 2 7B"),
+    "LLAMA2-13B": LLAMA2["13b"], "LLAMA2-70B": LLAMA2["70b"],
+    "LLAMA3-8B": MODELS["llama3-8b"], "LLAMA3-70B": MODELS["llama3-70b"],
+}
+# (model, GPUs, global batch, micro-batch, TP, PP, CP, VP, tokens/s/GPU) as published
+NEMO_TABLE = [("GPT3-5B", 64, 2048, 4, 1, 1, 1, 1, 22521), ("GPT3-20B", 64, 256, 2, 2, 1, 1, 1, 5851),
+              ("GPT3-175B", 128, 256, 1, 4, 8, 1, 6, 726), ("GPT3-175B", 512, 2048, 2, 4, 8, 1, 6, 782),
+              ("LLAMA2-7B", 8, 128, 1, 1, 1, 1, 1, 16847), ("LLAMA2-13B", 16, 128, 1, 1, 4, 1, 10, 8646),
+              ("LLAMA2-70B", 64, 128, 1, 4, 4, 1, 20, 1707), ("LLAMA3-8B", 8, 128, 1, 1, 1, 2, 1, 12036),
+              ("LLAMA3-70B", 64, 128, 1, 4, 4, 2, 5, 1533)]
+
+
+def nemo_run(name, gpus, batch, micro, tp, pp, cp, vp, tokens, model=None) -> Run:
+    """A row of NEMO_TABLE as a Run: Megatron-Core's distributed optimizer (ZeRO-1), sequence
+    parallelism, flash attention, overlapped gradient reduction, no recomputation, PP outermost, ring CP."""
+    setup = dict(fp8=True, zero=1, sequence_parallel=True, flash=True, overlap_dp=True, recompute="none",
+                 tp=tp, pp=pp, cp=cp, micro_batch=micro, attention="ring",
+                 **(dict(schedule="interleaved", virtual=vp) if vp > 1 else dict(schedule="1f1b") if pp > 1 else {}),
+                 **(MEGATRON_ORDER if pp > 1 and gpus // (tp * pp * cp) > 1 else {}))
+    return Run("NeMo 24.07 H100 (FP8)", f"{name}, {gpus} GPUs", model or NEMO_SHAPES[name],
+               "Nx8xH100-ib" if gpus > 8 else "8xH100-nvlink", gpus, batch, tokens, "tokens_gpu", setup)
+
+
+STACK_RUNS = [
+    # NVIDIA/Megatron-LM README.md @0010ab7, "Training Speed and Scalability": "the standard GPT-3 model (our
+    # version has slightly more than 175 billion parameters due to larger vocabulary size)", vocabulary
+    # 131,072, sequence 4096, strong scaled "from 96 H100 GPUs to 4608 GPUs, using the same batch size of
+    # 1152 sequences", MFU "from 47% to 42%" (model FLOPs, no recomputation, of the bf16 dense peak)
+    *[Run("Megatron-LM README H100", f"GPT-3 175B, vocab 131K, {n} H100", GPT3_131K, "Nx8xH100-ib", n, 1152, mfu,
+          "mfu", MEGATRON_CORE) for n, mfu in ((96, 0.47), (4608, 0.42))],
+    *[nemo_run(*row) for row in NEMO_TABLE],
+]
+
+
 def metric(run: Run, step_time: float) -> float:
     """The run's published metric for a step of ``step_time`` seconds."""
     m, tokens = run.model, run.global_batch * run.model.seq_len
@@ -212,6 +266,9 @@ def metric(run: Run, step_time: float) -> float:
     if run.metric == "tflops_6n":  # 6 FLOPs per parameter per token + the attention scores
         flops = (6 * m.parameters + 12 * m.layers * m.seq_len * m.hidden) * tokens
         return flops / step_time / run.gpus / 1e12
+    if run.metric == "mfu":  # model FLOPs (Megatron's formula without recomputation) over the dense peak
+        flops = formulas.megatron_flops(run.global_batch, m.seq_len, m.layers, m.hidden, m.vocab, recompute=False)
+        return flops / step_time / run.gpus / get_hardware(run.hardware).flops
     raise ValueError(run.metric)
 
 
@@ -285,11 +342,11 @@ def calibrate() -> dict:
 GRID = tuple(round(0.30 + 0.02 * i, 2) for i in range(31))  # matmul efficiencies 0.30 ... 0.90
 
 
-def error_grid() -> dict:
-    """{run index: [throughput error at each GRID efficiency]}: each run priced as published (its
-    pins) with the matmul efficiency of its GPU set to each value."""
+def error_grid(runs=None) -> dict:
+    """{run index: [throughput error at each GRID efficiency]}: each run of ``runs`` (default RUNS)
+    priced as published (its pins) with the matmul efficiency of its GPU set to each value."""
     return {i: [throughput_error(run, metric(run, predict(run, eff).step_time)) for eff in GRID]
-            for i, run in enumerate(RUNS)}
+            for i, run in enumerate(RUNS if runs is None else runs)}
 
 
 def leave_one_source_out(grid: dict) -> dict:
@@ -350,15 +407,18 @@ def fit_fp8() -> float:
 # the training software each source ran (mpkit.simulator.hardware.STACKS)
 STACK_OF = {"Narayanan 2021 T1": "megatron", "Korthikanti 2022 T4": "megatron", "Smith 2022 §2.4": "deepspeed",
             "Dubey 2024 T4": "llama3", "MosaicML llm-foundry": "llm-foundry", "torchtitan A100": "torchtitan",
-            "torchtitan H100": "torchtitan", "BigScience BLOOM": "deepspeed"}
+            "torchtitan H100": "torchtitan", "BigScience BLOOM": "deepspeed",
+            "Megatron-LM README H100": "megatron", "NeMo 24.07 H100 (FP8)": "nemo"}
 
 
 def print_stacks():
     """STACKS' efficiencies: per stack and GPU, the GRID value (at most MATMUL_BEST) with the least
-    mean absolute error over that stack's rows; then, out of sample, each source of a stack with
-    several predicted from the others (Megatron-LM's two papers; DeepSpeed's MT-NLG and BLOOM)."""
-    grid, groups = error_grid(), {}
-    for i, run in enumerate(RUNS):
+    mean absolute error over that stack's rows (RUNS and the STACK_RUNS that only fit rates); then,
+    out of sample, each source of a stack and GPU with several predicted from the others
+    (Megatron-LM's two papers; DeepSpeed's MT-NLG and BLOOM)."""
+    runs = RUNS + STACK_RUNS
+    grid, groups = error_grid(runs), {}
+    for i, run in enumerate(runs):
         groups.setdefault((STACK_OF[run.source], gpu_of(run)), []).append(i)
 
     def best(rows, gpu):
@@ -372,11 +432,11 @@ def print_stacks():
         print(f"| {stack} | {gpu} | {len(rows)} | {GRID[k]:.2f} | {mape:.1%} |")
     print()
     for (stack, gpu), rows in groups.items():  # out of sample: each source of a stack from its other sources
-        sources = list(dict.fromkeys(RUNS[i].source for i in rows))
+        sources = list(dict.fromkeys(runs[i].source for i in rows))
         for check in sources if len(sources) > 1 else ():
-            k = best([i for i in rows if RUNS[i].source != check], gpu)
+            k = best([i for i in rows if runs[i].source != check], gpu)
             print(f"{stack} on {gpu} fitted without {check} ({GRID[k]:.2f}) predicts it: MAPE "
-                  f"{statistics.mean(abs(grid[j][k]) for j in rows if RUNS[j].source == check):.1%}")
+                  f"{statistics.mean(abs(grid[j][k]) for j in rows if runs[j].source == check):.1%}")
 
 
 def print_leave_one_source_out():

@@ -259,6 +259,15 @@ STRINGS = {
     'plan_w_gpus': {"ko": 'GPU 수', "en": 'GPUs'},
     'plan_w_global_batch': {"ko": '전역 배치', "en": 'global batch'},
     'plan_w_status': {"ko": '메모리에 맞는 레이아웃 {fit}개, 맞지 않는 레이아웃 {dropped}개 ({seconds:.2f}초)', "en": '{fit} layouts fit, {dropped} do not ({seconds:.2f} s)'},
+    # ---- the what-if widget (mpkit.sim.whatif) ----
+    'whatif_world_size': {"ko": '랭크 수', "en": 'world size'},
+    'whatif_micro_batches': {"ko": '마이크로배치', "en": 'micro-batches'},
+    'whatif_bandwidth': {"ko": '대역폭 GB/s', "en": 'GB/s'},
+    'whatif_hidden': {"ko": '은닉 크기', "en": 'hidden'},
+    'whatif_layers': {"ko": '레이어', "en": 'layers'},
+    'whatif_hardware': {"ko": '하드웨어', "en": 'hardware'},
+    'whatif_status': {"ko": '스텝 {step:.3f} ms — 계산 {compute:.3f}, 통신 {comm:.3f}, 버블 {bubble:.3f} ms', "en": 'step {step:.3f} ms — compute {compute:.3f}, comm {comm:.3f}, bubble {bubble:.3f} ms'},
+    'whatif_refused': {"ko": '예측하지 않는 조합입니다 (그림은 마지막으로 예측한 것): {error}', "en": 'not predicted (the picture is the last prediction): {error}'},
     'plan_plain_fits': {"ko": 'ZeRO도 재계산도 필요 없습니다: 사용 가능한 {cap:.1f} GB 중 {gb:.1f} GB.', "en": 'Neither ZeRO nor recomputation is needed: {gb:.1f} GB of {cap:.1f} GB usable.'},
 
     # ---- checkpoints and failures (plot.checkpoint_interval, plot.restarts, sim.checkpoint_interval) ----

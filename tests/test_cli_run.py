@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mpkit
-import mpkit.cli.run as cli_run
+import mpkit.cli.run_command as cli_run
 from mpkit.cli import main
 from mpkit.cli.run import parse_option
 from mpkit.cli.tour import TOURED

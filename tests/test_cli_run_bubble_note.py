@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 import mpkit
-from mpkit.cli.run import bubble_note, summary
+from mpkit.cli.run_command import bubble_note, summary
 
 
 def fake(strategy, world_size=4, layer_ms=0.0, **options):

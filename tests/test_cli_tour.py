@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mpkit.cli import main
-from mpkit.cli import tour
+from mpkit.cli import tour, tour_command
 from mpkit.i18n import t
 from mpkit.strategies import STRATEGIES
 
@@ -23,7 +23,7 @@ def test_out_that_cannot_be_a_folder_fails_in_one_line_before_any_training(tmp_p
     (tmp_path / "plots.png").write_bytes(b"not a folder")
     out = make(tmp_path)
     trained = []
-    monkeypatch.setattr(tour, "train", lambda *a, **k: trained.append(a))
+    monkeypatch.setattr(tour_command, "train", lambda *a, **k: trained.append(a))
     assert main(["tour", "--out", str(out)]) == 2
     captured = capsys.readouterr()
     assert trained == [] and captured.out == ""
@@ -33,7 +33,7 @@ def test_out_that_cannot_be_a_folder_fails_in_one_line_before_any_training(tmp_p
 
 def test_no_plots_ignores_out(tmp_path, monkeypatch):
     (tmp_path / "plots.png").write_bytes(b"x")
-    monkeypatch.setattr(tour, "train", lambda *a, **k: (_ for _ in ()).throw(ValueError("stop here")))
+    monkeypatch.setattr(tour_command, "train", lambda *a, **k: (_ for _ in ()).throw(ValueError("stop here")))
     # --no-plots never writes to --out, so it is not checked; the (stubbed) training is reached
     assert main(["tour", "--no-plots", "--out", str(tmp_path / "plots.png")]) == 1
 

@@ -101,7 +101,7 @@ def test_exercise_assignment_autogrades_with_partial_credit(tmp_path):
         nbformat.write(nb, folder / "ex1.ipynb")
 
     started = time.monotonic()
-    nbgrader(course, "autograde", "ex1")
+    log = nbgrader(course, "autograde", "ex1")
     seconds = time.monotonic() - started
     nbgrader(course, "export")
     with open(course / "grades.csv", encoding="utf-8") as f:
@@ -116,3 +116,14 @@ def test_exercise_assignment_autogrades_with_partial_credit(tmp_path):
     assert "did not divide by pp·tp" in errors                             # the memory hint
     stuck = nbformat.read(course / "autograded" / "deadlock" / "ex1" / "ex1.ipynb", as_version=4)
     assert "deadlock" in nbformat.writes(stuck)
+
+    # nbgrader's checksum warning names only the student who edited test cells (its OverwriteCells
+    # warned for every hidden test of every student: 5 per student here, 7 in a newcomer's course)
+    assert (course / "nbgrader_config.py").read_text().count("configure(c)") == 1
+    warned = {part.split("/ex1", 1)[0]: part.count("'checksum'") for part in log.split("submitted/")[1:]}
+    graded_cells = sum(1 for c in released.cells if c.metadata.get("nbgrader", {}).get("grade"))
+    assert warned == {"deadlock": 0, "full": 0, "partial": 0, "tamper": graded_cells}, warned
+    # feedback lines wrap at the page's width (they ran off it)
+    nbgrader(course, "generate_feedback", "ex1", "--student", "partial")
+    page = (course / "feedback" / "partial" / "ex1" / "ex1.html").read_text(encoding="utf-8")
+    assert "pre { white-space: pre-wrap; overflow-wrap: anywhere; }" in page and "4 ranks, shape (3,)" in page

@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mpkit"
 # Lowest first, by folder (``mpkit.costmodel``) or top-level module (``mpkit.whole``): a module
 # belongs to the layer of its folder.
 LAYERS = [
-    ("foundations", ["mpkit.errors", "mpkit.i18n", "mpkit.lazy", "mpkit.whole", "mpkit.vocabulary", "mpkit.layout"]),
+    ("foundations", ["mpkit.errors", "mpkit.i18n", "mpkit.lazy", "mpkit.whole", "mpkit.vocabulary", "mpkit.layout",
+                     "mpkit.registry"]),
     ("models", ["mpkit.models", "mpkit.config"]),
     ("observe", ["mpkit.observe"]),
     ("simulator", ["mpkit.simulator"]),

@@ -250,14 +250,20 @@ def test_configure_inserts_around_nbgraders_own_steps_once():
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, Execute, OverwriteCells, SaveAutoGrades
     from traitlets.config import Config
 
-    from mpkit.quiz.nbgrader import CollectQuizAnswers, ScoreQuizAnswers, SkipAddedCells, configure
+    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+
+    from mpkit.quiz.nbgrader import (CollectQuizAnswers, RestoreCells, ScoreQuizAnswers, SkipAddedCells,
+                                     WrapFeedbackLines, configure)
 
     c = Config()
     configure(c)
     configure(c)
     sanitize, autograde = c.Autograde.sanitize_preprocessors, c.Autograde.autograde_preprocessors
     assert sanitize.count(CollectQuizAnswers) == 1 and autograde.count(ScoreQuizAnswers) == 1
-    assert sanitize.index(CollectQuizAnswers) < sanitize.index(ClearOutput) < sanitize.index(OverwriteCells)
+    assert OverwriteCells not in sanitize  # RestoreCells restores in its place (and warns only on real edits)
+    assert sanitize.index(CollectQuizAnswers) < sanitize.index(ClearOutput) < sanitize.index(RestoreCells)
+    feedback = c.GenerateFeedback.preprocessors
+    assert feedback.index(CSSHTMLHeaderPreprocessor) < feedback.index(WrapFeedbackLines) and feedback.count(WrapFeedbackLines) == 1
     assert autograde.index(Execute) + 1 == autograde.index(ScoreQuizAnswers) < autograde.index(SaveAutoGrades)
     assert autograde.index(SkipAddedCells) + 1 == autograde.index(Execute) and autograde.count(SkipAddedCells) == 1
     custom = Config()
@@ -266,4 +272,4 @@ def test_configure_inserts_around_nbgraders_own_steps_once():
     configure(custom)
     assert custom.Autograde.autograde_preprocessors == [SkipAddedCells, Execute, ScoreQuizAnswers, SaveAutoGrades]
     assert custom.Autograde.sanitize_preprocessors[0] is CollectQuizAnswers
-    assert custom.Autograde.sanitize_preprocessors[-2:] == [CheckCellMetadata, OverwriteCells]
+    assert custom.Autograde.sanitize_preprocessors[-2:] == [CheckCellMetadata, RestoreCells]

@@ -125,18 +125,16 @@ def _case(ctx, schedule_name, rank_stages, m, steps, zero_grad, whole_model, our
         stages = [torch_pp.PipelineStage(mod, i, n_stages, ctx.device) for mod, i in zip(modules, mine)]
         single = schedule_name in ("ScheduleGPipe", "Schedule1F1B")  # torch's take one stage, the others a list
         schedule = cls(stages[0] if single else stages, m, loss_fn=loss_fn, scale_grads=False)
-    out, losses = None, []
+    out, losses = None, []  # one list for every step, as torch's tests build it: each step clears and refills it
     for _ in range(steps):
         if zero_grad:
             for mod in modules:
                 mod.zero_grad()
         if first and last:
-            losses = []
             out = schedule.step(x, target=target, losses=losses)
         elif first:
             schedule.step(x)
         elif last:
-            losses = []
             out = schedule.step(target=target, losses=losses)
         else:
             schedule.step()

@@ -416,3 +416,36 @@ def test_real_dp_zero1_and_pipeline_runs(single_run):
     unit, size = unit_for(max(b * wire_factor(k, 4) for r in dp.trace.bytes_by_kind().values() for k, b in r.items()))
     assert wire.get_ylabel() == f"bytes sent ({unit})"
     assert patches(wire, "all_reduce")[0].get_height() * size == pytest.approx(payload * 2 * 3 / 4)
+
+
+NOTEBOOK_CELLS = [  # (source, images the notebook must show for it)
+    ("%matplotlib inline\nimport matplotlib.pyplot as plt\nimport mpkit\n"
+     "p = mpkit.sim.predict('pp', hardware='8xA100-nvlink')", 0),
+    ("mpkit.plot.timeline(p)\nplt.show()", 1),                       # lab 11's cells showed nothing
+    ("mpkit.plot.timeline(p); mpkit.plot.memory(p)", 2),             # README's line: the first was lost
+    ("x = mpkit.plot.timeline(p)\n1", 1),                            # not the cell's value: shown when it ends
+    ("fig = mpkit.plot.memory(p)\nfig", 1),                          # the cell's value: shown once, not twice
+    ("from IPython.display import display\nfor f in (mpkit.plot.timeline(p), mpkit.plot.memory(p)):\n"
+     "    display(f)", 2),                                           # as the what-if widget shows them
+]
+
+
+@pytest.mark.timeout(180)
+def test_a_notebook_shows_every_figure_once_wherever_it_is_made(tmp_path):
+    """Plot functions return figures a notebook shows once, whether the cell ends with them, calls
+    plt.show() or neither (issue 46: lab 11's timelines never showed)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source, _ in NOTEBOOK_CELLS])
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    images = [sum("image/png" in out.get("data", {}) for out in cell.outputs) for cell in nb.cells]
+    assert images == [count for _, count in NOTEBOOK_CELLS]
+
+
+def test_outside_a_notebook_plots_leave_no_pyplot_figures_open(trace):
+    import matplotlib.pyplot as plt
+
+    assert matplotlib.get_backend().lower() == "agg"
+    fig = plot.timeline(trace)
+    assert plt.get_fignums() == [] and type(fig) is matplotlib.figure.Figure

@@ -321,6 +321,30 @@ def test_whatif_hardware_switch_resets_bandwidth():
     assert state.prediction.hardware.flops == GPU_PRESETS["8xH100-pcie"].flops
 
 
+def test_whatif_speaks_korean_or_english(monkeypatch):
+    """Lab 05's what-if widget was English only (issue 46): its labels, status line and plots follow
+    ``lang`` (a control, as the planner's)."""
+    from mpkit.widgets import whatif as module
+
+    drawn = []
+    monkeypatch.setattr(module.plot, "timeline", lambda run, lang: drawn.append(("timeline", lang)))
+    monkeypatch.setattr(module.plot, "memory", lambda run, lang: drawn.append(("memory", lang)))
+    monkeypatch.setattr(module, "display", lambda fig: None)
+    box = module.whatif("pp", hardware="8xA100-nvlink", lang="ko")
+    state = box.whatif
+    assert [state.controls[k].description for k in ("world_size", "micro_batches", "hidden", "layers")] == \
+        ["랭크 수", "마이크로배치", "은닉 크기", "레이어"]
+    assert state.status.value.startswith("스텝 ") and "통신" in state.status.value
+    assert drawn == [("timeline", "ko"), ("memory", "ko")]
+    state.controls["lang"].value = "en"
+    assert state.controls["world_size"].description == "world size" and state.status.value.startswith("step ")
+    assert drawn[-2:] == [("timeline", "en"), ("memory", "en")]
+    state.controls["micro_batches"].value = 5  # refused: said in the widget's language, the error's text kept
+    assert "not predicted" in state.status.value and "micro_batches" in state.status.value
+    with pytest.raises(ValueError, match="lang must be one of 'ko', 'en'"):
+        module.whatif("pp", hardware="8xA100-nvlink", lang="fr")
+
+
 def test_measured_tables_interpolate_and_replace_the_formula():
     def sweep(rows, gap=1e-4):
         return {"gap": gap, "rows": rows}

@@ -3,6 +3,7 @@ the caller and named, and answers (or refusals) come at once, whatever the sizes
 before: a loop to sqrt(gpus), a ZeroDivisionError, a torch overflow, a quadratic trace scan, a
 flag taken as True, or ``sim.plan`` turned into a module."""
 import dataclasses
+import importlib
 import subprocess
 import sys
 import time
@@ -53,8 +54,43 @@ def test_plan_options_are_checked_by_name(option, value, message):
 
 def test_predict_refuses_a_batch_torch_cannot_size():
     # failed inside torch: "Storage size calculation overflowed"
-    with pytest.raises(ValueError, match="batch_size=4000000000000000000 .* more than predict profiles"):
+    with pytest.raises(ValueError, match=r"activations \(batch_size=4000000000000000000 x hidden=64\) .* more than "
+                                         "predict profiles"):
         predict("dp", hardware="8xH100-nvlink", batch_size=4 * 10**18)
+
+
+@pytest.mark.parametrize("sizes,names", [
+    (dict(model="mlp", hidden=2**25), "a layer's weight (hidden=33554432 x hidden=33554432)"),
+    (dict(model="gpt", hidden=2**24), "the MLP's weight (4·hidden x hidden, hidden=16777216)"),
+    (dict(model="gpt", seq_len=2**22), "the attention scores (batch_size=32 x heads=4 x seq_len²=4194304²)"),
+    (dict(model="gpt", vocab=2**44), "the logits (batch_size=32 x seq_len=16 x vocab=17592186044416)"),
+])
+def test_a_huge_predict_names_the_tensor_and_the_sizes_that_make_it(sizes, names):
+    """It blamed the default ``batch_size=32`` whatever made the tensor huge (issue 46)."""
+    with pytest.raises(ValueError) as refused:
+        predict("single", hardware="8xH100-nvlink", **sizes)
+    assert str(refused.value).startswith(f"{names} has ") and "more than predict profiles" in str(refused.value)
+    if "batch_size" not in names:
+        assert "batch_size" not in str(refused.value)
+
+
+@pytest.mark.timeout(240)
+def test_a_valid_huge_tensor_parallel_predict_profiles_shapes_only(monkeypatch):
+    """A valid huge ``tp`` predict (hidden 2**22: weights of 2**46 elements) built every layer's index
+    lists as real tensors of its width and checked them, 15-60 s and 1.6 GB; profiled on the meta
+    device they are shapes too, and the prediction is as fast as a small model's."""
+    tp_module = importlib.import_module("mpkit.parallel.tensor_parallel")  # the package's name is the function
+
+    devices, real_split = [], tp_module.contiguous_split
+
+    def recording_split(size, parts):
+        split = real_split(size, parts)
+        devices.extend(t.device.type for t in split)
+        return split
+
+    monkeypatch.setattr(tp_module, "contiguous_split", recording_split)
+    prediction = predict("tp", hardware="8xH100-nvlink", world_size=4, model="gpt", hidden=2**22)
+    assert prediction.step_time > 0 and devices and set(devices) == {"meta"}
 
 
 class _CountingList(list):

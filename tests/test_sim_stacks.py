@@ -21,13 +21,30 @@ def test_a_stack_sets_the_matmul_rate_and_the_table_says_which():
 
 
 def test_a_stack_without_runs_on_the_gpu_is_refused_with_the_ones_that_have():
-    with pytest.raises(ValueError, match="stack='megatron' has no published runs on 'H100'; stacks measured on "
-                                         "it: 'generic', 'torchtitan', 'llm-foundry', 'llama3'"):
-        plan("gpt3-175b", "16x8xH100-ib", gpus=128, global_batch=512, stack="megatron")
-    with pytest.raises(ValueError, match="stack='nemo' is unknown; use one of 'generic', 'megatron'"):
-        plan("gpt3-175b", "16x8xH100-ib", gpus=128, global_batch=512, stack="nemo")
+    with pytest.raises(ValueError, match="stack='deepspeed' has no published runs on 'H100'; stacks measured on "
+                                         "it: 'generic', 'megatron', 'torchtitan', 'llm-foundry', 'llama3', 'nemo'"):
+        plan("gpt3-175b", "16x8xH100-ib", gpus=128, global_batch=512, stack="deepspeed")
+    with pytest.raises(ValueError, match="stack='nemo' has no published runs on 'A100'"):
+        plan("gpt3-175b", "16x8xA100-ib", gpus=128, global_batch=512, stack="nemo")
+    with pytest.raises(ValueError, match="stack='megatron-lm' is unknown; use one of 'generic', 'megatron'"):
+        plan("gpt3-175b", "16x8xH100-ib", gpus=128, global_batch=512, stack="megatron-lm")
     assert gpu_model(get_hardware("Nx8xA100-40GB-ib")) == "A100-40GB"
     assert with_stack(get_hardware("Nx8xA100-40GB-ib"), "megatron").mfu == 0.66  # an A100's rate
+
+
+def test_the_stacks_users_pick_price_h100_from_their_own_sources():
+    """Megatron-LM on H100 was refused (issue 46): its rate comes from the Megatron-LM README's H100
+    runs, NeMo's from NeMo's DGX-H100 table; neither source is among the validation runs, and the
+    table says which source it used."""
+    megatron = plan("gpt3-175b", "16x8xH100-ib", gpus=128, global_batch=512, stack="megatron")
+    assert megatron.hardware.mfu == STACKS["megatron"].matmul["H100"]
+    assert "Megatron-LM README's GPT-3 175B on 96 and 4,608 GPUs" in str(megatron)
+    nemo = plan("gpt3-175b", "16x8xH100-ib", gpus=128, global_batch=512, stack="nemo", fp8=True)
+    assert nemo.hardware.mfu == STACKS["nemo"].matmul["H100"] and "all FP8" in str(nemo)
+    published = load_published()
+    validation = {run.source for run in published.RUNS}
+    assert {run.source for run in published.STACK_RUNS}.isdisjoint(validation)
+    assert {published.STACK_OF[run.source] for run in published.STACK_RUNS} == {"megatron", "nemo"}
 
 
 def test_the_widget_has_a_software_control():

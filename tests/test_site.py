@@ -1,6 +1,7 @@
 """The labs as a website (``python site/build.py``), as a reader meets it in Chromium.
 
-Builds the site once into a temporary folder (every lab runs once, top to bottom), serves it on
+Builds the site once into a temporary folder (every lab runs once, top to bottom; a lab this
+session's nbval pass already ran, kept by the root conftest.py, is taken from it), serves it on
 127.0.0.1 and opens every page in Debian's Chromium (as ``test_browser.py``, never a downloaded
 browser): its figures loaded, its Korean text drawn with a Hangul font, its internal links and
 their anchors present, a Binder link, and on the item-bank pages keys that stay hidden until
@@ -9,8 +10,10 @@ clicked. Screenshots of failures go to ``artifacts/site/``.
 from __future__ import annotations
 
 import functools
+import html
 import http.server
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -23,6 +26,7 @@ from urllib.parse import urldefrag, urlparse
 import playwright.sync_api as sync_api
 import pytest
 
+from executed_labs import CACHE_ENV
 from install_lines import readme_command
 from test_browser import CHROMIUM, browser  # noqa: F401 (the module's Chromium, a fixture)
 
@@ -54,10 +58,16 @@ def site(tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium and fonts-nanum, as .ci/run does")
     out = tmp_path_factory.mktemp("site")
-    build = subprocess.run([*build_command(), "--out", str(out), "--repository", "https://github.com/example/mpkit"],
-                           cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    # the labs this session's nbval pass ran (the root conftest.py keeps them), so they run once
+    executed = os.environ.get(CACHE_ENV)
+    reuse = ["--executed", executed] if executed and Path(executed).is_dir() else []
+    build = subprocess.run([*build_command(), "--out", str(out), "--repository", "https://github.com/example/mpkit",
+                            *reuse], cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     print(build.stdout[-1500:])  # each lab's seconds and the whole build's: shown with -s or on failure
+    for ran in sorted(Path(executed).glob("*.ipynb")) if reuse else ():  # a lab nbval ran is not run again
+        unchanged_since = (REPO / "labs" / ran.name).stat().st_mtime < ran.stat().st_mtime
+        assert not unchanged_since or f"{ran.name}: already run" in build.stdout, build.stdout[-3000:]
     return out / "_build" / "html", out / "src" / "labs"
 
 
@@ -133,6 +143,34 @@ def test_every_lab_is_a_page(site):
     html_dir, _ = site
     assert [p.stem for p in sorted((html_dir / "labs").glob("*.html"))] == LABS
     assert LABS and all(name[:2].isdigit() for name in LABS)
+
+
+def lab_titles() -> dict:
+    """{lab: its title}, the first heading of the lab's first markdown cell, backticks dropped (as the
+    page's text shows them)."""
+    titles = {}
+    for lab in LABS:
+        cells = json.loads((REPO / "labs" / f"{lab}.ipynb").read_text(encoding="utf-8"))["cells"]
+        first = "".join(next(c for c in cells if c["cell_type"] == "markdown")["source"]).splitlines()[0]
+        titles[lab] = first.removeprefix("# ").replace("`", "")
+    return titles
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 100)
+def test_the_home_page_lists_labs_by_title_and_the_footer_reads_in_korean(site):
+    """The home page listed the labs by file name, and the theme's footer read "으로 mpkit lab"
+    (its "By {author}" in Korean)."""
+    html_dir, _ = site
+    links = dict(re.findall(r'<a class="reference internal" href="labs/([^".]+)\.html">(.*?)</a>',
+                            (html_dir / "intro.html").read_text(encoding="utf-8"), re.S))
+    # the page's text: tags dropped, entities read, Sphinx's curly apostrophes straightened
+    shown = {lab: html.unescape(re.sub(r"<[^>]+>", "", text)).strip().replace("\u2019", "'")
+             for lab, text in links.items()}
+    assert shown == lab_titles()
+    for path in pages(html_dir):
+        page = (html_dir / path).read_text(encoding="utf-8")
+        footer = page[page.index('<footer class="bd-footer-content'):]
+        assert "으로 mpkit lab" not in page and "2026 mpkit lab" in footer, path
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT_S + 400)

@@ -1,6 +1,6 @@
-"""``mpkit exercise list|assign``: the exercises and their nbgrader notebooks (parsing and printing only)."""
-from mpkit.exercises import EXERCISES
-from mpkit.exercises.assignment import write_assignment
+"""``mpkit exercise list|assign``: the arguments (the handlers, ``exercise_command``, import the
+exercises and nbformat only when one runs)."""
+from mpkit.cli.later import later
 from mpkit.i18n import LANGS
 
 
@@ -10,7 +10,7 @@ def register(subparsers):
     commands = exercise.add_subparsers(dest="exercise_command", required=True, metavar="COMMAND")
     p = commands.add_parser("list", help="every exercise with its lab and number of graded cases")
     p.add_argument("--lang", choices=LANGS, default="en")
-    p.set_defaults(handler=cmd_list)
+    p.set_defaults(handler=later("mpkit.cli.exercise_command:cmd_list"))
     p = commands.add_parser("assign", help="write an nbgrader source notebook with solution regions and hidden tests",
                             description="Write the instructor's notebook (e.g. course/source/ex1/ex1.ipynb): "
                                         "`nbgrader generate_assignment` strips the solutions; autograde gives one "
@@ -19,17 +19,4 @@ def register(subparsers):
                    help="comma-separated exercise names (see `mpkit exercise list`)")
     p.add_argument("--out", required=True, metavar="NOTEBOOK.ipynb")
     p.add_argument("--lang", choices=LANGS, default="ko")
-    p.set_defaults(handler=cmd_assign)
-
-
-def cmd_list(args):
-    for name, ex in EXERCISES.items():
-        print(f"lab {ex.lab}  {name:<22} {len(ex.cases)} cases  {ex.title(args.lang)}")
-    return 0
-
-
-def cmd_assign(args):
-    names = [n.strip() for n in args.exercises.split(",") if n.strip()]
-    path = write_assignment(names, args.out, args.lang)
-    print(f"wrote {path}: {len(names)} exercises, {sum(len(EXERCISES[n].cases) for n in names)} points")
-    return 0
+    p.set_defaults(handler=later("mpkit.cli.exercise_command:cmd_assign"))

@@ -11,19 +11,19 @@ lab 04 shows: the pipeline (``pp``, ``MICRO_BATCHES`` micro-batches) far below t
 split (``mp``). The table ends with the caveat that this is simulated device time, not a speed
 measurement. With ``mpkit.plot`` available it also saves a timeline per strategy and one memory
 chart of all.
+
+This module is the command's arguments and settings; the work is ``tour_command.main``, imported
+only when the tour runs.
 """
 from __future__ import annotations
 
 import math
-import statistics
-import time
 import unicodedata
 from pathlib import Path
 
-from mpkit.errors import LaunchError
-from mpkit.i18n import LANGS, t
-from mpkit.strategies import SEQUENCE_STRATEGIES, STRATEGIES
-from mpkit.training import train
+from mpkit.cli.later import later
+from mpkit.i18n import LANGS
+from mpkit.registry import SEQUENCE_STRATEGIES, STRATEGIES
 
 STEPS = 4           # step 0 pays first-call costs; the bubble is the median of the others
 LAYER_MS = 20.0     # simulated device time per layer and micro-batch, forward (backward: twice):
@@ -41,7 +41,7 @@ def register(subparsers):
     p.add_argument("--out", default="mpkit-tour", metavar="DIR", help="where the PNGs go (default ./mpkit-tour)")
     p.add_argument("--no-plots", action="store_true", help="only the table")
     p.add_argument("--lang", choices=LANGS, default="en", help="language of the table and plots (default en)")
-    p.set_defaults(handler=main)
+    p.set_defaults(handler=later("mpkit.cli.tour_command:main"))
     return p
 
 
@@ -78,44 +78,6 @@ def check_out(out: Path) -> None:
             return
 
 
-def main(args) -> int:
-    settings = tour_settings(args.world_size)
-    if not args.no_plots:
-        check_out(Path(args.out))
-    lang = args.lang
-    rows, runs, failed, reference = [], {}, 0, None
-    for strategy in TOURED:  # single first: every other run is compared with it
-        start = time.perf_counter()
-        try:
-            run = train(strategy, 1 if strategy == "single" else args.world_size, **settings,
-                        **strategy_options(strategy, args.world_size))
-        except (ValueError, LaunchError, ImportError) as exc:
-            failed += 1
-            rows.append([strategy, "-", f"{t('tour_error', lang)}: {str(exc).splitlines()[0][:70]}"])
-            continue
-        seconds = time.perf_counter() - start
-        runs[strategy] = run
-        reference = reference or run
-        peaks = "/".join(f"{m.peak_total / 2**20:.2f}" for m in run.memory)
-        rows.append([strategy, str(run.world_size), f"{run.losses[-1]:.4f}",
-                     f"{run.compare_to_reference(reference).max:.1e}", peaks,
-                     f"{bubble(run):.0%}", f"{run.trace.comm_share():.0%}", f"{seconds:.1f}s"])
-    print(t("tour_header", lang, n=args.world_size, model=settings["model"], layers=settings["layers"],
-            batch=settings["batch_size"], steps=STEPS, m=MICRO_BATCHES) + "\n")
-    print(table([t(key, lang) for key in COLUMNS], rows))
-    print("\n" + t("tour_caveat", lang, ms=LAYER_MS, m=MICRO_BATCHES, p=args.world_size))
-    if not args.no_plots:
-        saved = save_plots(runs, Path(args.out), lang)
-        if saved:
-            print("\n" + t("tour_plots", lang, n=len(saved), out=args.out))
-    return 1 if failed else 0
-
-
-def bubble(run) -> float:
-    """Median over steps 1.. of the idle share from a step's first forward to its last backward."""
-    return statistics.median(run.trace.pipeline_bubble(step) for step in range(1, STEPS))
-
-
 def _width(text: str) -> int:
     """Columns ``text`` takes in a terminal: Hangul and other wide characters take two."""
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
@@ -127,17 +89,3 @@ def table(header, rows) -> str:
              for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def save_plots(runs, out: Path, lang: str = "en") -> list[str]:
-    """A timeline per strategy and one memory chart of all (matplotlib is imported here, on first
-    use, so ``mpkit quiz ...`` and ``--no-plots`` never load it)."""
-    from mpkit import plot
-
-    saved = []
-    for name, run in runs.items():
-        fig = plot.timeline(run, lang=lang)
-        saved.append(plot.save(fig, out / f"timeline_{name}.png"))
-    fig = plot.memory(runs, lang=lang)
-    saved.append(plot.save(fig, out / "memory.png"))
-    return saved

@@ -138,11 +138,11 @@ def _config(strategy, world_size, model, batch_size, options):
     if not cfg.model.builtin:
         raise ValueError("the cost model profiles the built-in models (model='mlp' or 'gpt' with their sizes); "
                          "it cannot count the operations of a model factory")
-    largest = _largest_tensor(cfg.model, cfg.batch_size)
+    largest, what = _largest_tensor(cfg.model, cfg.batch_size)
     if largest > MAX_ELEMENTS:
-        raise ValueError(f"batch_size={cfg.batch_size} with these model sizes makes tensors of {largest:.3g} elements, "
-                         f"more than predict profiles (at most 2**48); use smaller sizes, or for cluster-scale runs "
-                         f"mpkit.sim.plan(model=..., hardware=..., gpus=..., global_batch=...)")
+        raise ValueError(f"{what} has {largest:.3g} elements, more than predict profiles (at most 2**48); make "
+                         f"those sizes smaller, or for cluster-scale runs use mpkit.sim.plan(model=..., hardware=..., "
+                         f"gpus=..., global_batch=...)")
     if cfg.model.layers > MAX_LAYERS:
         raise ValueError(f"layers={cfg.model.layers}: predict profiles every layer (up to 0.06 s each), at most "
                          f"{MAX_LAYERS}; for deeper models use mpkit.sim.plan(model=..., hardware=..., gpus=..., "
@@ -150,14 +150,23 @@ def _config(strategy, world_size, model, batch_size, options):
     return cfg
 
 
-def _largest_tensor(model, batch: int) -> int:
-    """Elements of the largest activation or weight the built-in ``model`` makes for ``batch``."""
-    if model.kind == "mlp":
-        widest = max(model.d_in, model.hidden, model.classes)
-        return max(batch * widest, model.hidden * widest)
-    rows = batch * model.seq_len
-    return max(rows * 4 * model.hidden, rows * model.vocab, batch * model.heads * model.seq_len ** 2,
-               model.vocab * model.hidden, 4 * model.hidden ** 2)
+def _largest_tensor(model, batch: int) -> tuple[int, str]:
+    """Elements of the largest activation or weight the built-in ``model`` makes for ``batch``, and
+    which one it is, by the sizes that make it (a refusal names them, not an innocent batch_size)."""
+    m = model
+    if m.kind == "mlp":
+        widest = max(("d_in", m.d_in), ("hidden", m.hidden), ("classes", m.classes), key=lambda kv: kv[1])
+        tensors = [(batch * widest[1], f"a layer's activations (batch_size={batch} x {widest[0]}={widest[1]})"),
+                   (m.hidden * widest[1], f"a layer's weight (hidden={m.hidden} x {widest[0]}={widest[1]})")]
+    else:
+        rows = f"batch_size={batch} x seq_len={m.seq_len}"
+        tensors = [(batch * m.seq_len * 4 * m.hidden, f"the MLP's activations ({rows} x 4·hidden, hidden={m.hidden})"),
+                   (batch * m.seq_len * m.vocab, f"the logits ({rows} x vocab={m.vocab})"),
+                   (batch * m.heads * m.seq_len ** 2,
+                    f"the attention scores (batch_size={batch} x heads={m.heads} x seq_len²={m.seq_len}²)"),
+                   (m.vocab * m.hidden, f"the embedding (vocab={m.vocab} x hidden={m.hidden})"),
+                   (4 * m.hidden ** 2, f"the MLP's weight (4·hidden x hidden, hidden={m.hidden})")]
+    return max(tensors, key=lambda t: t[0])
 
 
 def concurrency(trace) -> float:

@@ -11,7 +11,10 @@
 
 Autograde runs the learner's code only inside the checker's forked ranks, each case with a
 timeout: a deadlock or an endless loop costs that exercise, never the run. nbgrader restores
-every test cell from its database before grading, so an edited test cell changes nothing.
+every test cell from its database before grading, so an edited test cell changes nothing. Under
+nbgrader's layout (``<course>/source/<a>/``) ``<course>/nbgrader_config.py`` gets mpkit's
+preprocessors (:func:`mpkit.quiz.nbgrader.configure`), as ``mpkit quiz assign`` does: autograde then
+warns about a test cell's checksum only when a student edited it, not for every hidden test.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import nbformat
 from mpkit.exercises import solutions
 from mpkit.exercises.catalog import get
 from mpkit.i18n import check_lang
+from mpkit.quiz.assignment import nbgrader_course, register_nbgrader
 
 SETUP = ("import torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\nfrom mpkit import exercises\n"
          "from mpkit.parallel.pipeline.schedules import (Backward, BackwardInput, BackwardWeight, Forward, OptimizerStep,\n"
@@ -97,4 +101,7 @@ def write_assignment(names, out, lang: str = "ko") -> Path:
         nb.cells += exercise_cells(name, lang)
     os.makedirs(out.parent, exist_ok=True)
     nbformat.write(nb, out)
+    course = nbgrader_course(out)
+    if course is not None:  # mpkit's preprocessors: checksum warnings only for edited cells, wrapped feedback
+        register_nbgrader(course)
     return out

@@ -377,13 +377,14 @@ def head_split(hidden: int, parts: int) -> list[torch.Tensor]:
 
 
 def _rank_indices(indices, size: int, world_size: int, name: str, dim: int) -> list[torch.Tensor]:
-    """Each rank's feature indices: ``indices`` checked (``_partition``), or contiguous equal slices."""
+    """Each rank's feature indices: ``indices`` checked (``_partition``), or contiguous equal slices
+    (a partition by construction: checking them cost seconds per layer for the cost model's huge widths)."""
     if indices is None:
         if size % world_size:
             what = "out_features" if dim == 0 else "in_features"
             raise ValueError(f"layer {name or '?'}: tp size {world_size} does not divide {what}={size}; use a "
                              f"tensor-parallel size that divides {size}")
-        indices = contiguous_split(size, world_size)
+        return contiguous_split(size, world_size)
     return _partition(indices, size, world_size, name, dim)
 
 
@@ -399,7 +400,12 @@ def _partition(indices, size: int, world_size: int, name: str, dim: int) -> list
     if any(p.dim() != 1 or p.is_floating_point() or p.is_complex() or p.dtype == torch.bool for p in parts):
         raise ValueError(f"layer {name or '?'}: each rank's index list must be a 1-D list or tensor of whole numbers")
     parts = [p.long() for p in parts]
+    if any(p.is_meta for p in parts):
+        return parts  # a shapes-only model (the cost model's, on the meta device): no values to check
     every = torch.cat([p.cpu() for p in parts])  # checked where they all are; each list keeps its device
+    if every.numel() == size and (size == 0 or (every.min() >= 0 and every.max() < size
+                                                and torch.bincount(every, minlength=size).max() <= 1)):
+        return parts  # as many indices as features, none outside, none twice: each exactly once
     inside = (every >= 0) & (every < size)
     counts = torch.bincount(every[inside], minlength=size)
     faults = {"outside 0..%d" % (size - 1): every[~inside].unique().tolist(),

@@ -1,6 +1,7 @@
 """``mpkit.plot``: timelines, memory bars/curves and bytes-on-the-wire charts from a run's own logs.
 
-Every function takes ``lang="en"`` or ``lang="ko"`` and returns a matplotlib Figure.
+Every function takes ``lang="en"`` or ``lang="ko"`` and returns a matplotlib Figure, which a notebook
+shows whether or not it is the cell's value, once (``style.new_figure``).
 """
 from mpkit.plot.bubble import bubble
 from mpkit.plot.breakdown import breakdown

@@ -1,10 +1,15 @@
 """Fixed colours and the figure/drawing context shared by every plot, so plots are reproducible.
 
-Figures are plain ``matplotlib.figure.Figure`` objects (not pyplot's): a notebook shows the
-returned figure once, and tests do not accumulate open pyplot figures.
+In a notebook (matplotlib's inline backend) pyplot manages every figure a plot function makes, as
+it does ``plt.subplots()``'s: the notebook shows it when the cell ends even when it is not the
+cell's value, and ``plt.show()`` shows it. A figure that is the cell's value, or passed to
+``display()``, is taken from pyplot as it is shown, so it is shown once. Elsewhere (scripts, the
+command line, tests) figures are plain ``matplotlib.figure.Figure`` objects: nothing accumulates
+open pyplot figures.
 """
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,9 +47,31 @@ def drawing(lang):
         yield
 
 
+class NotebookFigure(Figure):
+    """A figure pyplot manages under the inline backend (``new_figure``), shown once: showing it
+    as a cell's value or with ``display()`` takes it from pyplot first, so the inline backend,
+    which shows every pyplot figure when the cell ends, does not show it again."""
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is not None:
+            pyplot.close(self)
+        return None  # IPython's own figure formatter draws it
+
+
+def _notebook_pyplot():
+    """pyplot when it is loaded with the inline backend (a Jupyter notebook), else None."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    backend = matplotlib.get_backend(auto_select=False) or ""
+    return pyplot if pyplot is not None and "inline" in backend else None
+
+
 def new_figure(width: float, height: float, **subplots):
-    """(figure, axes) of a fixed size; ``subplots`` go to ``Figure.subplots``."""
-    fig = Figure(figsize=(width, height))
+    """(figure, axes) of a fixed size; ``subplots`` go to ``Figure.subplots``. In a notebook
+    pyplot manages the figure (see the module's docstring), elsewhere it is a plain Figure."""
+    pyplot = _notebook_pyplot()
+    fig = (pyplot.figure(figsize=(width, height), FigureClass=NotebookFigure) if pyplot is not None
+           else Figure(figsize=(width, height)))
     return fig, fig.subplots(**subplots)
 
 

@@ -193,7 +193,8 @@ def profile_piece(cfg: ModelConfig, first: int, last: int, batch: int, tp: int =
     if tp > 1:
         if shard is None:
             raise ValueError("profile_piece(tp > 1) needs the strategy's shard(model, rank, tp)")
-        shard(model, 0, tp)
+        with torch.device("meta"):  # its index lists too: real ones of a huge width took seconds per layer
+            shard(model, 0, tp)
     layers = list(range(first, last))
     piece = torch.nn.ModuleList([model.layers[i] for i in layers])
     recompute_layers(piece, recompute, lambda: (contextlib.nullcontext(), _CpuKernels()))  # recomputed as run

@@ -28,7 +28,8 @@ from mpkit.quiz.instructor import check_output_file
 
 KEY_NAME = "ANSWER_KEY"
 CONFIG_IMPORT = "from mpkit.quiz.nbgrader import configure"
-CONFIG_BLOCK = (f"\n# mpkit quiz: grade quiz answers from each submitted notebook (added by `mpkit quiz assign`)\n"
+CONFIG_BLOCK = (f"\n# mpkit: grade quiz answers from each submitted notebook, warn about test cells only when a student "
+                f"edited one, wrap feedback lines (added by `mpkit quiz assign` / `mpkit exercise assign`)\n"
                 f"{CONFIG_IMPORT}\nconfigure(c)\n")
 
 

@@ -25,6 +25,16 @@ The answers live in the hand-in cell's output, which ``ClearOutput`` would erase
   with :mod:`mpkit.quiz.marking` (first answers count) and makes the cell's output the per-item
   table plus the score, replacing whatever the student's kernel printed there.
 
+Two more, for any assignment with hidden tests (quizzes and ``mpkit exercise assign``'s exercises):
+
+* :class:`RestoreCells` replaces nbgrader's ``OverwriteCells``: it restores locked cells alike, but
+  warns ``Attribute 'checksum' for cell ... has changed!`` only for a cell the student changed.
+  nbgrader's own warned for every cell with hidden tests in every submission (its database holds
+  the checksum of the instructor's copy, the students got the cell without its hidden tests), so
+  the one warning that mattered, a student who edited a test cell, was lost among them;
+* :class:`WrapFeedbackLines`, in ``GenerateFeedback``: lines of the feedback pages (a check's
+  message, a traceback) wrap at the page's width instead of running off it.
+
 Who the student is comes from nbgrader (the ``submitted/<student id>/`` folder), never from
 the notebook. The quiz classes do nothing to notebooks without an mpkit hand-in cell, so one course
 config serves every assignment. In ``nbgrader_config.py``::
@@ -42,7 +52,8 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.converters import Autograde
 from nbgrader.nbgraderformat import MetadataValidator, ValidationError
 from nbgrader.nbgraderformat.common import SchemaMismatchError
-from nbgrader.preprocessors import CheckCellMetadata, Execute, NbGraderPreprocessor
+from nbgrader.converters import GenerateFeedback
+from nbgrader.preprocessors import CheckCellMetadata, ClearHiddenTests, Execute, NbGraderPreprocessor, OverwriteCells
 
 from mpkit.i18n import LANGS, t
 from mpkit.quiz.assignment import KEY_NAME
@@ -204,6 +215,47 @@ class ScoreQuizAnswers(NbGraderPreprocessor):
         return nb, resources
 
 
+class RestoreCells(OverwriteCells):
+    """Sanitize pass, in place of nbgrader's ``OverwriteCells``: the same restoring, and its
+    checksum warning only for a locked cell that differs from the copy the students were given
+    (the instructor's with its hidden tests removed), i.e. one a student edited."""
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        self._as_released = self._is_as_released(cell)
+        return super().preprocess_cell(cell, resources, cell_index)
+
+    def _is_as_released(self, cell):
+        grade_id = _grade_id(cell)
+        if not grade_id:
+            return False
+        try:
+            source = self.gradebook.find_source_cell(grade_id, self.notebook_id, self.assignment_id)
+        except MissingEntry:
+            return False
+        released = nbformat.from_dict({"cell_type": source.cell_type, "source": source.source, "metadata": {}})
+        return (ClearHiddenTests(config=self.config)._remove_hidden_test_region(released)  # nbgrader's own stripping
+                and cell.source == released.source)
+
+    def report_change(self, name, attr, old, new):
+        if attr == "checksum" and self._as_released:
+            self.log.debug("mpkit: cell %s as released (hidden tests put back)", name)
+            return
+        super().report_change(name, attr, old, new)
+
+
+# nbgrader's feedback template keeps each output line on one line of a <pre>
+WRAP_CSS = "pre { white-space: pre-wrap; overflow-wrap: anywhere; }"
+
+
+class WrapFeedbackLines(NbGraderPreprocessor):
+    """GenerateFeedback, after nbconvert's ``CSSHTMLHeaderPreprocessor`` (which sets the page's
+    inlined CSS): long lines wrap at the page's width."""
+
+    def preprocess(self, nb, resources):
+        resources.setdefault("inlining", {}).setdefault("css", []).append(WRAP_CSS)
+        return nb, resources
+
+
 def read_key(source):
     """``ANSWER_KEY`` (item id -> "O"/"X") from the hand-in cell's source, parsed, not run."""
     for node in ast.parse(source).body:
@@ -220,23 +272,28 @@ def read_key(source):
 
 def configure(c):
     """Add :class:`CollectQuizAnswers`, :class:`ContainBrokenCells`, :class:`SkipAddedCells` and
-    :class:`ScoreQuizAnswers` to nbgrader's autograde preprocessors in config ``c`` (idempotent;
-    keeps lists the course already customised)."""
-    def current(name):
-        default = list(Autograde.class_traits()[name].default())
-        value = c.Autograde.get(name)
+    :class:`ScoreQuizAnswers` to nbgrader's autograde preprocessors in config ``c``, put
+    :class:`RestoreCells` in ``OverwriteCells``' place and :class:`WrapFeedbackLines` into
+    ``GenerateFeedback`` (idempotent; keeps lists the course already customised)."""
+    def current(section, cls, name):
+        default = list(cls.class_traits()[name].default())
+        value = c[section].get(name)
         if hasattr(value, "get_value"):  # a lazy edit such as c.Autograde.x.append(...)
             return list(value.get_value(default))
         return list(value) if isinstance(value, list) else default
 
-    sanitize = [p for p in current("sanitize_preprocessors") if p not in (CollectQuizAnswers, ContainBrokenCells)]
+    sanitize = [RestoreCells if p is OverwriteCells else p for p in current("Autograde", Autograde, "sanitize_preprocessors")
+                if p not in (CollectQuizAnswers, ContainBrokenCells)]
     check = next((i for i, p in enumerate(sanitize) if isinstance(p, type) and issubclass(p, CheckCellMetadata)),
                  len(sanitize))
     sanitize.insert(check, ContainBrokenCells)
-    autograde = [p for p in current("autograde_preprocessors") if p not in (SkipAddedCells, ScoreQuizAnswers)]
+    autograde = [p for p in current("Autograde", Autograde, "autograde_preprocessors")
+                 if p not in (SkipAddedCells, ScoreQuizAnswers)]
     run = next((i for i, p in enumerate(autograde) if isinstance(p, type) and issubclass(p, Execute)), None)
     if run is None:
         raise ValueError("Autograde.autograde_preprocessors has no Execute step to score after")
     autograde[run:run + 1] = [SkipAddedCells, autograde[run], ScoreQuizAnswers]
     c.Autograde.sanitize_preprocessors = [CollectQuizAnswers, *sanitize]
     c.Autograde.autograde_preprocessors = autograde
+    c.GenerateFeedback.preprocessors = [*(p for p in current("GenerateFeedback", GenerateFeedback, "preprocessors")
+                                          if p is not WrapFeedbackLines), WrapFeedbackLines]

@@ -1,7 +1,7 @@
-"""The strategy registry: every strategy ``mpkit.train`` runs, by name.
+"""The strategies ``mpkit.train`` runs, by name (the registry itself is ``mpkit.registry``, torch-free).
 
-Each entry names the module that defines its ``STRATEGY`` (a ``base.Strategy``: option defaults,
-``validate``, ``run_rank`` and the cost model's ``program``) and says in a line what it does.
+Each entry of ``REGISTRY`` names the module that defines its ``STRATEGY`` (a ``base.Strategy``: option
+defaults, ``validate``, ``run_rank`` and the cost model's ``program``) and says in a line what it does.
 Modules load on first use: fsdp and the pipelining cross-check each cost about a second of imports,
 which a notebook that never runs them should not pay. ARCHITECTURE.md says how to add one.
 """
@@ -11,29 +11,8 @@ import torch
 
 from mpkit.config import DEFAULT_LOSS_SCALE, TrainConfig, build_config
 from mpkit.parallel.recompute import selective_targets
+from mpkit.registry import REGISTRY, SEQUENCE_STRATEGIES, STRATEGIES
 from mpkit.strategies.base import Strategy
-
-REGISTRY = {
-    "single": ("mpkit.strategies.single", "reference run on one device"),
-    "dp": ("mpkit.strategies.dp",
-           "data parallel from scratch: broadcast, shard batch, all-reduce gradients (buckets, overlap)"),
-    "ddp": ("mpkit.strategies.ddp", "torch.nn.parallel.DistributedDataParallel"),
-    "zero1": ("mpkit.strategies.zero1", "data parallel with optimizer state sharded across ranks (ZeRO stage 1)"),
-    "fsdp": ("mpkit.strategies.fsdp", "FSDP2 fully_shard: parameters, gradients and optimizer state sharded (ZeRO-3)"),
-    "mp": ("mpkit.strategies.mp", "layer-wise model parallel: consecutive layers on different devices"),
-    "tp": ("mpkit.strategies.tp", "Megatron tensor parallel: column- then row-parallel linear layers"),
-    "pp": ("mpkit.strategies.pp", "pipeline parallel: micro-batches through stages (gpipe, 1f1b, interleaved)"),
-    "ps": ("mpkit.strategies.ps", "parameter server over torch.distributed.rpc (mode sync or async)"),
-    "sp": ("mpkit.strategies.sp", "tensor parallel with Megatron sequence parallelism: LayerNorms and residuals split along the sequence"),
-    "cp": ("mpkit.strategies.cp", "context parallel: the sequence split across ranks, ring or Ulysses (all-to-all) attention"),
-    "ep": ("mpkit.strategies.ep", "expert parallel: a mixture of experts spread across ranks, all-to-all dispatch and combine"),
-    "3d": ("mpkit.strategies.three_d", "data x pipeline x context x tensor (x expert) parallel on one DeviceMesh, "
-                                       "in a rank order you choose (Megatron-LM 3D, Llama 3 4D)"),
-}
-STRATEGIES = {name: summary for name, (_, summary) in REGISTRY.items()}
-# They split a sequence or make experts of a transformer's MLPs: the built-in gpt only (not the
-# tour's mlp, which has neither)
-SEQUENCE_STRATEGIES = ("sp", "cp", "ep")
 
 
 def get_strategy(name) -> Strategy:

@@ -5,7 +5,7 @@ what to change, before any rank starts), ``run_rank(ctx, cfg) -> RankOutput`` (o
 training, built on ``mpkit.parallel`` and the one loop in ``loop.py``) and ``program(pricer)``:
 the same step as per-rank instruction lists for the cost model, derived from the same plan
 objects ``run_rank`` executes (bucket plan, shard layout, schedule). The registry is
-``mpkit.strategies.REGISTRY``; ARCHITECTURE.md says how to add one. No strategy module imports
+``mpkit.registry.REGISTRY``; ARCHITECTURE.md says how to add one. No strategy module imports
 another: what several share lives here, in ``loop.py``, ``checks.py`` and ``programs.py``.
 """
 from __future__ import annotations

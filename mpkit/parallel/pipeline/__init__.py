@@ -126,8 +126,17 @@ class Pipeline(nn.Module):
         stage lives; ``y``: where the last one lives. Returns there the batch's loss (the mean of
         the micro-batch losses under ``scale_grads=True``, their sum under False), else None.
         ``losses=[]``/``outputs=[]`` (as torch's ``schedule.step(..., losses=[])``): lists that
-        receive each micro-batch's loss (as ``loss_fn`` returned it) and last-stage output."""
-        return self.executor.step(self.program, x, y, losses, outputs)
+        receive each micro-batch's loss (as ``loss_fn`` returned it) and last-stage output. As in
+        torch, where the last stage lives each step clears and refills them (a list built once and
+        stepped twice holds this step's m losses, not 2m); elsewhere they are left as given."""
+        step_losses, step_outputs = ([] if given is not None else None for given in (losses, outputs))
+        loss = self.executor.step(self.program, x, y, step_losses, step_outputs)
+        if self.holds_last_stage:
+            for given, filled in ((losses, step_losses), (outputs, step_outputs)):
+                if given is not None:
+                    given.clear()
+                    given.extend(filled)
+        return loss
 
     @property
     def stages(self) -> dict:
