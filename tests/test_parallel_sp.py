@@ -254,6 +254,8 @@ def test_train_sp_bad_inputs_fail_before_any_rank_starts():
         mpkit.train("sp", world_size=2, model="mlp")
     with pytest.raises(ValueError, match="'ep'"):
         mpkit.train("sp", world_size=2, model="gpt", experts=2)
+    with pytest.raises(ValueError, match="world_size >= 2"):  # refused in the caller, not by rank 0 after 11 s
+        mpkit.train("sp", world_size=1, model="gpt")
 
 
 def block_in_subgroups(ctx):

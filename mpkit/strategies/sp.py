@@ -27,6 +27,10 @@ def validate(cfg):
     require_gpt(cfg, "it splits a transformer's sequence between its tensor-parallel layers")
     if cfg.model.experts:
         raise ValueError("strategy='sp' splits dense MLPs; a mixture of experts (experts=) trains with 'ep'")
+    if cfg.world_size < 2:
+        raise ValueError(f"strategy='sp' needs world_size >= 2 (got {cfg.world_size}): sequence parallelism shards the "
+                         "sequence between tensor-parallel ranks, and one rank has no one to share it with; "
+                         "train 'single' for one rank")
     validate_tp_size(cfg.model, cfg.world_size, "world_size")
     require_divisible(cfg.model.seq_len, cfg.world_size, "seq_len", "world_size",
                       "sequence parallelism gives every rank an equal shard of the sequence")
