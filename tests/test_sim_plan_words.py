@@ -27,7 +27,7 @@ def test_the_table_states_what_it_assumed_and_what_was_pinned(lab_table):
 def test_switching_them_off_costs_activation_memory_as_the_review_measured(lab_table):
     # the review's winner (DP outermost; the planner now also searches Megatron's PP-outermost order)
     pinned = dict(dp=32, pp=8, tp=4, micro_batch=1, schedule="interleaved", virtual=4, zero=1, recompute="none",
-                  order="dp-pp-tp")
+                  order="dp-pp-cp-tp")
     assert plan(**LAB, **{k: v for k, v in pinned.items() if k not in ("dp", "pp", "tp", "micro_batch", "schedule",
                                                                        "virtual")}).best.setup == \
         plan(**LAB, **pinned).best.setup

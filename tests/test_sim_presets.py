@@ -19,7 +19,7 @@ def test_omni_path_gives_each_gpu_an_eighth_of_four_links():
 def test_bloom_layout_pays_for_the_slower_network():
     kw = dict(model=dict(layers=70, hidden=14336, heads=112, vocab=250880, dropout=False, learned_positions=False),
               gpus=384, global_batch=2048, tp=4, pp=12, dp=8, micro_batch=2, zero=1, recompute="full",
-              order="pp-dp-tp", sequence_parallel=False, flash=False, overlap_dp=False)
+              order="pp-dp-cp-tp", sequence_parallel=False, flash=False, overlap_dp=False)
     opa, ib = plan(hardware="Nx8xA100-opa", **kw).best, plan(hardware="Nx8xA100-ib", **kw).best
     assert opa.links["pp"] == ib.links["pp"] == "inter" and opa.time["dp"] > ib.time["dp"]
     assert opa.step_time > ib.step_time
