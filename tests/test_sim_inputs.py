@@ -18,11 +18,11 @@ from mpkit.sim import get_hardware, plan, predict
 @pytest.mark.parametrize("gpus,batch", [(8 * 10**18, 1536), (64, 10**18), (8 * 10**18, 8 * 10**18)])
 def test_huge_gpus_or_batch_answer_at_once(gpus, batch):
     """They ran a divisor loop to sqrt(n): gpus=8*10**18 and global_batch=10**18 did not answer in
-    30 s; now ~0.01-0.1 s (the bound is for a busy 2-core machine)."""
+    30 s; now ~0.01-0.1 s (the bound is for a machine at load 20)."""
     start = time.perf_counter()
     table = plan("gpt3-175b", "Nx8xH100-ib", gpus=gpus, global_batch=batch)
     table.explain(), str(table)  # the explanation's tp-across-nodes search looped to gpus too
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < 20  # a hang guard, far above load noise: the divisor loop took minutes
     assert all(e.setup.layout.world_size == gpus for e in table.rows + table.dropped)
 
 
