@@ -102,6 +102,7 @@ def sequence_parallel(module: nn.Module, plan: dict, group=None, *, seq_dim: int
     sharded = {id(module.get_submodule(name).weight) for name in targets}
     sharded |= {id(module.get_submodule(n).bias) for n, s in targets.items()
                 if s.style == "column" and module.get_submodule(n).bias is not None}
+    _watch_optimizer_steps()
     for p in module.parameters():
         if id(p) not in sharded and not getattr(p, "sequence_parallel", False):
             p.sequence_parallel = True
@@ -293,8 +294,10 @@ _UNREDUCED = _Pending()
 
 
 def _step_before_sum(optimizer, args, kwargs) -> None:
-    """A global optimizer step pre-hook (registered once, below): refuse a step on sequence-parallel
-    gradients never summed over the group. Costs one empty test per step when nothing is pending."""
+    """A global optimizer step pre-hook (registered by the first ``sequence_parallel`` call, as torch's
+    own profiler registers its hooks: every optimizer a learner builds is covered): refuse a step on
+    sequence-parallel gradients never summed over the group. One empty test per step when nothing is
+    pending."""
     if not _UNREDUCED:
         return
     if any(_UNREDUCED.has(p) for group in optimizer.param_groups for p in group["params"]):
@@ -305,7 +308,11 @@ def _step_before_sum(optimizer, args, kwargs) -> None:
                            "optimizer.step()")
 
 
-register_optimizer_step_pre_hook(_step_before_sum)
+@functools.cache
+def _watch_optimizer_steps():
+    """Register :func:`_step_before_sum` once, when sequence parallelism is first used (importing
+    mpkit.parallel touches no optimizer)."""
+    return register_optimizer_step_pre_hook(_step_before_sum)
 
 __all__ = ["sequence_parallel", "all_reduce_sequence_parallel_gradients", "sequence_parallel_parameters",
            "SequenceParallelColumnLinear", "SequenceParallelRowLinear", "ScatterToSequenceParallelRegion",
