@@ -14,16 +14,28 @@ from mpkit.capstone import ready_pieces
 from mpkit.exercises import get, solutions as S
 
 LOSS_ATOL, PARAM_ATOL = 1e-5, 1e-6
-TP_PIECES = {"f_and_g": (S.CopyToParallelRegion, S.ReduceFromParallelRegion), "megatron_mlp": S.megatron_mlp}
-DP_PP_PIECES = {"gradient_sync": S.average_gradients, "pipeline_schedule": S.one_f_one_b_schedule}
+F_AND_G = (S.CopyToParallelRegion, S.ReduceFromParallelRegion)
+# (mesh options, the pieces, the learner's collectives the trace must hold: (kind, piece, group))
+CASES = {
+    "dp x pp x tp": (dict(dp=2, pp=2, tp=2), {"gradient_sync": S.average_gradients, "f_and_g": F_AND_G,
+                                             "megatron_mlp": S.megatron_mlp, "pipeline_schedule": S.one_f_one_b_schedule},
+                     {("all_reduce", "f_and_g", "tp"), ("all_reduce", "gradient_sync", "dp")}),
+    "dp x tp, zero": (dict(dp=2, tp=2, zero=True), {"zero1_step": S.zero1_step, "f_and_g": F_AND_G, "megatron_mlp": S.megatron_mlp},
+                      {("all_reduce", "f_and_g", "tp"), ("reduce_scatter", "zero1_step", "dp"), ("all_gather", "zero1_step", "dp")}),
+    "dp x pp": (dict(dp=2, pp=2), {"gradient_sync": S.average_gradients, "pipeline_schedule": S.one_f_one_b_schedule},
+                {("all_reduce", "gradient_sync", "dp")}),
+    "dp x tp, buckets": (dict(dp=2, tp=2, micro_batches=1), {"bucketed_gradient_sync": S.BucketedGradientSync,
+                                                             "megatron_mlp": S.megatron_mlp},
+                         {("all_reduce", "bucketed_gradient_sync", "dp")}),  # mpkit's own f and g: not yours
+}
+ONCE_A_STEP = ("gradient_sync", "bucketed_gradient_sync", "zero1_step")
 
 
 @functools.cache
-def run(dp, tp, pp, zero=False):
-    use = {**(TP_PIECES if tp > 1 else {}), **({"zero1_step": S.zero1_step} if zero else {}),
-           **({k: v for k, v in DP_PP_PIECES.items() if k != "pipeline_schedule" or pp > 1} if not zero else {})}
-    return mpkit.train("3d", dp * tp * pp, model="gpt", steps=2, dp=dp, tp=tp, pp=pp, zero=zero, optimizer="sgd",
-                       timeout=200, use=use)
+def run(case):
+    options, use, _ = CASES[case]
+    world = options.get("dp", 1) * options.get("tp", 1) * options.get("pp", 1)
+    return mpkit.train("3d", world, model="gpt", steps=2, optimizer="sgd", timeout=200, use=use, **options)
 
 
 def yours(r):
@@ -32,23 +44,20 @@ def yours(r):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("dp,tp,pp,zero", [(2, 2, 2, False), (2, 2, 1, True), (2, 1, 2, False)], ids=str)
-def test_your_pieces_train_as_one_device(dp, tp, pp, zero):
-    r = run(dp, tp, pp, zero)
+@pytest.mark.parametrize("case", CASES)
+def test_your_pieces_train_as_one_device(case):
+    r = run(case)
     cmp = r.compare_to_reference()
     assert cmp.loss <= LOSS_ATOL and cmp.params <= PARAM_ATOL, cmp
-    calls = [extra["pieces"] for extra in r.extra]
-    for rank_calls in calls:  # every rank ran every piece it was given: once per step, per layer, per schedule
-        assert rank_calls.get("gradient_sync", 0) == (2 if not zero else 0)
-        assert rank_calls.get("zero1_step", 0) == (2 if zero else 0)
-        assert rank_calls.get("pipeline_schedule", 0) == (1 if pp > 1 else 0)
-        assert (rank_calls.get("megatron_mlp", 0) > 0) == (tp > 1)
-    expected = {("all_reduce", "f_and_g", "tp")} if tp > 1 else set()
-    expected |= {("reduce_scatter", "zero1_step", "dp"), ("all_gather", "zero1_step", "dp")} if zero else \
-        {("all_reduce", "gradient_sync", "dp")}
-    assert yours(r) == expected  # their collectives, on their groups, are in the trace; mpkit's DP/ZeRO are not
-    assert not any(e.kind in ("reduce_scatter", "all_reduce") and e.group == "dp" and not e.name.startswith("yours")
-                   and e.name != "losses" for e in r.trace.events)
+    given = set(CASES[case][1])
+    for extra in r.extra:  # every rank ran every piece it was given: once a step, the schedule once, per layer
+        calls = extra["pieces"]
+        assert set(calls) == given, calls
+        assert all(calls[name] == 2 for name in given & set(ONCE_A_STEP)) and calls.get("pipeline_schedule", 1) == 1
+    assert yours(r) == CASES[case][2]  # their collectives, on their groups, are in the trace
+    mpkit_dp = [e for e in r.trace.events if e.group == "dp" and e.kind in ("all_reduce", "reduce_scatter", "all_gather")
+                and not e.name.startswith("yours") and e.name != "losses"]
+    assert not mpkit_dp, mpkit_dp[:3]  # and mpkit's own DP or ZeRO-1 did not run beside them
 
 
 @pytest.mark.timeout(120)

@@ -16,6 +16,8 @@ The scope holds only for the duration of the call (for f and g: of their forward
 which autograd runs later). Where each piece goes:
 
     gradient_sync      average_gradients(ctx, model) after the pipeline flush, on the dp x cp group (DataParallel's place)
+    bucketed_gradient_sync  BucketedGradientSync(ctx, model, bucket_mb) built once; the step's forward and backward
+                       run in the dp x cp scope (its hooks fire in backward), then finish() (no pipeline: one backward a step)
     f_and_g            (f, g) in every column / row layer of the tensor-parallel plan, on the tp group
     megatron_mlp       megatron_mlp(x, up.weight, up.bias, down.weight, down.bias, f, g) as each MLP's forward (tp)
     pipeline_schedule  schedule(rank, p, m) -> this pp rank's instruction list, run by the pipeline executor
@@ -41,7 +43,8 @@ from mpkit.observe.comm import TracedWork, group_label, nbytes
 from mpkit.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 # piece name -> (the exercise it must pass, the mesh group it runs on)
-PIECES = {"gradient_sync": ("average_gradients", "dp x cp"), "f_and_g": ("f_and_g", "tp"),
+PIECES = {"gradient_sync": ("average_gradients", "dp x cp"), "bucketed_gradient_sync": ("bucketed_gradients", "dp x cp"),
+          "f_and_g": ("f_and_g", "tp"),
           "megatron_mlp": ("megatron_mlp", "tp"), "pipeline_schedule": ("one_f_one_b_schedule", "pp"),
           "zero1_step": ("zero1_step", "dp x cp")}
 SCOPED = ("send", "recv", "isend", "irecv", "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
@@ -196,6 +199,7 @@ class Pieces:
     """The learner's pieces by name (``PIECES``), passed their checks in the caller; ``calls``
     counts, in each rank, how often each ran (``RankOutput.extra["pieces"]``)."""
     gradient_sync: Callable | None = None
+    bucketed_gradient_sync: type | None = None
     f_and_g: tuple | None = None
     megatron_mlp: Callable | None = None
     pipeline_schedule: Callable | None = None
@@ -241,6 +245,16 @@ class Pieces:
         self._count("gradient_sync")
         with group_scope(group, "gradient_sync"):
             self.gradient_sync(GroupContext.of(group, device), model)
+
+    def start_bucketed(self, model: nn.Module, group, device, bucket_mb: float):
+        """Their ``BucketedGradientSync`` on ``model`` (its hooks registered now, firing in every backward)."""
+        with group_scope(group, "bucketed_gradient_sync"):
+            return self.bucketed_gradient_sync(GroupContext.of(group, device), model, bucket_mb)
+
+    def finish_bucketed(self, sync, group) -> None:
+        self._count("bucketed_gradient_sync")
+        with group_scope(group, "bucketed_gradient_sync"):
+            sync.finish()
 
     def zero1_optimizer(self, params, optimizer_cls, defaults: dict, group, device) -> "Zero1Step":
         return Zero1Step(params, optimizer_cls, defaults, self, group, device)

@@ -56,7 +56,7 @@ from mpkit.parallel.data_parallel import DataParallel
 from mpkit.parallel.expert_parallel import ExpertParallelMoE, expert_parallel, expert_parameters, moe_layers
 from mpkit.parallel.fully_sharded import shard_fully, units_of
 from mpkit.parallel.functional import all_reduce_flat
-from mpkit.parallel.learner_pieces import Pieces
+from mpkit.parallel.learner_pieces import Pieces, group_scope
 from mpkit.parallel.mesh import Mesh
 from mpkit.parallel.pipeline import check_every_rank_trains, check_no_tie_across_ranks, pipeline
 from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, SCHEDULES, chunks_per_rank, placement
@@ -309,8 +309,12 @@ class Parallelized:
                 self.pipe.program = plan.pieces.program(self.pipe.rank, self.pipe.world_size, plan.micro_batches)
         self.model = self.pipe if self.pipe is not None else parts[0]
         self.data_parallel = None
-        self._gradient_sync = plan.pieces is not None and plan.pieces.gradient_sync is not None
-        if plan.dp == "replicate" and self._replicas > 1 and lay.ep == 1 and not self._gradient_sync:
+        pieces = plan.pieces
+        self._gradient_sync = pieces is not None and pieces.gradient_sync is not None
+        self._bucketed = None if pieces is None or pieces.bucketed_gradient_sync is None else \
+            pieces.start_bucketed(self.model, self.dp_group, self.device, plan.bucket_mb)
+        if plan.dp == "replicate" and self._replicas > 1 and lay.ep == 1 and not self._gradient_sync \
+                and self._bucketed is None:
             overlap = plan.overlap if plan.overlap is not None else (self.pipe is None and not plan.sp)
             self.data_parallel = DataParallel(self.model, bucket_mb=plan.bucket_mb, overlap=overlap, group=self.dp_group)
         # the ranks holding different gradients (slices, stages, shards) agree on an fp16 overflow
@@ -392,6 +396,14 @@ class Parallelized:
             raise RuntimeError("call build_optimizer(torch.optim.<Class>, lr=...) before step()")
         x, y = self.local_batch(x, y)
         trace = active.trace()
+        # a learner's bucketed sync: its hooks' dist calls, in backward, go to the dp x cp group
+        with group_scope(self.dp_group, "bucketed_gradient_sync") if self._bucketed is not None else nullcontext():
+            loss = self._forward_backward(x, y, trace)
+        self.synchronize_gradients()
+        self.optimizer_step()
+        return loss.item() if isinstance(loss, torch.Tensor) else loss
+
+    def _forward_backward(self, x, y, trace):
         if self.pipe is not None:
             loss = self.loss.step(self.pipe, x, y)
         else:
@@ -400,9 +412,7 @@ class Parallelized:
             with trace.span("backward"):
                 self.mp.backward(out)
             loss = out
-        self.synchronize_gradients()
-        self.optimizer_step()
-        return loss.item() if isinstance(loss, torch.Tensor) else loss
+        return loss
 
     def synchronize_gradients(self) -> None:
         """After backward: sequence parallelism's LayerNorm sums over tp, then the data-parallel
@@ -414,6 +424,8 @@ class Parallelized:
             self.data_parallel.finish_gradient_synchronization()
         elif self._gradient_sync:
             self.plan.pieces.synchronize_gradients(self.model, self.dp_group, self.device)
+        elif self._bucketed is not None:
+            self.plan.pieces.finish_bucketed(self._bucketed, self.dp_group)
         elif lay.ep > 1:
             self._average_with_experts()
 

@@ -91,7 +91,13 @@ def validate_pieces(cfg, grid: Layout):
     if cfg.precision != "fp32" or cfg.option("sp") or grid.cp > 1 or grid.ep > 1 or cfg.option("fsdp"):
         raise ValueError("use= runs your pieces in fp32 without sp, cp, ep and fsdp (the exercises' setting): "
                          "leave those options at their defaults")
+    if pieces.gradient_sync is not None and pieces.bucketed_gradient_sync is not None:
+        raise ValueError("use= takes one gradient sync: 'gradient_sync' (average_gradients) or 'bucketed_gradient_sync' "
+                         "(BucketedGradientSync), not both")
+    unpipelined = grid.pp == 1 and cfg.option("micro_batches") == 1  # one backward a step: what its hooks count on
     places = {"gradient_sync": (grid.size("dp_cp") > 1 and not cfg.option("zero"), "dp >= 2 and zero=False"),
+              "bucketed_gradient_sync": (grid.size("dp_cp") > 1 and not cfg.option("zero") and unpipelined,
+                                         "dp >= 2, zero=False, pp=1 and micro_batches=1"),
               "zero1_step": (grid.size("dp_cp") > 1 and cfg.option("zero"), "dp >= 2 and zero=True"),
               "f_and_g": (grid.tp > 1, "tp >= 2"), "megatron_mlp": (grid.tp > 1, "tp >= 2"),
               "pipeline_schedule": (grid.pp > 1 and cfg.option("schedule") == "1f1b", "pp >= 2 and schedule='1f1b'")}
