@@ -2,6 +2,7 @@
 the pieces a learner wrote in the exercises in place of mpkit's (lab 13).
 
     use={"gradient_sync": average_gradients,                                # lab 01, on the dp x cp group
+         # or "bucketed_gradient_sync": BucketedGradientSync                 # lab 01, without a pipeline
          "f_and_g": (CopyToParallelRegion, ReduceFromParallelRegion),       # lab 03, on the tp group
          "megatron_mlp": megatron_mlp,                                      # lab 03, on the tp group
          "pipeline_schedule": one_f_one_b_schedule,                         # lab 04, on the pp group
