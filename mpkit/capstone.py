@@ -28,10 +28,18 @@ NOT_PIECES = {"ring_attention": "ring_attention_merge computes the forward only 
 _checked = {}  # (exercise, source) -> CheckResult: a notebook run again checks nothing twice
 
 
+def _functions(part) -> list:
+    """A function, or a class's methods: what ``inspect`` finds the source of also in a notebook cell
+    (a class defined there has no file to read it from)."""
+    if not isinstance(part, type):
+        return [part]
+    return [getattr(m, "__func__", m) for m in vars(part).values() if inspect.isfunction(getattr(m, "__func__", m))]
+
+
 def _source(piece) -> str | None:
     parts = piece if isinstance(piece, tuple) else (piece,)
     try:
-        return "\n".join(inspect.getsource(part) for part in parts)
+        return "\n".join(inspect.getsource(f) for part in parts for f in _functions(part))
     except (OSError, TypeError):  # no source to read (built in a string): check it every time
         return None
 
