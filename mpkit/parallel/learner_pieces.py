@@ -27,7 +27,6 @@ which autograd runs later). Where each piece goes:
 from __future__ import annotations
 
 import inspect
-import threading
 import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,7 +54,8 @@ _KINDS = {"isend": "send", "irecv": "recv", "all_gather_into_tensor": "all_gathe
           "all_to_all_single": "all_to_all"}
 
 
-class _Scope(threading.local):
+class _Scope:
+    """Process-wide, not per thread: on a GPU autograd runs backward (a bucketed sync's hooks) in threads of its own."""
     group = None     # the group ``dist.*`` calls without one go to; None: no scope, torch as usual
     label = ""       # the piece, for the trace
     inside = False   # inside a call already (torch's own nested calls are not the learner's)
