@@ -68,7 +68,9 @@ def pieces_of(use: dict, lang: str = "ko") -> Pieces:
     for name, piece in use.items():
         result = check_piece(name, piece, lang)
         if not result.passed:
-            raise ValueError(f"use={{{name!r}: ...}} has not passed its exercise {PIECES[name][0]!r}:\n{result.message}")
+            head = (f"use={{{name!r}: ...}}: 연습 {PIECES[name][0]!r}의 검사를 아직 통과하지 못했습니다" if lang == "ko" else
+                    f"use={{{name!r}: ...}} has not passed its exercise {PIECES[name][0]!r}")
+            raise ValueError(f"{head}:\n{result.message}")
     return Pieces(**use)
 
 
