@@ -89,7 +89,8 @@ class Plan:
     cp > 1), ``schedule``, ``micro_batches``, ``virtual_stages``, ``split_points`` (the pipeline),
     ``dp`` ("replicate", "zero1", "fsdp"), ``overlap`` (replicate: all-reduce buckets during
     backward; None: yes without a pipeline or SP, no with one, reducing after the flush as
-    Megatron does), ``bucket_mb``, ``precision``, ``loss_scale`` (fp16), ``recompute``."""
+    Megatron does), ``bucket_mb``, ``precision``, ``loss_scale`` (fp16), ``recompute``; ``pieces``: a learner's
+    own gradient sync, f and g, MLP, schedule or ZeRO-1 step in mpkit's place (``learner_pieces.Pieces``)."""
 
     loss: Callable
     tp: dict = field(default_factory=dict)
@@ -110,7 +111,7 @@ class Plan:
     precision: str = "fp32"
     loss_scale: float = DEFAULT_LOSS_SCALE
     recompute: str | None = None
-    pieces: Pieces | None = None  # a learner's own pieces in place of mpkit's (the capstone; learner_pieces.py)
+    pieces: Pieces | None = None
 
 
 def parallelize(model: nn.Module, mesh: Mesh, plan: Plan) -> Parallelized:
