@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "devices": ("mpkit.runtime.devices", "devices"),
     "launch": ("mpkit.runtime.launch", "launch"),
-    "train": ("mpkit.training", "train"),
+    "train": ("mpkit.capstone", "train"),  # mpkit.training.train, plus use= (the capstone: your own pieces)
     "Run": ("mpkit.training", "Run"),
     "STRATEGIES": ("mpkit.strategies", "STRATEGIES"),
     "plot": ("mpkit.plot", None),

@@ -28,7 +28,7 @@ LAYERS = [
     ("cost model", ["mpkit.costmodel"]),
     ("plots", ["mpkit.plot"]),
     ("widgets", ["mpkit.widgets"]),
-    ("teaching", ["mpkit.quiz", "mpkit.tf", "mpkit.exercises"]),
+    ("teaching", ["mpkit.quiz", "mpkit.tf", "mpkit.exercises", "mpkit.capstone"]),
     ("command line", ["mpkit.cli", "mpkit.__main__"]),
     ("public names of the cost model", ["mpkit.sim"]),
     ("package", ["mpkit"]),

@@ -56,6 +56,7 @@ from mpkit.parallel.data_parallel import DataParallel
 from mpkit.parallel.expert_parallel import ExpertParallelMoE, expert_parallel, expert_parameters, moe_layers
 from mpkit.parallel.fully_sharded import shard_fully, units_of
 from mpkit.parallel.functional import all_reduce_flat
+from mpkit.parallel.learner_pieces import Pieces, group_scope
 from mpkit.parallel.mesh import Mesh
 from mpkit.parallel.pipeline import check_every_rank_trains, check_no_tie_across_ranks, pipeline
 from mpkit.parallel.pipeline.schedules import MULTI_CHUNK, SCHEDULES, chunks_per_rank, placement
@@ -88,7 +89,8 @@ class Plan:
     cp > 1), ``schedule``, ``micro_batches``, ``virtual_stages``, ``split_points`` (the pipeline),
     ``dp`` ("replicate", "zero1", "fsdp"), ``overlap`` (replicate: all-reduce buckets during
     backward; None: yes without a pipeline or SP, no with one, reducing after the flush as
-    Megatron does), ``bucket_mb``, ``precision``, ``loss_scale`` (fp16), ``recompute``."""
+    Megatron does), ``bucket_mb``, ``precision``, ``loss_scale`` (fp16), ``recompute``; ``pieces``: a learner's
+    own gradient sync, f and g, MLP, schedule or ZeRO-1 step in mpkit's place (``learner_pieces.Pieces``)."""
 
     loss: Callable
     tp: dict = field(default_factory=dict)
@@ -109,6 +111,7 @@ class Plan:
     precision: str = "fp32"
     loss_scale: float = DEFAULT_LOSS_SCALE
     recompute: str | None = None
+    pieces: Pieces | None = None
 
 
 def parallelize(model: nn.Module, mesh: Mesh, plan: Plan) -> Parallelized:
@@ -123,6 +126,8 @@ def parallelize(model: nn.Module, mesh: Mesh, plan: Plan) -> Parallelized:
     named = _by_original_names(parts, prefix) if pipelined else model
     if lay.tp > 1:
         apply_tensor_parallel(named, targets, mesh, plan)
+        if plan.pieces is not None:
+            plan.pieces.apply_to_tensor_parallel(named, mesh.group("tp"))
     if lay.cp > 1:
         apply_context_parallel(named, mesh, plan)
     if lay.ep > 1:
@@ -301,9 +306,16 @@ class Parallelized:
             self.pipe = pipeline(parts, schedule=plan.schedule, micro_batches=plan.micro_batches, group=mesh.group("pp"),
                                  loss_fn=self.loss, virtual_stages=virtual,
                                  num_stages=lay.pp * chunks_per_rank(plan.schedule, virtual))  # its stages: on device
+            if plan.pieces is not None and plan.pieces.pipeline_schedule is not None:
+                self.pipe.program = plan.pieces.program(self.pipe.rank, self.pipe.world_size, plan.micro_batches)
         self.model = self.pipe if self.pipe is not None else parts[0]
         self.data_parallel = None
-        if plan.dp == "replicate" and self._replicas > 1 and lay.ep == 1:
+        pieces = plan.pieces
+        self._gradient_sync = pieces is not None and pieces.gradient_sync is not None
+        self._bucketed = None if pieces is None or pieces.bucketed_gradient_sync is None else \
+            pieces.start_bucketed(self.model, self.dp_group, self.device, plan.bucket_mb)
+        if plan.dp == "replicate" and self._replicas > 1 and lay.ep == 1 and not self._gradient_sync \
+                and self._bucketed is None:
             overlap = plan.overlap if plan.overlap is not None else (self.pipe is None and not plan.sp)
             self.data_parallel = DataParallel(self.model, bucket_mb=plan.bucket_mb, overlap=overlap, group=self.dp_group)
         # the ranks holding different gradients (slices, stages, shards) agree on an fp16 overflow
@@ -328,7 +340,9 @@ class Parallelized:
         training script makes them, from ``named`` = {name in the single model: parameter} of this
         rank (e.g. weight decay on matrices only)."""
         params = list(self.model.parameters()) if param_groups is None else param_groups(self.named_parameters())
-        if self.plan.dp == "zero1" and self._replicas > 1:
+        if self.plan.dp == "zero1" and self.plan.pieces is not None and self.plan.pieces.zero1_step is not None:
+            self.optimizer = self.plan.pieces.zero1_optimizer(params, optimizer_cls, defaults, self.dp_group, self.device)
+        elif self.plan.dp == "zero1" and self._replicas > 1:
             self.optimizer = ShardedOptimizer(params, optimizer_cls, group=self.dp_group, average_gradients=True,
                                               **defaults)
         else:
@@ -350,6 +364,8 @@ class Parallelized:
         """What memory tracking files as parameters, gradients and optimizer state."""
         if self.zero:  # the shards' .grad are a module's gradients, as in zero1
             return self.model, nn.ParameterList(self.optimizer.shard_parameters), self.optimizer.inner
+        if not isinstance(self.optimizer, torch.optim.Optimizer):  # a learner's ZeRO-1 step: their shards as they go
+            return (self.model,)
         return self.model, self.optimizer
 
     @property
@@ -381,6 +397,14 @@ class Parallelized:
             raise RuntimeError("call build_optimizer(torch.optim.<Class>, lr=...) before step()")
         x, y = self.local_batch(x, y)
         trace = active.trace()
+        # a learner's bucketed sync: its hooks' dist calls, in backward, go to the dp x cp group
+        with group_scope(self.dp_group, "bucketed_gradient_sync") if self._bucketed is not None else nullcontext():
+            loss = self._forward_backward(x, y, trace)
+        self.synchronize_gradients()
+        self.optimizer_step()
+        return loss.item() if isinstance(loss, torch.Tensor) else loss
+
+    def _forward_backward(self, x, y, trace):
         if self.pipe is not None:
             loss = self.loss.step(self.pipe, x, y)
         else:
@@ -389,9 +413,7 @@ class Parallelized:
             with trace.span("backward"):
                 self.mp.backward(out)
             loss = out
-        self.synchronize_gradients()
-        self.optimizer_step()
-        return loss.item() if isinstance(loss, torch.Tensor) else loss
+        return loss
 
     def synchronize_gradients(self) -> None:
         """After backward: sequence parallelism's LayerNorm sums over tp, then the data-parallel
@@ -401,6 +423,10 @@ class Parallelized:
             all_reduce_sequence_parallel_gradients(self.model, self.mesh.group("tp"))
         if self.data_parallel is not None:
             self.data_parallel.finish_gradient_synchronization()
+        elif self._gradient_sync:
+            self.plan.pieces.synchronize_gradients(self.model, self.dp_group, self.device)
+        elif self._bucketed is not None:
+            self.plan.pieces.finish_bucketed(self._bucketed, self.dp_group)
         elif lay.ep > 1:
             self._average_with_experts()
 

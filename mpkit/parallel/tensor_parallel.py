@@ -193,6 +193,7 @@ class ColumnParallelLinear(_ShardedLinear):
     layer or loss can take it (a vocab-parallel output layer)."""
 
     dim = 0
+    f = staticmethod(copy_to_parallel_region)  # f(x, group, name); a learner's own in the capstone (learner_pieces)
 
     def __init__(self, full: nn.Linear, group=None, indices=None, *, rank=None, world_size=None, name="",
                  gather_output=False):
@@ -204,7 +205,7 @@ class ColumnParallelLinear(_ShardedLinear):
 
     def forward(self, x):
         self._check_input(x)
-        y = F.linear(copy_to_parallel_region(x, self.group, self.name), self.weight, self.bias)
+        y = F.linear(self.f(x, self.group, self.name), self.weight, self.bias)
         if self.gather_output:
             y = GatherFromParallelRegion.apply(y, self.indices, self.rank, self.group, self.name)
         return y
@@ -218,10 +219,11 @@ class RowParallelLinear(_ShardedLinear):
     reduce (adding it on every rank would count it world_size times)."""
 
     dim = 1
+    g = staticmethod(reduce_from_parallel_region)  # g(x, group, name); a learner's own in the capstone
 
     def forward(self, x):
         self._check_input(x)
-        y = reduce_from_parallel_region(F.linear(x, self.weight), self.group, self.name)
+        y = self.g(F.linear(x, self.weight), self.group, self.name)
         return y + self.bias if self.bias is not None else y
 
 

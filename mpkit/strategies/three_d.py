@@ -18,7 +18,8 @@ with the chosen schedule, and after the pipeline flush the gradients are average
 
 Options: ``dp``, ``pp``, ``cp``, ``tp`` (their product is the world size), ``ep`` (divides dp),
 ``order``, ``schedule``, ``micro_batches``, ``virtual_stages`` (interleaved only), ``zero``,
-``fsdp``, ``sp``, ``attention``. ``Run.mesh`` is the run's ``Layout``.
+``fsdp``, ``sp``, ``attention``, ``use`` (the learner's own pieces: ``mpkit.train`` checks them, see
+``mpkit.capstone``). ``Run.mesh`` is the run's ``Layout``.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 from mpkit.layout import DEFAULT_ORDER, Layout
 from mpkit.parallel.buckets import DEFAULT_BUCKET_MB, bucket_caps, plan_buckets
 from mpkit.parallel.expert_parallel import check_expert_split
+from mpkit.parallel.learner_pieces import Pieces
 from mpkit.parallel.pipeline import check_schedule_args, schedule
 from mpkit.parallel.pipeline.split import partition
 from mpkit.parallel.plans import split_builtin
@@ -41,7 +43,7 @@ from mpkit.strategies.checks import check_cp, check_stage_count, require_gpt, va
 from mpkit.strategies.loop import builtin_plan, parallelized, train_parallelized
 
 OPTIONS = {"dp": 1, "tp": 1, "pp": 1, "schedule": "1f1b", "micro_batches": 2, "virtual_stages": 2, "zero": False,
-           "cp": 1, "sp": False, "attention": "ring", "ep": 1, "fsdp": False, "order": DEFAULT_ORDER}
+           "cp": 1, "sp": False, "attention": "ring", "ep": 1, "fsdp": False, "order": DEFAULT_ORDER, "use": None}
 SCHEDULES_3D = ("gpipe", "1f1b", "interleaved")  # the zero-bubble, DualPipeV and looped schedules run under 'pp'
 
 
@@ -75,6 +77,34 @@ def validate(cfg):
                       "each replica's batch is cut into micro-batches")
     v = virtual_stages(cfg)
     check_stage_count(cfg.model, grid.pp * v, "pp" if v == 1 else f"pp*virtual_stages={grid.pp}*{v}")
+    validate_pieces(cfg, grid)
+
+
+def validate_pieces(cfg, grid: Layout):
+    """``use``: the learner's pieces (``mpkit.train`` checked them), each where the run has its place."""
+    pieces = cfg.option("use")
+    if pieces is None:
+        return
+    if not isinstance(pieces, Pieces):
+        raise ValueError("use= takes {piece name: your function}, checked by mpkit.train('3d', use=...); "
+                         "mpkit.training.train does not check pieces")
+    if cfg.precision != "fp32" or cfg.option("sp") or grid.cp > 1 or grid.ep > 1 or cfg.option("fsdp"):
+        raise ValueError("use= runs your pieces in fp32 without sp, cp, ep and fsdp (the exercises' setting): "
+                         "leave those options at their defaults")
+    if pieces.gradient_sync is not None and pieces.bucketed_gradient_sync is not None:
+        raise ValueError("use= takes one gradient sync: 'gradient_sync' (average_gradients) or 'bucketed_gradient_sync' "
+                         "(BucketedGradientSync), not both")
+    unpipelined = grid.pp == 1 and cfg.option("micro_batches") == 1  # one backward a step: what its hooks count on
+    places = {"gradient_sync": (grid.size("dp_cp") > 1 and not cfg.option("zero"), "dp >= 2 and zero=False"),
+              "bucketed_gradient_sync": (grid.size("dp_cp") > 1 and not cfg.option("zero") and unpipelined,
+                                         "dp >= 2, zero=False, pp=1 and micro_batches=1"),
+              "zero1_step": (grid.size("dp_cp") > 1 and cfg.option("zero"), "dp >= 2 and zero=True"),
+              "f_and_g": (grid.tp > 1, "tp >= 2"), "megatron_mlp": (grid.tp > 1, "tp >= 2"),
+              "pipeline_schedule": (grid.pp > 1 and cfg.option("schedule") == "1f1b", "pp >= 2 and schedule='1f1b'")}
+    for name in pieces.names():
+        fits, needs = places[name]
+        if not fits:
+            raise ValueError(f"use={{'{name}': ...}}: this run has no place for it; it runs with {needs}")
 
 
 def validate_long_sequences(cfg, grid: Layout):
@@ -144,12 +174,15 @@ def run_rank(ctx, cfg):
     dp = "fsdp" if cfg.option("fsdp") else "zero1" if cfg.option("zero") else "replicate"
     plan = builtin_plan(cfg, grid.tp, sp=cfg.option("sp"), attention=cfg.option("attention"),
                         schedule=cfg.option("schedule"), micro_batches=cfg.option("micro_batches"),
-                        virtual_stages=cfg.option("virtual_stages"), dp=dp, overlap=False)  # reduce after the flush
+                        virtual_stages=cfg.option("virtual_stages"), dp=dp, overlap=False,  # reduce after the flush
+                        pieces=cfg.option("use"))
     par = parallelized(ctx, cfg, grid, plan)
     out = train_parallelized(ctx, cfg, par)
     out.extra.update(coords=par.mesh.coords, stages=sorted(par.stages),
                      parameters=sum(p.numel() for p in par.model.parameters()),
                      layers=par.layers)
+    if cfg.option("use") is not None:
+        out.extra["pieces"] = dict(cfg.option("use").calls)  # how often each of the learner's pieces ran here
     return out
 
 
