@@ -19,7 +19,6 @@ from __future__ import annotations
 import inspect
 
 from mpkit import training
-from mpkit.exercises import check
 from mpkit.i18n import check_lang
 from mpkit.parallel.learner_pieces import PIECES, Pieces
 
@@ -49,6 +48,7 @@ def check_piece(name: str, piece, lang: str = "ko"):
     exercise = PIECES[name][0]
     key = (exercise, _source(piece), lang)
     if key[1] is None or key not in _checked:
+        from mpkit.exercises import check  # here, so a plain mpkit.train (no use=) never imports the checker
         _checked[key] = check(exercise, piece, lang=lang, record=False)
     return _checked[key]
 
@@ -75,8 +75,8 @@ def pieces_of(use: dict, lang: str = "ko") -> Pieces:
 
 
 def train(strategy="single", world_size=None, *, use=None, lang="ko", **kwargs):
-    """``mpkit.train``; with ``use`` (strategy "3d") the learner's checked pieces replace mpkit's
-    (``lang``: the language of a failed check's message)."""
+    """``mpkit.train`` (``mpkit.training.train``, whose docstring follows); with ``use`` (strategy "3d")
+    the learner's checked pieces replace mpkit's (``lang``: the language of a failed check's message)."""
     if use is None:
         return training.train(strategy, world_size, **kwargs)
     lang = check_lang(lang)
@@ -89,6 +89,9 @@ def train(strategy="single", world_size=None, *, use=None, lang="ko", **kwargs):
     pieces = pieces_of(use, lang)
     kwargs.setdefault("backend", "gloo")  # where the checks ran them: CPU tensors, as exercise code makes them
     return training.train(strategy, world_size, use=pieces if pieces.names() else None, **kwargs)
+
+
+train.__doc__ = inspect.cleandoc(train.__doc__) + "\n\n" + inspect.cleandoc(training.train.__doc__)
 
 
 def ready_pieces(candidates: dict, lang: str = "ko") -> dict:
