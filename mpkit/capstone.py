@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 
 from mpkit import training
+from mpkit.exercises import check
 from mpkit.i18n import check_lang
 from mpkit.parallel.learner_pieces import PIECES, Pieces
 
@@ -48,7 +49,6 @@ def check_piece(name: str, piece, lang: str = "ko"):
     exercise = PIECES[name][0]
     key = (exercise, _source(piece), lang)
     if key[1] is None or key not in _checked:
-        from mpkit.exercises import check  # here, so a plain mpkit.train (no use=) never imports the checker
         _checked[key] = check(exercise, piece, lang=lang, record=False)
     return _checked[key]
 
