@@ -47,3 +47,16 @@ def test_lab_exercises_pass_with_the_reference_solutions(path, tmp_path, monkeyp
         elif role == "panel":
             assert eval(cell.source.split("#")[0], namespace).children, name
     assert results and all(r.passed for r in results.values()), {n: r.message for n, r in results.items() if not r.passed}
+
+
+def test_readme_lists_every_exercise_under_its_lab():
+    """The instructor section's table is what `mpkit exercise list` prints, lab by lab."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in readme.split("| lab | exercises (`mpkit exercise list`) |")[1].split("\n\n")[0].splitlines()[2:]:
+        lab, names = line.strip("|").split("|")[:2]
+        rows[lab.strip()] = [n.strip(" `") for n in names.split(",")]
+    listed = {lab: names for lab, names in rows.items() if lab.isdigit()}
+    assert listed == {lab: [e.name for e in EXERCISES.values() if e.lab == lab]
+                      for lab in sorted({e.lab for e in EXERCISES.values()})}
+    assert "13 (capstone)" in rows
