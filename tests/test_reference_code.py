@@ -39,3 +39,11 @@ def test_every_schedule_is_one_function_that_opens_with_its_algorithm():
     for name in SCHEDULES:
         function = schedules.ORDERS[name]
         assert function.__module__ == schedules.__name__ and function.__doc__, name
+
+
+def test_the_results_page_and_the_benchmark_folder_stay_small():
+    """Issue 42: BENCHMARKS.md is a results page a reader takes in in five minutes (its history is in
+    git), and benchmarks/ holds at most 12 scripts at its top level (the rest in _common/ and probes/)."""
+    root = Path(__file__).resolve().parents[1]
+    assert len((root / "BENCHMARKS.md").read_text(encoding="utf-8").splitlines()) <= 400
+    assert len(list((root / "benchmarks").glob("*.py"))) <= 12
