@@ -144,8 +144,7 @@ def test_mpkit_reference_code_does_not_pass():
         result = check("ring_all_reduce", fn)
         assert not result.passed and "your code calls mpkit's own" in result.message and where in result.message, \
             result.message
-    ko = exercises.check("ring_all_reduce", solution_ring, lang="ko", record=False).message
-    assert "mpkit에 이미 있는" in ko
+        assert "mpkit에 이미 있는" in result.case(0).message("ko")
 
 
 def pure_reference(rank, p, m):
@@ -173,12 +172,15 @@ class Liar(torch.Tensor):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
-def lying_ring(ctx, tensor):
-    return torch.zeros_like(tensor).as_subclass(Liar)
+def lying_average(ctx, model):
+    """Never communicates: each gradient becomes a zero tensor that claims to equal anything."""
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad = torch.zeros_like(p.grad).as_subclass(Liar)
 
 
 def test_a_lying_tensor_subclass_does_not_pass():
-    result = check("ring_all_reduce", lying_ring)
+    result = check("average_gradients", lying_average)
     assert not result.passed, result.message
     out = harness.plain({"a": [torch.ones(2).as_subclass(Liar)], "n": type("N", (int,), {"__eq__": lambda s, o: True})(3)})
     assert type(out["a"][0]) is torch.Tensor and type(out["n"]) is int and out["n"] != 4
@@ -242,5 +244,5 @@ def test_messages_name_no_checker_rank_and_what_each_rank_waits_in():
     assert "your code: running your code" in loop.message and "rank 0" not in loop.message, loop.message
     stuck = exercises.check("ring_all_reduce", both_send_first, lang="en", record=False, timeout=3)
     assert "rank 0: send to rank 1 (8 elements), waiting" in stuck.message, stuck.message
-    ko = exercises.check("ring_all_reduce", both_send_first, lang="ko", record=False, timeout=3).message
+    ko = stuck.case(0).message("ko")
     assert "랭크 0: send 랭크 1에게 (원소 8개)에서 기다리는 중" in ko and "waiting" not in ko, ko
