@@ -19,7 +19,13 @@ _LIBRARIES = ("torch", "mpkit", "typing_extensions", "numpy")
 
 
 def _module(frame) -> str:
-    return frame.f_globals.get("__name__") or ""
+    name = frame.f_globals.get("__name__")
+    return name if isinstance(name, str) else ""
+
+
+def _module_of(obj) -> str:
+    name = getattr(obj, "__module__", "")
+    return name if isinstance(name, str) else ""
 
 
 def _is_reference(name: str) -> bool:
@@ -48,7 +54,7 @@ def _codes(obj) -> set:
     out = set()
     if isinstance(obj, type):
         for cls in obj.__mro__:
-            if _is_reference(getattr(cls, "__module__", "") or ""):
+            if _is_reference(_module_of(cls)):
                 for member in vars(cls).values():
                     out |= _codes(getattr(member, "__func__", getattr(member, "fget", member)))
         return out
@@ -97,9 +103,9 @@ class ReferenceWatch:
                 continue
             seen.add(id(obj))
             target = obj if isinstance(obj, type) or callable(getattr(obj, "__code__", None)) else type(obj)
-            if _is_reference(getattr(target, "__module__", "") or ""):
+            if _is_reference(_module_of(target)):
                 self.allowed |= _codes(target)
-            elif getattr(obj, "__module__", "").startswith("mpkit.exercises") and hasattr(obj, "__code__"):
+            elif _module_of(obj).startswith("mpkit.exercises") and hasattr(obj, "__code__"):
                 cells = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
                 named = [obj.__globals__[n] for n in obj.__code__.co_names if n in obj.__globals__]
                 self.provide(cells + named, seen)
