@@ -58,9 +58,12 @@ def _codes(obj) -> set:
                 for member in vars(cls).values():
                     out |= _codes(getattr(member, "__func__", getattr(member, "fget", member)))
         return out
-    code = getattr(getattr(obj, "__func__", obj), "__code__", None)
-    if code is not None:
-        out |= _nested(code)
+    obj = getattr(obj, "__func__", obj)
+    while obj is not None:  # a decorated function (``@contextmanager``): the function it wraps too
+        code = getattr(obj, "__code__", None)
+        if code is not None:
+            out |= _nested(code)
+        obj = getattr(obj, "__wrapped__", None)
     return out
 
 
@@ -102,7 +105,7 @@ class ReferenceWatch:
             if id(obj) in seen:
                 continue
             seen.add(id(obj))
-            target = obj if isinstance(obj, type) or callable(getattr(obj, "__code__", None)) else type(obj)
+            target = obj if isinstance(obj, type) or hasattr(obj, "__code__") else type(obj)
             if _is_reference(_module_of(target)):
                 self.allowed |= _codes(target)
             elif _module_of(obj).startswith("mpkit.exercises") and hasattr(obj, "__code__"):
