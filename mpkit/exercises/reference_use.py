@@ -142,12 +142,24 @@ class ReferenceWatch:
             self.look(frame)
 
     def start(self) -> None:
+        self.provide(_global_hooks())  # mpkit's guards torch runs for every optimizer step, not a mechanism
         sys.setprofile(self._profile)
         threading.setprofile(self._profile)
 
     def stop(self) -> None:
         sys.setprofile(None)
         threading.setprofile(None)
+
+
+def _global_hooks() -> list:
+    """The hooks torch runs for every optimizer and module (``register_optimizer_step_pre_hook``...)."""
+    import torch.nn.modules.module as module
+    import torch.optim.optimizer as optimizer
+
+    tables = [getattr(optimizer, name, {}) for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")]
+    tables += [getattr(module, name, {}) for name in ("_global_forward_pre_hooks", "_global_forward_hooks",
+                                                       "_global_backward_pre_hooks", "_global_backward_hooks")]
+    return [hook for table in tables for hook in list(table.values())]
 
 
 def _is_import(frame) -> bool:
