@@ -147,6 +147,14 @@ def test_mpkit_reference_code_does_not_pass():
         assert "mpkit에 이미 있는" in result.case(0).message("ko")
 
 
+def test_mpkit_reference_solution_given_to_check_does_not_pass(monkeypatch):
+    """A notebook's ``from mpkit.exercises.solutions import ...`` (mpkit's own tests trust it)."""
+    from mpkit.exercises import solutions
+    monkeypatch.delenv("MPKIT_EXERCISES_TRUST_REFERENCE", raising=False)
+    result = check("loss_scaler", solutions.DynamicLossScaler)
+    assert not result.passed and "DynamicLossScaler (mpkit/exercises/solutions.py)" in result.message, result.message
+
+
 def pure_reference(rank, p, m):
     """A schedule computed by mpkit's reference, with no communication at all."""
     from mpkit.exercises.solutions import one_f_one_b_schedule
@@ -218,7 +226,8 @@ def test_children_in_a_new_session_do_not_outlive_the_check(tmp_path):
     deadline = time.monotonic() + 5
     while any(_alive(p) for p in started) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in started if _alive(p)]
+    left = [p for p in started if _alive(p)]
+    assert not left, [(p, open(f"/proc/{p}/stat").read(), open(f"/proc/{p}/cmdline").read()) for p in left]
 
 
 def solution_free_sum(tensor):

@@ -210,10 +210,13 @@ class Recorder:
     def call(self, fn, *args, **kwargs):
         """Run the learner's ``fn`` with recording on; on an exception, file the learner's lines."""
         self.reference.provide((fn, *args, *kwargs.values()))
+        self.reference.handed(fn)
         self.active = True
         self._set_status(RUNNING)
         self.reference.start()
         try:
+            if self.reference.found:
+                raise self.used_reference()
             result = fn(*args, **kwargs)
         except BaseException as exc:
             self._file_error(exc)

@@ -5,15 +5,20 @@ strategies, ``mpkit.exercises.solutions``); calling mpkit's would pass every val
 learner's code runs, a profile hook (and, for every recorded message or collective, the stack of
 that call) looks for a frame of that reference code whose nearest caller outside torch and the
 standard library is the learner's own code. What an exercise hands the learner on purpose
-(``provided``: ``DataParallel`` for ``no_sync``, the f/g regions of the MLP) is allowed.
+(``DataParallel`` for ``no_sync``, the f/g regions of the MLP: what the learner's call is given)
+is allowed. The function or class given to ``check`` may not be mpkit's own either (a notebook's
+``from mpkit.exercises.solutions import ring_all_reduce``), unless ``MPKIT_EXERCISES_TRUST_REFERENCE=1``:
+mpkit's own tests check the reference solutions themselves.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
 from mpkit.exercises.result import Text
 
+TRUST = "MPKIT_EXERCISES_TRUST_REFERENCE"
 REFERENCE = ("mpkit.parallel", "mpkit.strategies", "mpkit.exercises.solutions")
 _LIBRARIES = ("torch", "mpkit", "typing_extensions", "numpy")
 
@@ -112,6 +117,15 @@ class ReferenceWatch:
                 cells = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
                 named = [obj.__globals__[n] for n in obj.__code__.co_names if n in obj.__globals__]
                 self.provide(cells + named, seen)
+
+    def handed(self, fn) -> None:
+        """Note ``fn`` (what a judge runs as the learner's: a function, a class, a method of an
+        instance) if it is mpkit's own reference object."""
+        owner = fn if isinstance(fn, type) or hasattr(fn, "__code__") else type(fn)
+        if self.found is None and _is_reference(_module_of(owner)) and os.environ.get(TRUST) != "1":
+            code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+            path = (code.co_filename if code else sys.modules[owner.__module__].__file__ or "")
+            self.found = (getattr(fn, "__qualname__", owner.__qualname__), path[path.rfind("mpkit/"):])
 
     def look(self, frame):
         """Check the stack from ``frame`` outwards: the reference function the learner's code called

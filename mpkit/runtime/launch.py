@@ -109,7 +109,7 @@ def _kill_all(procs):
     when the rank itself already exited: what it started (a ``subprocess.Popen``) is still in that
     group. Then reap and close each rank."""
     with _REAPING:
-        kill_descendants([proc.pid for proc in procs if proc.exitcode is None])
+        kill_descendants([proc.pid for proc in procs if proc.exitcode is None], stop=True)
         for proc in procs:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -59,28 +60,52 @@ def become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+def _state(pid):
+    """(state letter, parent pid) of ``pid`` from /proc, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return fields[0].decode(), int(fields[1])
+
+
 def _children() -> dict:
     """{parent pid: [live child pids]} from /proc (zombies left out: they are already dead)."""
     out = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-        except OSError:  # exited meanwhile
-            continue
-        if fields[0] != b"Z":
-            out.setdefault(int(fields[1]), []).append(int(entry))
+        if entry.isdigit():
+            state = _state(entry)
+            if state is not None and state[0] != "Z":
+                out.setdefault(state[1], []).append(int(entry))
     return out
 
 
-def kill_descendants(pids) -> None:
+def _stop(pids, wait_s=1.0) -> None:
+    """SIGSTOP ``pids`` and wait until each is stopped (or gone): a stopped process starts nothing."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + wait_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            state = _state(pid)
+            if state is None or state[0] in "TtZX":
+                break
+            time.sleep(0.001)
+
+
+def kill_descendants(pids, stop=False) -> None:
     """SIGKILL every descendant of ``pids`` (not ``pids`` themselves), in whatever session or group,
     until none is left: a killed process's children reparent to the subreaper above and are found
-    on the next pass. Linux only (no /proc elsewhere); ~1 ms per pass."""
+    on the next pass. ``stop=True`` first stops ``pids`` (another process's ranks, which could
+    otherwise start a child between the last pass and their own end). Linux only; ~1 ms per pass."""
     if not os.path.isdir("/proc/self"):
         return
+    if stop:
+        _stop(pids)
     for _ in range(20):
         children, found, todo = _children(), [], list(pids)
         while todo:
