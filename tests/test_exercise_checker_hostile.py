@@ -255,3 +255,14 @@ def test_messages_name_no_checker_rank_and_what_each_rank_waits_in():
     assert "rank 0: send to rank 1 (8 elements), waiting" in stuck.message, stuck.message
     ko = stuck.case(0).message("ko")
     assert "랭크 0: send 랭크 1에게 (원소 8개)에서 기다리는 중" in ko and "waiting" not in ko, ko
+
+
+def test_functional_collectives_are_recorded_too():
+    import torch.distributed._functional_collectives as funcol
+
+    def functional_ring(ctx, tensor):
+        tensor.copy_(funcol.all_reduce(tensor, "sum", dist.group.WORLD))
+        return tensor
+
+    result = check("ring_all_reduce", functional_ring)
+    assert not result.passed and "called all_reduce" in result.message, result.message

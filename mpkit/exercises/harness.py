@@ -48,6 +48,25 @@ KINDS = {"send": "send", "recv": "recv", "recv_anysource": "recv", "allreduce": 
          "reduce_scatter_single_coalesced": "reduce_scatter_tensor", "alltoall": "all_to_all",
          "alltoall_base": "all_to_all_single", "all_to_all_single": "all_to_all_single", "barrier": "barrier",
          "monitored_barrier": "barrier", "scatter": "scatter", "gather": "gather"}
+# torch's operators a learner may call without a ProcessGroup method (functional collectives, the c10d
+# ops themselves): namespace -> {operator: kind}; torch's C++ side calls them without this lookup
+OPERATORS = {
+    "_c10d_functional": {"all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce",
+                         "all_gather_into_tensor": "all_gather_into_tensor",
+                         "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
+                         "reduce_scatter_tensor": "reduce_scatter_tensor",
+                         "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+                         "all_to_all_single": "all_to_all_single", "broadcast": "broadcast", "isend": "send",
+                         "irecv": "recv", "batch_p2p_ops": "send"},
+    "c10d": {"send": "send", "recv_": "recv", "recv_any_source_": "recv", "allreduce_": "all_reduce",
+             "allreduce_coalesced_": "all_reduce", "broadcast_": "broadcast", "reduce_": "reduce",
+             "allgather_": "all_gather", "_allgather_base_": "all_gather_into_tensor",
+             "allgather_coalesced_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather_into_tensor",
+             "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter_tensor",
+             "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor", "alltoall_": "all_to_all",
+             "alltoall_base_": "all_to_all_single", "barrier": "barrier", "monitored_barrier_": "barrier",
+             "scatter_": "scatter", "gather_": "gather"},
+}
 RUNNING, RETURNED = "running your code", "returned from your code"
 _STATES_KO = {RUNNING: "코드를 실행 중(통신을 기다리지 않음)", RETURNED: "코드에서 돌아옴",
               "had not started (a busy machine?)": "시작하지 못함(바쁜 컴퓨터?)"}
@@ -177,7 +196,23 @@ class Recorder:
                 original = cls.__dict__.get(method)
                 if original is not None:
                     setattr(cls, method, self._wrap(method, original))
+        for namespace, kinds in OPERATORS.items():
+            ops = getattr(torch.ops, namespace)
+            for name, kind in kinds.items():
+                try:
+                    setattr(ops, name, _WatchedOperator(getattr(ops, name), kind, self))
+                except (AttributeError, RuntimeError):  # not in this torch
+                    pass
         return self
+
+    def record(self, kind, peer, tensor, blocking, caller) -> Call:
+        """File one call (after checking that the learner's code did not reach it through mpkit's own)."""
+        if self.reference.look(caller):
+            raise self.used_reference()
+        call = Call(kind, peer, 0 if tensor is None else tensor.numel(), 0 if tensor is None else tensor.element_size(),
+                    self.phase, blocking)
+        self.calls.append(call)
+        return call
 
     def _set_status(self, what: str, ko: str | None = None) -> None:
         self.status.write_text(json.dumps({"what": what, "ko": ko or _STATES_KO.get(what, what)}), encoding="utf-8")
@@ -189,12 +224,8 @@ class Recorder:
             if not recorder.active or recorder.inside:
                 return original(group, *args, **kwargs)
             caller = sys._getframe(1)
-            if recorder.reference.look(caller):
-                raise recorder.used_reference()
-            tensor = _first_tensor((args, kwargs))
-            call = Call(kind, _peer(method, group, args, kwargs), 0 if tensor is None else tensor.numel(),
-                        0 if tensor is None else tensor.element_size(), recorder.phase, _blocking(caller))
-            recorder.calls.append(call)
+            call = recorder.record(kind, _peer(method, group, args, kwargs), _first_tensor((args, kwargs)),
+                                   _blocking(caller), caller)
             recorder.inside = True
             try:
                 work = original(group, *args, **kwargs)
@@ -235,6 +266,38 @@ class Recorder:
         found = self.reference.found
         self.errors.write_text(json.dumps({"text": learner_traceback(exc), "at": time.time(),
                                            "reference": list(found) if found else None}), encoding="utf-8")
+
+
+class _WatchedOperator:
+    """One of torch's communication operators (``torch.ops._c10d_functional.all_reduce``...), recorded
+    when the learner's code calls it directly; everything else (``.default``, the schema) is the operator's."""
+
+    def __init__(self, op, kind, recorder):
+        self._op, self._kind, self._recorder = op, kind, recorder
+
+    def __call__(self, *args, **kwargs):
+        recorder = self._recorder
+        if not recorder.active or recorder.inside:
+            return self._op(*args, **kwargs)
+        peer = None
+        if self._kind in ("send", "recv") and len(args) > 3 and isinstance(args[1], int):  # (tensor, peer, tag, group)
+            peer = _global(_group_named(args[3]), args[1])
+        recorder.record(self._kind, peer, _first_tensor((args, kwargs)), False, sys._getframe(1))
+        recorder.inside = True
+        try:
+            return self._op(*args, **kwargs)
+        finally:
+            recorder.inside = False
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
+
+
+def _group_named(name):
+    try:
+        return dist.distributed_c10d._resolve_process_group(name) if isinstance(name, str) else name
+    except (ValueError, RuntimeError, KeyError, AttributeError):
+        return None
 
 
 class _Watched:
