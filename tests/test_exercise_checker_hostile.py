@@ -210,8 +210,8 @@ def test_children_in_a_new_session_do_not_outlive_the_check(tmp_path):
 
     def escaping(ctx, tensor):
         """Starts a sleeper in a session of its own and a double-forked one, then raises on rank 1."""
-        child = subprocess.Popen(["sleep", "300"], start_new_session=True)
-        double = subprocess.run(["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True,
+        child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        double = subprocess.run(["sh", "-c", "setsid sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True,
                                 text=True).stdout.strip()
         with open(pids, "a") as f:
             f.write(f"{child.pid}\n{double}\n")
