@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d_c
 
 from mpkit.errors import LaunchError, LaunchTimeout
-from mpkit.exercises.reference_use import ReferenceWatch, UsedReference  # noqa: F401 - part of the API
+from mpkit.exercises.reference_use import ReferenceWatch, UsedReference
 from mpkit.exercises.result import Text
 from mpkit.runtime.launch import launch
 
