@@ -80,19 +80,22 @@ def check(name: str, fn, lang: str = "ko", timeout: float = 6.0, record: bool = 
         started = time.monotonic()
         try:
             results.append(exercise.judge(case, fn, timeout))
+        except harness.UsedReference as used:
+            results.append(failed(case, used.detail))
         except harness.LearnerCrashed as crash:
             if _not_done(crash):
                 return CheckResult(name, lang, [], not_done=True)
             hint = next((h for text, h in (*exercise.crash_hints, *PEER_GONE) if text in crash.text), None)
-            results.append(failed(case, Text(f"랭크 {crash.rank}에서 예외가 났습니다:\n{crash.text}",
-                                             f"rank {crash.rank} raised:\n{crash.text}"), hint))
+            who = Text("여러분의 코드에서", "your code") if crash.world_size == 1 else \
+                Text(f"랭크 {crash.rank}에서", f"rank {crash.rank}")
+            results.append(failed(case, who + Text(f"예외가 났습니다:\n{crash.text}", f"raised:\n{crash.text}"), hint))
         except LaunchError as err:
             results.append(_rank_failure(case, err))
         except harness.Stuck as stuck:
             stuck_in = case
             waited = time.monotonic() - started
-            results.append(failed(case, Text(f"{waited:.0f}초 안에 끝나지 않았습니다. {stuck.describe()}",
-                                             f"did not finish within {waited:.0f} s. {stuck.describe()}"),
+            results.append(failed(case, Text(f"{waited:.0f}초 안에 끝나지 않았습니다.", f"did not finish within {waited:.0f} s.")
+                                  + stuck.text(),
                                   _stuck_hint(stuck)))
     result = CheckResult(name, lang, results)
     if record:
