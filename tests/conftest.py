@@ -14,3 +14,11 @@ def no_leftovers():
     before = Snapshot.take()
     yield
     assert before.leftovers() == []
+
+
+@pytest.fixture(scope="session")
+def hw1_course(tmp_path_factory):
+    """The quiz flows' nbgrader course, graded once for every test that reads it (nbgrader_course)."""
+    from nbgrader_course import graded_hw1
+
+    return graded_hw1(tmp_path_factory.mktemp("hw1"))

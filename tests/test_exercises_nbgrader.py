@@ -11,14 +11,13 @@ four students -> autograde -> export, with exact points per case (partial credit
   restores the test cells, so 2 of 6, not 6.
 """
 import csv
-import subprocess
-import sys
 import time
 
 import nbformat
 import pytest
 
 from mpkit.exercises import EXERCISES, solutions
+from nbgrader_course import nbgrader
 
 NAMES = ["ring_all_reduce", "memory_per_gpu"]
 
@@ -52,13 +51,6 @@ RING_COLLECTIVE = '''def ring_all_reduce(ctx, tensor):
     dist.all_reduce(tensor)
     return tensor
 '''
-
-
-def nbgrader(course, *args):
-    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, text=True, capture_output=True,
-                          timeout=400)
-    assert done.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout + done.stderr
 
 
 def submission(released, answers, tamper=False):

@@ -2,55 +2,23 @@
 grade, never the class's (issue 36): with real nbgrader 0.9.6, its ``DeduplicateIds`` empties the
 copy's metadata and ``CheckCellMetadata`` then stopped ``nbgrader autograde`` for everyone ("old
 version of the nbgrader metadata format"), leaving every later student ungraded."""
-import asyncio
 import html
-import json
-import os
-import shutil
 
 import nbformat
 import pytest
 
 import test_nbgrader as e2e
-from mpkit.cli import main
-
-
-def _pasted(nb, grade_id):
-    """``nb`` with a copy of the cell ``grade_id`` right after it, as Jupyter's copy-paste makes it."""
-    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
-    at = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
-    nb.cells.insert(at + 1, nbformat.from_dict(json.loads(json.dumps(nb.cells[at]))))
-    return nb
 
 
 @pytest.mark.timeout(420)
-def test_a_pasted_quiz_cell_does_not_stop_the_class(tmp_path, monkeypatch):
-    course = tmp_path / "course"
-    env = {**os.environ, "MPKIT_QUIZ_DIR": str(e2e.GOOD), "MPKIT_RESULTS_DIR": str(tmp_path / "grader-store")}
-    env.pop("MPKIT_STUDENT", None)
-    assert main(["quiz", "assign", "--bank", str(e2e.GOOD), "--items", e2e.ITEMS, "--mode", "exam",
-                 "--out", str(course / "source" / "hw1" / "hw1.ipynb")]) == 0
-    e2e.nbgrader(course, "generate_assignment", "hw1", env=env)
-    released = nbformat.read(course / "release" / "hw1" / "hw1.ipynb", as_version=4)
-    monkeypatch.setattr(e2e, "STUDENTS", {s: e2e.STUDENTS[s] for s in ("kim", "lee")})
-    folders = asyncio.run(e2e.run_students(released, tmp_path / "students", env))
-    # "ahn" (graded first, by name) hands in kim's answers with the quiz cell pasted once more
-    notebooks = {"ahn": _pasted(nbformat.read(folders["kim"] / "hw1.ipynb", as_version=4), "quiz_model_parallel")}
-    notebooks.update({s: nbformat.read(f / "hw1.ipynb", as_version=4) for s, f in folders.items()})
-    for student, nb in notebooks.items():
-        (course / "submitted" / student / "hw1").mkdir(parents=True)
-        nbformat.write(nb, course / "submitted" / student / "hw1" / "hw1.ipynb")
-    shutil.rmtree(tmp_path / "students")
-
-    log = e2e.nbgrader(course, "autograde", "hw1", env=env)   # returncode 0: every student graded
-    assert "Cell with id 'quiz_model_parallel' exists multiple times!" in log
-    assert "SAWarning" not in log   # SQLAlchemy pinned to 1.4 (requirements-test.txt): 2.x warned per student
-    e2e.nbgrader(course, "export", env=env)
-    import csv
-    with open(course / "grades.csv", newline="", encoding="utf-8") as f:
-        scores = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
-    assert scores == {"ahn": 4.0, "kim": 4.0, "lee": 2.0}
-    graded = nbformat.read(course / "autograded" / "ahn" / "hw1" / "hw1.ipynb", as_version=4)
+def test_a_pasted_quiz_cell_does_not_stop_the_class(hw1_course):
+    """ahn (graded first, by name) hands in kim's answers with the quiz cell pasted once more
+    (tests/nbgrader_course.py): autograde's returncode 0 there means every student was graded."""
+    assert "Cell with id 'quiz_model_parallel' exists multiple times!" in hw1_course.log
+    assert "SAWarning" not in hw1_course.log   # SQLAlchemy pinned to 1.4 (requirements-test.txt): 2.x warned per student
+    scores = {student: score for student, (score, _) in hw1_course.scores.items()}
+    assert scores == {"ahn": 4.0, "kim": 4.0, "lee": 2.0, "park": 1.0}
+    graded = nbformat.read(hw1_course.autograded / "ahn" / "hw1" / "hw1.ipynb", as_version=4)
     report = next(c for c in graded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "quiz_hand_in")
     assert ("cell 'quiz_model_parallel' was not graded: 1 pasted copy/copies share its nbgrader id; the last one "
             "counts" in html.unescape(report.outputs[0]["data"]["text/html"]))
