@@ -4,7 +4,8 @@ The learner writes ``schedule(rank, p, m)`` -> rank's list of mpkit's pipeline i
 checker takes every rank's list and (1) checks each micro-batch is computed once forward and once
 backward, (2) plays the lists on the simulator (a deadlock or mismatched messages is named there,
 with where each rank waits), (3) checks the schedule's defining property — GPipe: every forward
-before any backward; 1F1B: rank r never holds more than p - r micro-batches' activations — and
+before any backward; 1F1B: rank r never holds more than p - r micro-batches' activations and the
+unit-cost bubble is 1F1B's (p-1)/(m+p-1), so running F_k B_k with no overlap fails — and
 (4) runs the lists for real with mpkit's executor: every stage's gradients must equal the
 unsplit model's. Any valid order passes: nothing is compared with the reference's list.
 """
@@ -209,6 +210,16 @@ def _one_f_one_b_property(case, programs, sim, p, m):
                           Text("준비 단계(warm-up)에서 랭크 r은 p-r-1개만 Forward하고, 그다음부터 Forward 하나와 Backward 하나를 "
                                "번갈아 하세요.", "in the warm-up rank r runs only p-r-1 Forwards, then alternates one "
                                "Forward and one Backward."))
+    target = (p - 1) / (m + p - 1)
+    if float(sim.bubble) > target + 1e-9:
+        short = [r for r in range(p) if sim.peak_in_flight[r] < min(m, p - r)]
+        return failed(case, Text(f"값은 맞지만 버블이 {float(sim.bubble):.1%}입니다(단위 시간): 1F1B의 목표는 (p-1)/(m+p-1) = "
+                                 f"{target:.1%}입니다.", f"the values are right but the bubble is {float(sim.bubble):.1%} "
+                                 f"(unit times): 1F1B's target is (p-1)/(m+p-1) = {target:.1%}."),
+                      Text(f"준비 단계(warm-up)가 짧아 파이프라인이 쉽니다(랭크 {short}): 랭크 r은 첫 Backward 전에 min(p-r-1, m)개를 "
+                           "Forward해야 다음 스테이지가 계속 일합니다.", f"the warm-up is too short, so the pipeline idles "
+                           f"(ranks {short}): rank r runs min(p-r-1, m) Forwards before its first Backward, which keeps the "
+                           "next stages busy."))
     return None
 
 
@@ -225,8 +236,8 @@ STUB_GPIPE = STUB.format(name="gpipe_schedule",
                          doc_ko="GPipe: 랭크의 명령 목록(list)을 돌려줍니다. 모든 마이크로배치를 Forward한 뒤 모두 Backward, 마지막에 OptimizerStep().",
                          doc_en="GPipe: return this rank's instruction list: every micro-batch forward, then every one backward, then OptimizerStep().")
 STUB_1F1B = STUB.format(name="one_f_one_b_schedule",
-                        doc_ko="1F1B: 준비 단계(warm-up) Forward 몇 개, 그다음 Forward 하나·Backward 하나를 번갈아, 끝에 남은 Backward, OptimizerStep().",
-                        doc_en="1F1B: a few warm-up Forwards, then alternate one Forward and one Backward, then the remaining Backwards, then OptimizerStep().")
+                        doc_ko="1F1B: 준비 단계(warm-up) Forward 몇 개, 그다음 Forward 하나·Backward 하나를 번갈아, 끝에 남은 Backward, OptimizerStep(). 목표: 버블 (p-1)/(m+p-1), 랭크 r의 활성값 최대 p-r개.",
+                        doc_en="1F1B: a few warm-up Forwards, then alternate one Forward and one Backward, then the remaining Backwards, then OptimizerStep(). Target: bubble (p-1)/(m+p-1), rank r holds at most p-r activations.")
 
 CASES = [Case(Text("p=2, m=4", "p=2, m=4"), 2, {"m": 4, "seed": 31}),
          Case(Text("p=4, m=8", "p=4, m=8"), 4, {"m": 8, "seed": 32}),
