@@ -43,21 +43,24 @@ def _train(ctx, recorder, seed, sizes, steps, after_backward, before=None):
     model = mlp(seed, sizes)
     helper = before(model) if before else None
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    out, unwaited = [], []
+    out, unwaited, waited_in_backward = [], [], []
     for step in range(steps):
         x, y = batch(seed + step, ROWS, sizes[0], sizes[-1])
         rows = _rows(ctx.rank, ctx.world_size)
         opt.zero_grad()  # torch's default: set_to_none=True
         recorder.phase = f"backward {step}"
         loss = F.cross_entropy(model(x[rows]), y[rows])
+        started = len(recorder.calls)
         recorder.call(loss.backward)  # the learner's hooks, if any, run inside backward
+        # asynchronous works started in the backward and already waited on there: the backward blocked
+        waited_in_backward.append(sum(not c.blocking for c in recorder.calls[started:]) - len(recorder.pending))
         recorder.phase = f"sync {step}"
         recorder.call(after_backward, model, helper)
         out.append(grads(model))
         unwaited.append(len(recorder.pending))  # works the step's gradients were read without waiting for
         recorder.pending.clear()
         opt.step()
-    return {"grads": out, "unwaited": unwaited}
+    return {"grads": out, "unwaited": unwaited, "waited_in_backward": waited_in_backward}
 
 
 UNWAITED_HINT = Text("비동기 all-reduce(async_op=True)의 결과를 wait() 없이 썼습니다: 쓰기 전에 work.wait()를 부르세요.",
@@ -166,6 +169,15 @@ def _judge_buckets(case, cls, timeout):
                                    "그래야 통신이 나머지 역전파와 겹칩니다.",
                                    "in the hook only start it, dist.all_reduce(flat, async_op=True), and wait() in "
                                    "finish(): that is what overlaps the communication with the rest of the backward."))
+            if output["out"]["waited_in_backward"][step] > 0:
+                return failed(case, where + Text("all-reduce를 async_op=True로 시작했지만 역전파 안에서(훅에서) wait()했습니다: "
+                                                 "역전파가 그 통신이 끝날 때까지 멈추니 겹침이 없습니다.",
+                                                 "the all-reduce was started with async_op=True but wait()ed on inside the "
+                                                 "backward (in the hook): the backward stops until it finishes, so nothing "
+                                                 "overlaps."),
+                              Text("async_op=True 플래그만으로는 겹치지 않습니다: 훅에서는 Work를 저장만 하고, 역전파가 끝난 뒤 "
+                                   "finish()에서 모두 wait()하세요.", "the async_op flag alone does not overlap anything: "
+                                   "in the hook only keep the Work, and wait() on every one in finish(), after the backward."))
             if not any(c.phase == f"backward {step}" for c in reduces):
                 return failed(case, where + Text("모든 all-reduce가 backward가 끝난 뒤에 시작했습니다.",
                                                  "every all-reduce started after the backward had finished."),
