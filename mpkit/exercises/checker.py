@@ -7,7 +7,11 @@ deadlock are not run, so a check never takes much longer than one timeout. A stu
 """
 from __future__ import annotations
 
+import inspect
 import time
+
+import torch
+import torch.distributed as dist
 
 from mpkit.errors import LaunchError
 from mpkit.exercises import harness
@@ -39,6 +43,60 @@ MISMATCH_HINT = Text("gloo는 랭크들이 한 집합 통신에 서로 다른 �
 PEER_GONE = tuple((text, MISMATCH_HINT) for text in ("Connection reset by peer", "Connection closed by peer"))
 
 
+# Likely causes of an exception no exercise hint recognised, by a phrase of its last line (checked in order).
+CAUSES = (
+    (("must match the size", "size mismatch", "shapes cannot be multiplied", "The size of tensor", "shape '[",
+      "Sizes of tensors must match", "expected input with shape", "does not match the broadcast shape",
+      "same number of elements", "output tensor size must be equal"),
+     Text("모양(shape)이 맞지 않는 텐서를 함께 썼습니다: 오류 위의 줄에서 각 텐서의 .shape을 출력해 보고, 청크나 샤드를 나눈 크기"
+          "(world size로 나누어떨어지지 않을 때 포함)와 집합 통신의 입력·출력 크기를 확인하세요.",
+          "tensors of shapes that do not fit were combined: print each tensor's .shape on the line above the error, and "
+          "check how you cut chunks or shards (also when the size does not divide by the world size) and a collective's "
+          "input and output sizes.")),
+    (("dtype", "expected scalar type", "Expected object of scalar type", "result type"),
+     Text("자료형(dtype)이 다릅니다: 새로 만든 버퍼는 torch.empty_like/zeros_like처럼 원래 텐서의 dtype을 따르게 하세요"
+          "(정수 인덱스나 float64로 만든 텐서가 섞였는지 보세요).",
+          "the dtypes differ: make new buffers follow the original tensor (torch.empty_like, zeros_like), and look for a "
+          "tensor made as integers or float64.")),
+    (("process group", "not part of", "group=", "Invalid group", "global rank", "group rank"),
+     Text("프로세스 그룹 문제입니다: 그룹에 속한 랭크만 그 그룹으로 통신하고, 그룹 안의 랭크 번호와 전체 랭크 번호를 "
+          "섞지 마세요(dist.get_global_rank로 바꿉니다).",
+          "a process-group problem: only the ranks in a group may communicate on it, and a rank's number inside the "
+          "group is not its global one (dist.get_global_rank converts).")),
+    (("IndexError", "out of range", "out of bounds", "Invalid rank", "invalid rank"),
+     Text("인덱스가 범위를 벗어났습니다: 랭크 번호는 0..world_size-1이니 이웃은 (rank ± 1) % world_size로, 청크 번호도 "
+          "% 청크 개수로 감싸세요.",
+          "an index is out of range: ranks are 0..world_size-1, so take neighbours as (rank ± 1) % world_size and wrap "
+          "chunk numbers modulo the number of chunks.")),
+    (("positional argument", "unexpected keyword argument", "required positional", "takes no arguments"),
+     Text("함수를 받는 인수와 다른 인수로 불렀습니다: 오류 줄에서 부른 함수의 시그니처(인수 순서와 이름)를 확인하세요.",
+          "a function was called with arguments it does not take: check the signature (order and names) of the call "
+          "on the line of the error.")),
+    (("Boolean value of Tensor",),
+     Text("텐서가 True/False 자리에 왔습니다: 인수의 순서가 바뀌었거나(예: 텐서를 op, group, async_op 자리에), if에 텐서를 "
+          "썼습니다.", "a tensor stood where a True/False was expected: arguments in the wrong order (a tensor passed as "
+          "op, group or async_op), or a tensor used in an if.")),
+    (("NoneType", "None"),
+     Text("어떤 값이 None입니다: 역전파가 닿지 않은 텐서의 .grad(고정된 파라미터, requires_grad가 꺼진 입력)나, 값을 돌려주지 "
+          "않은 함수(return 빠짐)를 확인하세요.",
+          "something is None: the .grad of a tensor the backward never reached (a frozen parameter, an input without "
+          "requires_grad), or a function that returns nothing (a missing return).")),
+)
+UNKNOWN_CAUSE = Text("코드에서 예외가 났습니다: 위 트레이스백의 마지막 줄이 원인이고, 그 위의 줄이 작성한 코드에서 그것이 난 곳입니다.",
+                     "your code raised: the last line of the traceback above is the cause, the line above it the place in "
+                     "your code where it happened.")
+
+
+def crash_hint(exercise, text: str) -> Text:
+    """The hint for an exception: the exercise's own (a classic mistake), a peer that died, else its
+    likely cause read from the error's last line (shape, dtype, group, rank index, signature, None)."""
+    hint = next((h for phrase, h in (*exercise.crash_hints, *PEER_GONE) if phrase in text), None)
+    if hint is not None:
+        return hint
+    last = text.strip().splitlines()[-1] if text.strip() else ""
+    return next((h for phrases, h in CAUSES if any(phrase in last for phrase in phrases)), UNKNOWN_CAUSE)
+
+
 def _rank_failure(case, err: LaunchError):
     """A rank that died (gloo aborts a process whose collective does not match its peers'), or
     mpkit's side of the case that could not use what the learner's code returned."""
@@ -56,6 +114,49 @@ def _stuck_hint(stuck: harness.Stuck) -> Text:
     return MISSING_HINT if stuck.ranks(harness.RETURNED) else STUCK_HINT
 
 
+def _stub_object(exercise):
+    """What the stub defines under the exercise's name (its function or class), or None."""
+    namespace = {"torch": torch, "dist": dist}
+    try:
+        exec(compile(exercise.stub, f"<{exercise.name} stub>", "exec"), namespace)
+    except Exception:  # a stub that needs more than torch to define itself is not compared
+        return None
+    return namespace.get(exercise.target)
+
+
+def _accepts(sig: inspect.Signature, wanted: inspect.Signature) -> bool:
+    """Can a callable of ``sig`` take the call the exercise makes (``wanted``'s parameters without a
+    default positionally, those with one by name), with no stub parameter name in another place
+    (``(tensor, group)`` where the stub has ``(ctx, tensor)``)? Other names are the learner's choice."""
+    required = [q for q in wanted.parameters.values() if q.default is inspect.Parameter.empty]
+    optional = {q.name: q.default for q in wanted.parameters.values() if q.default is not inspect.Parameter.empty}
+    try:
+        sig.bind(*range(len(required)), **optional)
+    except TypeError:
+        return False
+    theirs = [q.name for q in sig.parameters.values() if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+    return all(theirs.index(q.name) == i for i, q in enumerate(required) if q.name in theirs)
+
+
+def _signature_problem(exercise, fn) -> Text | None:
+    """The learner's function or class does not take what the exercise passes: say so before running
+    anything (otherwise the first sign is a torch error from deep inside, far from the cause)."""
+    stub = _stub_object(exercise)
+    if stub is None or isinstance(fn, tuple) or not callable(fn):
+        return None
+    try:
+        wanted, theirs = inspect.signature(stub), inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to compare
+        return None
+    if _accepts(theirs, wanted):
+        return None
+    call = f"{exercise.target}{wanted}"
+    return Text(f"연습은 {call}로 부르는데, 작성한 {getattr(fn, '__name__', exercise.target)}은(는) {theirs}을(를) 받습니다: "
+                "매개변수를 스텁과 같은 순서, 같은 이름으로 맞추세요.",
+                f"the exercise calls {call}; yours, {getattr(fn, '__name__', exercise.target)}, takes {theirs}: "
+                "give it the stub's parameters, in the stub's order and with its names.")
+
+
 def _not_done(crash: harness.LearnerCrashed) -> bool:
     return "NotImplementedError" in crash.text.strip().splitlines()[-1]
 
@@ -71,6 +172,14 @@ def check(name: str, fn, lang: str = "ko", timeout: float = 6.0, record: bool = 
     exercise = get(name)
     if fn is None:
         raise TypeError(f"check({name!r}, fn): pass the {exercise.uses} you wrote, e.g. check({name!r}, {name})")
+    wrong_signature = _signature_problem(exercise, fn)
+    if wrong_signature is not None:
+        skipped = Text("실행하지 않았습니다(시그니처가 다름).", "not run (the signature differs).")
+        result = CheckResult(name, lang, [failed(case, wrong_signature if i == 0 else skipped)
+                                          for i, case in enumerate(exercise.cases)])
+        if record:
+            record_check(result, student=student, results_dir=results_dir)
+        return result
     results, stuck_in = [], None
     for case in exercise.cases:
         if stuck_in is not None:
@@ -83,9 +192,8 @@ def check(name: str, fn, lang: str = "ko", timeout: float = 6.0, record: bool = 
         except harness.LearnerCrashed as crash:
             if _not_done(crash):
                 return CheckResult(name, lang, [], not_done=True)
-            hint = next((h for text, h in (*exercise.crash_hints, *PEER_GONE) if text in crash.text), None)
             results.append(failed(case, Text(f"랭크 {crash.rank}에서 예외가 났습니다:\n{crash.text}",
-                                             f"rank {crash.rank} raised:\n{crash.text}"), hint))
+                                             f"rank {crash.rank} raised:\n{crash.text}"), crash_hint(exercise, crash.text)))
         except LaunchError as err:
             results.append(_rank_failure(case, err))
         except harness.Stuck as stuck:

@@ -62,24 +62,41 @@ def close(expected: torch.Tensor, got, tol: float = TOL) -> bool:
     return largest_difference(expected, got) <= tol * scale
 
 
-def _short(t) -> str:
-    if not isinstance(t, torch.Tensor):
-        return repr(t)
+def _values(t, start: int) -> str:
     flat = t.detach().reshape(-1)
-    values = ", ".join(f"{v:.4g}" for v in flat[:6].tolist()) + (", ..." if flat.numel() > 6 else "")
-    return f"shape {tuple(t.shape)} [{values}]"
+    shown = ", ".join(f"{v:.4g}" for v in flat[start:start + 6].tolist())
+    return ("..., " if start else "") + shown + (", ..." if flat.numel() > start + 6 else "")
+
+
+def _short(t, start: int = 0) -> Text:
+    if not isinstance(t, torch.Tensor):
+        return Text(repr(t), repr(t))
+    return Text(f"모양 {tuple(t.shape)} [{_values(t, start)}]", f"shape {tuple(t.shape)} [{_values(t, start)}]")
+
+
+def first_difference(expected: torch.Tensor, got: torch.Tensor, tol: float = TOL) -> int:
+    """The flat index of the first element that differs beyond ``tol`` (what a message shows first)."""
+    scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
+    far = ((expected.double() - got.detach().double()).abs() > tol * scale).reshape(-1).nonzero()
+    return int(far[0]) if len(far) else 0
 
 
 def mismatch(where: Text, expected, got) -> Text:
-    """"<where>: expected ... got ... (largest difference d)" — what a failing comparison says."""
+    """"<where>: expected ... got ... (largest difference d)" — what a failing comparison says,
+    starting at the first element that differs (with its index), not at identical leading values."""
     if isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape != expected.shape:
         return where + Text(f"모양이 {tuple(expected.shape)}이어야 하는데 {tuple(got.shape)}입니다.",
                             f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}.")
     if not isinstance(got, torch.Tensor):
         return where + Text(f"텐서를 기대했는데 {got!r}을(를) 받았습니다.", f"expected a tensor, got {got!r}.")
     d = largest_difference(expected, got)
-    return where + Text(f"기댓값 {_short(expected)}, 실제 {_short(got)} (최대 차이 {d:.3g}).",
-                        f"expected {_short(expected)}, got {_short(got)} (largest difference {d:.3g}).")
+    i = first_difference(expected, got)
+    at = tuple(int(k) for k in torch.unravel_index(torch.tensor(i), expected.shape)) if expected.dim() > 1 else i
+    first = (Text(f"처음 다른 원소는 인덱스 {at}:", f"first difference at index {at}:")
+             if i or expected.numel() > 6 else Text("", ""))
+    want, have = _short(expected, i), _short(got, i)
+    return where + first + Text(f"기댓값 {want.ko}, 실제 {have.ko} (최대 차이 {d:.3g}).",
+                                f"expected {want.en}, got {have.en} (largest difference {d:.3g}).")
 
 
 def ratio(expected: torch.Tensor, got) -> float | None:
