@@ -7,6 +7,8 @@ rank talked only to its two neighbours, and that no rank sent more than the ring
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from mpkit.exercises import harness
@@ -73,7 +75,50 @@ def _bytes_problem(case, outputs, n, numel, element_size, phases):
     return None
 
 
-def _value_hint(kind, n, rank, expected, got):
+def _terms(inputs, got_chunk, k):
+    """The coefficients c (each 0, 1 or 2 per rank) with ``got_chunk`` = sum of c[j] times rank j's
+    chunk ``k``, or None when it is no such sum (a buffer overwritten while it was still sent)."""
+    pieces = [x.reshape(-1).tensor_split(len(inputs))[k] for x in inputs]
+    for c in itertools.product((0, 1, 2), repeat=len(inputs)):
+        if close(sum((w * x for w, x in zip(c, pieces)), torch.zeros_like(pieces[0])), got_chunk):
+            return c
+    return None
+
+
+def _ring_mistake(inputs, rank, chunk_index, got_chunk) -> Text:
+    """Names what went wrong in one chunk from what it holds: a rank's value missing, counted twice,
+    replacing the sum, or no sum of the inputs at all."""
+    c = _terms(inputs, got_chunk, chunk_index)
+    where_ko, where_en = f"랭크 {rank}의 청크 {chunk_index}", f"rank {rank}'s chunk {chunk_index}"
+    if c is None:
+        return Text(f"{where_ko}는 입력들의 합이 아닙니다: 아직 보내는 중인 버퍼에 받았거나(isend한 청크에 irecv), wait() 전에 "
+                    "버퍼를 다시 썼습니다. 받을 때는 따로 만든 버퍼(torch.empty_like)에 받고, 둘 다 wait()한 뒤 더하세요.",
+                    f"{where_en} is no sum of the inputs: a message was received into a buffer still being sent (irecv "
+                    "into the chunk you isend), or a buffer was reused before wait(). Receive into a buffer of its own "
+                    "(torch.empty_like) and add only after both wait()s.")
+    if sum(c) == 1 and c[rank] == 1:
+        return Text(f"{where_ko}는 이 랭크의 값 그대로입니다: 받은 값이 이 청크에 더해지지 않았습니다(다른 청크에 더했거나, "
+                    "복사본에 더했음).", f"{where_en} still holds this rank's own value: nothing received was added into "
+                    "it (added into another chunk, or into a copy).")
+    if sum(c) == 1:
+        return Text(f"{where_ko}는 랭크 {c.index(1)}의 값뿐입니다: 받은 청크를 더하지(+=) 않고 덮어썼습니다(copy_ 또는 =).",
+                    f"{where_en} holds rank {c.index(1)}'s value only: a received chunk replaced the sum (copy_ or =) "
+                    "instead of being added (+=) in the reduce-scatter.")
+    twice = [j for j, w in enumerate(c) if w == 2]
+    if twice:
+        return Text(f"{where_ko}에 랭크 {twice}의 값이 두 번 더해졌습니다: all-gather 단계에서 받은 완성 청크를 복사하지 않고 "
+                    "더했거나, 한 단계를 더(N번) 돌았습니다.",
+                    f"{where_en} counts rank(s) {twice} twice: the all-gather phase added a finished chunk instead of "
+                    "copying it, or a phase ran one step too many (N instead of N-1).")
+    missing = [j for j, w in enumerate(c) if w == 0]
+    return Text(f"{where_ko}에 랭크 {missing}의 값이 빠졌습니다: 단계가 모자라거나(N-1번이어야 함), k번째 단계에서 보내는 청크와 "
+                "더하는 청크의 번호(mod N)가 어긋나 받은 값이 다른 청크에 더해졌습니다.",
+                f"{where_en} lacks rank(s) {missing}: a phase ran too few steps (it needs N-1), or the chunk index "
+                "sent and the one added into at step k (mod N) do not line up, so a received value went into "
+                "another chunk.")
+
+
+def _value_hint(kind, n, rank, expected, got, inputs):
     if isinstance(got, torch.Tensor) and got.shape != expected.shape:
         return Text(f"결과의 모양은 {tuple(expected.shape)}이어야 합니다" + (" (1차원으로 펼친 것)." if kind == "all_gather" else "."),
                     f"the result must have shape {tuple(expected.shape)}" +
@@ -81,23 +126,23 @@ def _value_hint(kind, n, rank, expected, got):
     factor = factor_hint(ratio(expected, got), n, "sum")
     if factor is not None:
         return factor
-    if kind == "all_reduce" and isinstance(got, torch.Tensor) and got.shape == expected.shape:
-        chunks = list(zip(expected.reshape(-1).tensor_split(n), got.reshape(-1).tensor_split(n)))
-        good = [k for k, (e, g) in enumerate(chunks) if close(e, g)]
-        if len(good) == 1:
-            return Text(f"랭크 {rank}은(는) 청크 {good[0]}만 완성된 합입니다: reduce-scatter 뒤의 all-gather 단계가 없거나 "
-                        "잘못됐습니다.",
-                        f"rank {rank} holds the complete sum in chunk {good[0]} only: the all-gather phase after the "
-                        "reduce-scatter is missing or wrong.")
-    if kind != "all_gather":
-        return Text("어떤 청크의 합이 틀렸습니다. k번째 단계에서 랭크 r이 보내는 청크와 더하는 청크의 번호(mod N)를 확인하세요: "
-                    "보낸 청크는 다음 단계에서 옆 랭크가 이어서 더해야 합니다.",
-                    "a chunk's sum is wrong. Check the chunk index rank r sends and the one it adds into at step k "
-                    "(mod N): the chunk you send must be the one your neighbour adds into and passes on next.")
-    return Text("조각이 제자리에 있지 않습니다: 랭크 j의 조각은 결과의 j번째 자리에 가야 합니다. k번째 단계에서 받는 조각의 "
-                "원래 랭크를 확인하세요.",
-                "a piece is out of place: rank j's piece belongs at position j of the result. Check which rank the "
-                "piece you receive at step k came from.")
+    if kind == "all_gather" or not isinstance(got, torch.Tensor):
+        return Text("조각이 제자리에 있지 않습니다: 랭크 j의 조각은 결과의 j번째 자리에 가야 합니다. k번째 단계에서 받는 조각의 "
+                    "원래 랭크를 확인하세요.",
+                    "a piece is out of place: rank j's piece belongs at position j of the result. Check which rank the "
+                    "piece you receive at step k came from.")
+    if kind == "reduce_scatter":
+        return _ring_mistake(inputs, rank, rank, got.reshape(-1))
+    chunks = list(zip(expected.reshape(-1).tensor_split(n), got.reshape(-1).tensor_split(n)))
+    good = [k for k, (e, g) in enumerate(chunks) if close(e, g)]
+    bad = next(k for k, (e, g) in enumerate(chunks) if not close(e, g))
+    if len(good) == 1 and _terms(inputs, chunks[bad][1], bad) is not None and sum(_terms(inputs, chunks[bad][1], bad)) < n:
+        return Text(f"랭크 {rank}은(는) 청크 {good[0]}만 완성된 합입니다: reduce-scatter 뒤의 all-gather 단계가 없거나, 완성된 "
+                    "청크부터 보내지 않습니다(k번째 단계에 보내는 청크 번호를 확인하세요).",
+                    f"rank {rank} holds the complete sum in chunk {good[0]} only: the all-gather phase after the "
+                    "reduce-scatter is missing, or it does not start from the finished chunk (check the chunk index "
+                    "it sends at step k).")
+    return _ring_mistake(inputs, rank, bad, chunks[bad][1])
 
 
 def _judge(kind, phases):
@@ -122,10 +167,12 @@ def _judge(kind, phases):
                                    "reduce-scatter leaves its input alone and returns a new tensor: clone before you "
                                    "cut it into chunks."))
             if not close(want, got):
-                what = {"all_reduce": "tensor (in place)", "reduce_scatter": f"chunk {rank}",
-                        "all_gather": "gathered tensor"}[kind]
-                return failed(case, mismatch(Text(f"rank {rank}, {what}:", f"rank {rank}, {what}:"), want, got),
-                              _value_hint(kind, n, rank, want, got))
+                what_ko = {"all_reduce": "tensor(제자리)", "reduce_scatter": f"청크 {rank}", "all_gather": "모은 텐서"}[kind]
+                what_en = {"all_reduce": "tensor (in place)", "reduce_scatter": f"chunk {rank}",
+                           "all_gather": "gathered tensor"}[kind]
+                inputs = [_inputs(r, shape, seed) for r in range(n)]
+                return failed(case, mismatch(Text(f"랭크 {rank}, {what_ko}:", f"rank {rank}, {what_en}:"), want, got),
+                              _value_hint(kind, n, rank, want, got, inputs))
         numel = torch.Size(shape).numel() * (n if kind == "all_gather" else 1)
         problem = _bytes_problem(case, outputs, n, numel, 4, phases)
         return problem or passed(case)
