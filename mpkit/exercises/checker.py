@@ -8,6 +8,7 @@ deadlock are not run, so a check never takes much longer than one timeout. A stu
 from __future__ import annotations
 
 import inspect
+import re
 import time
 
 import torch
@@ -49,7 +50,7 @@ CAUSES = (
       "Sizes of tensors must match", "expected input with shape", "does not match the broadcast shape",
       "same number of elements", "output tensor size must be equal"),
      Text("모양(shape)이 맞지 않는 텐서를 함께 썼습니다: 오류 위의 줄에서 각 텐서의 .shape을 출력해 보고, 청크나 샤드를 나눈 크기"
-          "(world size로 나누어떨어지지 않을 때 포함)와 집합 통신의 입력·출력 크기를 확인하세요.",
+          "(world_size로 나누어떨어지지 않을 때 포함)와 집합 통신의 입력·출력 크기를 확인하세요.",
           "tensors of shapes that do not fit were combined: print each tensor's .shape on the line above the error, and "
           "check how you cut chunks or shards (also when the size does not divide by the world size) and a collective's "
           "input and output sizes.")),
@@ -108,7 +109,48 @@ def _rank_failure(case, err: LaunchError):
                        "check that your code returns what the exercise says (what, and on which ranks)."))
 
 
+def _collective_hint(stuck: harness.Stuck) -> Text | None:
+    """Ranks stuck in a collective: a collective is only done when every rank of the group calls it,
+    so the others either never call it (an ``if`` around it) or wait in another call."""
+    inside = {r: what.split(" ")[0] for r, what in stuck.waits.items()
+              if "waiting" in what and what.split(" ")[0] in harness.WATCHED and what.split(" ")[0] not in harness.P2P}
+    if not inside:
+        return None
+    name = sorted(set(inside.values()))[0]
+    waiting = sorted(r for r, kind in inside.items() if kind == name)
+    others = sorted(r for r in stuck.waits if r not in waiting)
+    if not others:
+        return Text(f"모든 랭크가 {name}에서 기다립니다: 랭크마다 집합 통신을 부르는 횟수나 순서가 다릅니다(예: 반복 횟수가 랭크에 "
+                    "따라 다름). 모든 랭크가 같은 집합 통신을 같은 순서로 같은 횟수만큼 부르게 하세요.",
+                    f"every rank waits in {name}: the ranks call collectives a different number of times or in a "
+                    "different order (e.g. a loop whose count depends on the rank). Make every rank make the same "
+                    "collectives, in the same order, as many times.")
+    return Text(f"랭크 {waiting}이(가) 집합 통신 {name}에서 기다리는데 랭크 {others}은(는) 그것을 부르지 않았거나 다른 곳에서 "
+                "기다립니다: 집합 통신은 "
+                "그룹의 모든 랭크가 같은 순서로 불러야 끝납니다. 일부 랭크만 부르게 하는 if(예: if rank == 0:) 안에 두지 "
+                "마세요(send/recv의 짝 문제가 아닙니다).",
+                f"ranks {waiting} wait in the collective {name}, which ranks {others} never called (or they wait elsewhere): "
+                "a collective finishes "
+                "only when every rank of the group calls it, in the same order. Do not put it under an if that only "
+                "some ranks take (e.g. if rank == 0:); this is not a send/recv pairing problem.")
+
+
+def _waits_ko(stuck: harness.Stuck) -> str:
+    """``Stuck.describe`` in Korean: what each rank was doing when the time ran out."""
+    def ko(what: str) -> str:
+        what = what.replace(harness.RUNNING, "코드를 실행 중").replace(harness.RETURNED, "코드에서 돌아옴")
+        what = re.sub(r"(send|recv) (?:to|from) rank (\d+)", lambda m: f"랭크 {m.group(2)}{'에게' if m.group(1) == 'send' else '에게서'} "
+                      f"{m.group(1)}", what)
+        what = re.sub(r"\((\d+) elements\)", r"(원소 \1개)", what)
+        return (what.replace(", waiting in wait()", ", wait()에서 기다림").replace(", waiting", ", 기다림")
+                .replace("had not started (a busy machine?)", "시작하지 못함(바쁜 컴퓨터?)"))
+    return "; ".join(f"랭크 {rank}: {ko(what)}" for rank, what in sorted(stuck.waits.items()))
+
+
 def _stuck_hint(stuck: harness.Stuck) -> Text:
+    collective = _collective_hint(stuck)
+    if collective is not None:
+        return collective
     if stuck.ranks(harness.RUNNING):
         return LOOP_HINT
     return MISSING_HINT if stuck.ranks(harness.RETURNED) else STUCK_HINT
@@ -199,7 +241,7 @@ def check(name: str, fn, lang: str = "ko", timeout: float = 6.0, record: bool = 
         except harness.Stuck as stuck:
             stuck_in = case
             waited = time.monotonic() - started
-            results.append(failed(case, Text(f"{waited:.0f}초 안에 끝나지 않았습니다. {stuck.describe()}",
+            results.append(failed(case, Text(f"{waited:.0f}초 안에 끝나지 않았습니다. {_waits_ko(stuck)}",
                                              f"did not finish within {waited:.0f} s. {stuck.describe()}"),
                                   _stuck_hint(stuck)))
     result = CheckResult(name, lang, results)

@@ -114,15 +114,15 @@ def factor_hint(factor: float | None, n: int, wanted: str = "average") -> Text |
     apart by what the exercise wants: the ``"average"`` over ranks or their ``"sum"``."""
     if factor is None:
         return None
-    too_large = Text("결과가 정확히 world size배입니다: 나누지 않은 합이거나, reduce를 한 번 더 했습니다.",
+    too_large = Text("결과가 정확히 world_size배입니다: 나누지 않은 합이거나, reduce를 한 번 더 했습니다.",
                      "the result is exactly world-size times too large: a sum never divided by the world size, or "
                      "one reduction too many.")
-    too_small = (Text("결과가 world size로 한 번 더 나뉘었습니다: 두 번 나누었거나, 평균을 낸 뒤 또 나누었습니다.",
+    too_small = (Text("결과가 world_size로 한 번 더 나뉘었습니다: 두 번 나누었거나, 평균을 낸 뒤 또 나누었습니다.",
                       "the result is divided by the world size once too often: divided twice, or an average divided "
                       "again.") if wanted == "average" else
-                 Text("결과가 합이 아니라 평균입니다: 여기서는 world size로 나누지 마세요.",
+                 Text("결과가 합이 아니라 평균입니다: 여기서는 world_size로 나누지 마세요.",
                       "the result is the average, not the sum: do not divide by the world size here."))
-    squared = Text("결과가 world size의 제곱배입니다: 같은 텐서를 두 번 합했습니다(예: 두 번 all-reduce).",
+    squared = Text("결과가 world_size의 제곱배입니다: 같은 텐서를 두 번 합했습니다(예: 두 번 all-reduce).",
                    "the result is world-size squared times too large: the same tensor was summed twice (e.g. "
                    "all-reduced twice).")
     for value, hint in ((n, too_large), (1 / n, too_small), (n * n, squared)):

@@ -222,7 +222,7 @@ EXERCISES = [
              "average = (sum over ranks) / world_size; all-reduce gives the sum."),
         Text("for p in model.parameters():\n    if p.grad is not None:\n        dist.all_reduce(p.grad); p.grad /= ctx.world_size",
              "for p in model.parameters():\n    if p.grad is not None:\n        dist.all_reduce(p.grad); p.grad /= ctx.world_size")),
-        [Case(Text("2 rank", "2 ranks"), 2, {"seed": 1, "sizes": SIZES, "steps": 1}),
+        [Case(Text("2 랭크", "2 ranks"), 2, {"seed": 1, "sizes": SIZES, "steps": 1}),
          Case(Text("4 랭크, 고정된 레이어", "4 ranks, a frozen layer"), 4, {"seed": 2, "sizes": SIZES_6, "steps": 1}),
          Case(Text("2 랭크, 2 스텝(zero_grad 기본값)", "2 ranks, 2 steps (zero_grad's defaults)"), 2,
               {"seed": 3, "sizes": SIZES, "steps": 2})],

@@ -117,7 +117,7 @@ def _body(ctx, recorder, fn, seed):
     return {"steps": steps, "held": max(held.values(), default=0)}
 
 
-SUMMED = Text("그래디언트를 reduce-scatter로 합하기만 하고 world size로 나누지 않았습니다: 랭크마다 다른 행으로 학습했으니 평균이 "
+SUMMED = Text("그래디언트를 reduce-scatter로 합하기만 하고 world_size로 나누지 않았습니다: 랭크마다 다른 행으로 학습했으니 평균이 "
               "배치 전체의 그래디언트입니다.", "the reduce-scatter summed the gradients and never divided by the world size: "
               "the ranks trained on different rows, so their average is the whole batch's gradient.")
 

@@ -76,9 +76,9 @@ def _variant_hint(seed, numel, n, got):
     starts = [sum(pieces[:r]) for r in range(n)]
     local = torch.cat([_reference(seed, numel, n, own_rank=r)[s:s + k] for r, (s, k) in enumerate(zip(starts, pieces))])
     for variant, hint in (
-            (_reference(seed, numel, n, divide_by=1), Text("그래디언트를 합하기만 하고 world size로 나누지 않았습니다(평균이어야 함).",
+            (_reference(seed, numel, n, divide_by=1), Text("그래디언트를 합하기만 하고 world_size로 나누지 않았습니다(평균이어야 함).",
                                                            "the gradients were summed, not averaged (divide by the world size).")),
-            (_reference(seed, numel, n, divide_by=n * n), Text("평균을 world size로 한 번 더 나누었습니다.",
+            (_reference(seed, numel, n, divide_by=n * n), Text("평균을 world_size로 한 번 더 나누었습니다.",
                                                                "the average was divided by the world size once more.")),
             (local, Text("각 랭크가 자기 그래디언트만으로 갱신했습니다: 먼저 reduce-scatter(또는 all-reduce)로 평균 그래디언트의 "
                          "자기 몫을 구하세요.", "each rank updated with its own gradient only: first get your shard of the "
@@ -155,7 +155,7 @@ def _bytes_problem(case, outputs, numel):
     return None
 
 
-BOUNDARY_HINT = Text("샤드 경계가 어긋났습니다(off by one?): 랭크 r의 샤드는 flat.tensor_split(N)[r]처럼 [시작, 끝)으로 나누면 "
+BOUNDARY_HINT = Text("샤드 경계가 어긋났습니다(하나 차이?): 랭크 r의 샤드는 flat.tensor_split(N)[r]처럼 [시작, 끝)으로 나누면 "
                      "겹치지도 비지도 않습니다.", "shard boundaries are off (by one?): cutting half-open ranges [start, end), "
                      "as flat.tensor_split(N)[r] does, leaves no gap and no overlap.")
 
