@@ -30,19 +30,34 @@ def _order_hint(layout, got_of):
                 "invert rank = (dp·PP + pp)·TP + tp: tp = rank % TP, then pp = (rank // TP) % PP, dp = rank // (TP·PP).")
 
 
+PROBE = Layout(2, 3, 4)  # sizes all different: a reversed tuple and a reversed layout look alike only on a cube
+
+
+def _reversed_everywhere(values, layout) -> bool:
+    """Is every value the right coordinates in reverse, (tp, pp, dp)?"""
+    return all(isinstance(v, (tuple, list)) and list(v)[::-1] == [layout.coords(r)[d] for d in DIMS]
+               for r, v in enumerate(values))
+
+
 def _judge_coords(case, fn, timeout):
     layout = Layout(*case.params["layout"])
     calls = [(rank, layout.dp, layout.pp, layout.tp) for rank in range(layout.world_size)]
-    got = pure_results(fn, calls, timeout)
+    probe = [(rank, PROBE.dp, PROBE.pp, PROBE.tp) for rank in range(PROBE.world_size)]
+    results = pure_results(fn, calls + probe, timeout)
+    got, probed = results[:len(calls)], results[len(calls):]
 
     def as_dict(value):
         return dict(zip(DIMS, value)) if isinstance(value, (tuple, list)) and len(value) == 3 else value
     for rank, value in enumerate(got):
         want = {d: layout.coords(rank)[d] for d in DIMS}
         if as_dict(value) != want:
-            hint = None
-            if isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()):
-                hint = Text("순서가 거꾸로입니다: (dp, pp, tp) 순서로 돌려주세요.", "the order is reversed: return (dp, pp, tp).")
+            hint, seen, seen_in = None, got, layout
+            if isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()) and \
+                    _reversed_everywhere(probed, PROBE):
+                hint = Text("배치는 맞는데 돌려준 순서가 거꾸로입니다: (tp, pp, dp)가 아니라 (dp, pp, tp) 순서로 돌려주세요.",
+                            "the layout is right but the tuple is reversed: return (dp, pp, tp), not (tp, pp, dp).")
+            elif isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()):
+                seen, seen_in = probed, PROBE  # a cube hides it: the layout is reversed (dp innermost), seen on 2x3x4
             elif isinstance(as_dict(value), dict) and all(isinstance(as_dict(value).get(d), int) for d in DIMS) and \
                     all(as_dict(value)[d] == want[d] + 1 for d in DIMS):
                 hint = Text("좌표는 0부터 셉니다: 랭크 0은 (0, 0, 0)입니다.", "coordinates count from 0: rank 0 is (0, 0, 0).")
@@ -51,7 +66,7 @@ def _judge_coords(case, fn, timeout):
                                          f"rank {rank}: expected (dp, pp, tp) = {tuple(want.values())}, got {value!r}."), hint)
             return failed(case, Text(f"랭크 {rank}: 기댓값 (dp, pp, tp) = {tuple(want.values())}, 실제 {value!r}.",
                                      f"rank {rank}: expected (dp, pp, tp) = {tuple(want.values())}, got {value!r}."),
-                          _order_hint(layout, lambda r: as_dict(got[r]) if isinstance(as_dict(got[r]), dict) else {}))
+                          _order_hint(seen_in, lambda r: as_dict(seen[r]) if isinstance(as_dict(seen[r]), dict) else {}))
     return passed(case)
 
 
