@@ -55,7 +55,7 @@ def _judge_coords(case, fn, timeout):
             if isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()) and \
                     _reversed_everywhere(probed, PROBE):
                 hint = Text("배치는 맞는데 돌려준 순서가 거꾸로입니다: (tp, pp, dp)가 아니라 (dp, pp, tp) 순서로 돌려주세요.",
-                            "the layout is right but the tuple is reversed: return (dp, pp, tp), not (tp, pp, dp).")
+                            "the layout is right but the order of the tuple is reversed: return (dp, pp, tp), not (tp, pp, dp).")
             elif isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()):
                 seen, seen_in = probed, PROBE  # a cube hides it: the layout is reversed (dp innermost), seen on 2x3x4
             elif isinstance(as_dict(value), dict) and all(isinstance(as_dict(value).get(d), int) for d in DIMS) and \
