@@ -35,6 +35,7 @@ LOOP_HINT = Text("어떤 랭크는 통신을 기다리지 않고 계속 실행 �
                  "some rank was still running, not waiting on a message: look for a loop that never ends.")
 
 
+NOT_DONE = Text("아직 풀지 않았습니다: 함수를 채운 뒤 다시 확인하세요.", "not done yet: fill in the function, then check again.")
 MISMATCH_HINT = Text("gloo는 랭크들이 한 집합 통신에 서로 다른 크기의 텐서를 넘기거나 집합 통신을 다른 순서로 부르면 프로세스를 멈춥니다: "
                      "모든 랭크가 같은 집합 통신을 같은 순서, 같은 모양으로 부르는지 보세요.",
                      "gloo aborts a process when ranks pass tensors of different sizes to one collective or call "
@@ -232,8 +233,8 @@ def check(name: str, fn, lang: str = "ko", timeout: float = 6.0, record: bool = 
         try:
             results.append(exercise.judge(case, fn, timeout))
         except harness.LearnerCrashed as crash:
-            if _not_done(crash):
-                return CheckResult(name, lang, [], not_done=True)
+            if _not_done(crash):  # every case fails as "not done" (a grader's cell asks for its case: 0 points, no IndexError)
+                return CheckResult(name, lang, [failed(c, NOT_DONE) for c in exercise.cases], not_done=True)
             results.append(failed(case, Text(f"랭크 {crash.rank}에서 예외가 났습니다:\n{crash.text}",
                                              f"rank {crash.rank} raised:\n{crash.text}"), crash_hint(exercise, crash.text)))
         except LaunchError as err:

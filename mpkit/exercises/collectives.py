@@ -96,14 +96,16 @@ def _ring_mistake(inputs, rank, chunk_index, got_chunk) -> Text:
                     f"{where_en} is no sum of the inputs: a message was received into a buffer still being sent (irecv "
                     "into the chunk you isend), or a buffer was reused before wait(). Receive into a buffer of its own "
                     "(torch.empty_like) and add only after both wait()s.")
-    if sum(c) == 1 and c[rank] == 1:
-        return Text(f"{where_ko}는 이 랭크의 값 그대로입니다: 받은 값이 이 청크에 더해지지 않았습니다(다른 청크에 더했거나, "
-                    "복사본에 더했음).", f"{where_en} still holds this rank's own value: nothing received was added into "
-                    "it (added into another chunk, or into a copy).")
     if sum(c) == 1:
-        return Text(f"{where_ko}는 랭크 {c.index(1)}의 값뿐입니다: 받은 청크를 더하지(+=) 않고 덮어썼습니다(copy_ 또는 =).",
-                    f"{where_en} holds rank {c.index(1)}'s value only: a received chunk replaced the sum (copy_ or =) "
-                    "instead of being added (+=) in the reduce-scatter.")
+        whose = (Text("이 랭크 자신의 값 그대로입니다", "still holds this rank's own value") if c[rank] == 1 else
+                 Text(f"랭크 {c.index(1)}의 값뿐입니다", f"holds rank {c.index(1)}'s value only"))
+        return Text(f"{where_ko}는 {whose.ko}: reduce-scatter에서 받은 값이 쌓이지 않았습니다. 받은 청크를 더하지(+=) 않고 "
+                    "덮어썼거나(copy_ 또는 =) 복사본에 더했거나, 단계가 하나 모자라(N-1번이 아니라 N-2번) 끝나지 않은 청크를 "
+                    "all-gather가 퍼뜨렸거나, 방금 보낸 청크에 더했습니다.",
+                    f"{where_en} {whose.en}: nothing accumulated in the reduce-scatter. A received chunk replaced the "
+                    "sum (copy_ or =) instead of being added (+=), or was added into a copy, or the phase stopped a step "
+                    "short (N-2 steps instead of N-1) and the all-gather spread unfinished chunks, or it added into the "
+                    "chunk it had just sent.")
     twice = [j for j, w in enumerate(c) if w == 2]
     if twice:
         return Text(f"{where_ko}에 랭크 {twice}의 값이 두 번 더해졌습니다: all-gather 단계에서 받은 완성 청크를 복사하지 않고 "
