@@ -101,7 +101,7 @@ def uses_all_reduce(ctx, tensor):
 
 
 # wrong (raises): the signature (tensor, group) instead of (ctx, tensor)
-def tensor_group_signature(tensor, group=None):
+def tensor_then_group(tensor, group=None):
     dist.all_reduce(tensor, group=group)
     return tensor
 
@@ -113,5 +113,5 @@ WRONG = [
     (no_all_gather, ("all-gather", "all gather")),
     (whole_tensor_round, ("bytes", "2(n-1)/n")),
     (uses_all_reduce, ("point-to-point", "all_reduce", "all-reduce", "collective", "send/recv")),
-    (tensor_group_signature, ("signature", "(ctx, tensor)", "takes")),
+    (tensor_then_group, ("signature", "(ctx, tensor)", "takes")),
 ]
