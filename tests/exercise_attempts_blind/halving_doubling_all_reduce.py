@@ -133,7 +133,7 @@ def mid_not_offset(ctx, tensor):
     n, r = ctx.world_size, ctx.rank
     _power_of_two(n)
     flat = tensor.view(-1)
-    lo, hi, d = 0, flat.numel(), n // 2
+    lo, hi, d, ranges = 0, flat.numel(), n // 2, []
     while d >= 1:
         partner = r ^ d
         mid = (hi - lo) // 2
@@ -141,8 +141,11 @@ def mid_not_offset(ctx, tensor):
         buf = torch.empty(keep[1] - keep[0])
         _swap(ctx, flat[give[0]:give[1]], buf, partner)
         flat[keep[0]:keep[1]] += buf
+        ranges.append((partner, keep, give))
         lo, hi = keep
         d //= 2
+    for partner, keep, give in reversed(ranges):
+        _swap(ctx, flat[keep[0]:keep[1]], flat[give[0]:give[1]], partner)
     return tensor
 
 
