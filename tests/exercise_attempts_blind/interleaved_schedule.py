@@ -87,6 +87,12 @@ def tuples_not_instructions(rank, p, m):
     return [(k, mb, c * p + rank) for k, mb, c in _order(rank, p, m, _megatron_warmup(rank, p))]
 
 
+# wrong (raises): RecvAct built without the rank it receives from
+def recv_without_sender(rank, p, m):
+    prog = grouped_lists(rank, p, m)
+    return [RecvAct(i.mb, i.stage) if isinstance(i, RecvAct) else i for i in prog]
+
+
 CORRECT = [grouped_lists, arithmetic]
 WRONG = [
     (breadth_first, ("activations", "at most", "hold", "memory")),
@@ -94,4 +100,5 @@ WRONG = [
     (contiguous_chunks, ("s % p", "lives on", "r + p", "r+p")),
     (plain_1f1b_warmup, ("bubble", "warm-up")),
     (tuples_not_instructions, ("instruction", "tuple")),
+    (recv_without_sender, ("frm", "argument", "missing")),
 ]

@@ -81,6 +81,11 @@ def forgets_return(rank, p, m):
     _one_f_one_b(rank, p, m, p - rank - 1)
 
 
+# wrong (raises): Forward built without its stage
+def forward_without_stage(rank, p, m):
+    return [Forward(i.mb) if isinstance(i, Forward) else i for i in _one_f_one_b(rank, p, m, p - rank - 1)]
+
+
 CORRECT = [backward_first_pairs, counted_in_flight]
 WRONG = [
     (no_warmup, ("bubble", "warm-up", "warm up")),
@@ -88,4 +93,5 @@ WRONG = [
     (warmup_reversed, ("warm-up", "p - r - 1", "p-r-1")),
     (gpipe_order, ("activations", "in flight", "in-flight", "memory", "gpipe")),
     (forgets_return, ("return", "none")),
+    (forward_without_stage, ("stage", "argument", "missing")),
 ]
