@@ -2,6 +2,7 @@
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed import all_reduce
 
 
 def _gather_list(shard, unit):
@@ -133,6 +134,19 @@ class AllReduceGradient(torch.autograd.Function):
         return grad_x, flat.chunk(unit.world_size)[unit.rank] / unit.world_size, None
 
 
+# mistake (values right, wasteful): the same all-reduce of the gradient, via `from torch.distributed import all_reduce`
+class AllReduceGradientImported(AllReduceGradient):
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, shard = ctx.saved_tensors
+        unit = ctx.unit
+        w, _ = _gather_tensor(shard, unit)
+        grad_x, flat = _flat_grads(x, grad_out, w)
+        flat = _padded(flat, shard, unit)
+        all_reduce(flat)
+        return grad_x, flat.chunk(unit.world_size)[unit.rank] / unit.world_size, None
+
+
 # mistake: the weight gradient as xᵀ·grad_out ([in, out]) flattened, the transpose of grad_W's layout
 class TransposedWeightGrad(torch.autograd.Function):
     @staticmethod
@@ -179,6 +193,7 @@ WRONG = [
     (SavesFullWeight, ("full weight", "memory", "held", "saved")),
     (SumNotMean, ("average", "divide", "mean")),
     (AllReduceGradient, ("bytes", "all-reduce", "all_reduce")),
+    (AllReduceGradientImported, ("bytes", "all-reduce", "all_reduce")),
     (TransposedWeightGrad, ("transpose", "grad_outᵀ", "layout")),
     (TwoGradients, ("number of gradients", "three", "none")),
 ]

@@ -74,6 +74,19 @@ class GatheredFlags:
         return float(self.s)
 
 
+# correct, unusual: the ProcessGroup object's own allreduce (dist.group.WORLD.allreduce([flag]).wait())
+class ProcessGroupAllreduce(SumOfBadRanks):
+    def step(self, optimizer):
+        grads = _grads(optimizer)
+        for g in grads:
+            g.div_(self.s)
+        flag = torch.tensor([float(any(not torch.isfinite(g).all() for g in grads))])
+        dist.group.WORLD.allreduce([flag]).wait()
+        self.found = flag.item() > 0
+        if not self.found:
+            optimizer.step()
+
+
 class _Base(SumOfBadRanks):
     def _agree(self, found):
         flag = torch.tensor([float(found)])
@@ -147,7 +160,7 @@ class UpdateTakesFlag(_Base):
         super().update()
 
 
-CORRECT = [SumOfBadRanks, GatheredFlags]
+CORRECT = [SumOfBadRanks, GatheredFlags, ProcessGroupAllreduce]
 WRONG = [
     (NoAgreement, ("agree", "every rank", "all ranks", "one rank")),
     (OneCollectivePerParameter, ("one collective", "collectives", "per parameter", "one flag")),

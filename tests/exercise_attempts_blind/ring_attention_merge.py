@@ -4,6 +4,7 @@ import math
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed import all_gather
 
 
 def _positions(rank, n, c, balanced=True):
@@ -118,6 +119,22 @@ def all_gather_kv(ctx, q, k, v):
     return out.to(q.dtype), lse
 
 
+# mistake (values right, wasteful): the same all-gather of K/V, via `from torch.distributed import all_gather`
+def all_gather_kv_imported(ctx, q, k, v):
+    r, n = ctx.rank, ctx.world_size
+    c = q.shape[2] // 2
+    ks = [torch.empty_like(k) for _ in range(n)]
+    vs = [torch.empty_like(v) for _ in range(n)]
+    all_gather(ks, k.contiguous())
+    all_gather(vs, v.contiguous())
+    pq = _positions(r, n, c)
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    lse = torch.full(q.shape[:3], float("-inf"))
+    for j in range(n):
+        out, lse = _merge(out, lse, *_block(q, ks[j], vs[j], pq, _positions(j, n, c)))
+    return out.to(q.dtype), lse
+
+
 # mistake: positions as if rank r held one contiguous block of 2c tokens (not chunks r and 2N-1-r)
 def contiguous_positions(ctx, q, k, v):
     return _ring(ctx, q, k, v, balanced=False)
@@ -150,6 +167,7 @@ def out_only(ctx, q, k, v):
 CORRECT = [reverse_ring, sigmoid_merge]
 WRONG = [
     (all_gather_kv, ("all-gather", "all_gather", "ring", "bytes")),
+    (all_gather_kv_imported, ("all-gather", "all_gather", "ring", "bytes")),
     (contiguous_positions, ("2n-1-r", "load-balanced", "load balanced", "positions")),
     (no_mask, ("causal", "mask")),
     (sum_without_weights, ("log-sum-exp", "exp(lse", "weight", "merge")),

@@ -1,6 +1,7 @@
 """Blind attempts (blind-b) at sequence_parallel_mappings: written from the stub and hints only."""
 import torch
 import torch.distributed as dist
+from torch.distributed import all_reduce
 
 
 def _gather_list(x):
@@ -67,6 +68,17 @@ lists = _pair(_gather_list, _reduce_scatter_list, _reduce_scatter_list, _gather_
 all_to_all = _pair(_gather_tensor, _reduce_scatter_all_to_all, _reduce_scatter_all_to_all, _gather_tensor, "a2a")
 
 
+def _allreduce_slice_imported(x):
+    full = x.clone().contiguous()
+    all_reduce(full)
+    return full.chunk(dist.get_world_size(), dim=0)[dist.get_rank()].contiguous()
+
+
+# mistake (values right, wasteful): all-reduce + slice again, via `from torch.distributed import all_reduce`
+allreduce_slice_imported = _pair(_gather_tensor, _allreduce_slice_imported, _allreduce_slice_imported, _gather_tensor,
+                                 "allreduce_imported")
+
+
 def _own_slice(grad):
     return grad.chunk(dist.get_world_size(), dim=0)[dist.get_rank()].contiguous()
 
@@ -100,6 +112,7 @@ CORRECT = [lists, all_to_all]
 WRONG = [
     (slice_backward, ("reduce-scatter", "partial", "sum over", "conjugate")),
     (allreduce_slice, ("bytes", "all-reduce", "all_reduce")),
+    (allreduce_slice_imported, ("bytes", "all-reduce", "all_reduce")),
     (mean_backward, ("summed", "average", "divide", "mean")),
     (gather_dim1, ("dimension 0", "dim=0", "dim 0", "sequence dimension")),
     (no_gather_backward, ("shape", "all-gather", "conjugate")),

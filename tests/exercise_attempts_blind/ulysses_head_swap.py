@@ -3,6 +3,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dnnf
 import torch.nn.functional as F
+from torch.distributed import all_gather, all_reduce
 
 
 def _exchange_list(x, scatter_dim, gather_dim):
@@ -87,6 +88,29 @@ def all_gather_sequence(ctx, q, k, v):
     return _SingleExchange.apply(out, 2, 1)
 
 
+class _GatherSeqImported(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        all_reduce(grad)
+        return grad.chunk(dist.get_world_size(), dim=2)[dist.get_rank()]
+
+
+# mistake (values right, wasteful): the same sequence all-gather, via `from torch.distributed import all_gather`
+def all_gather_sequence_imported(ctx, q, k, v):
+    r, n = ctx.rank, ctx.world_size
+    hs = q.shape[1] // n
+    qh, kh, vh = (_GatherSeqImported.apply(t)[:, r * hs:(r + 1) * hs] for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+    return _SingleExchange.apply(out, 2, 1)
+
+
 _Reversed = _function(lambda x, s, g: _exchange_single(x, s, g, order=lambda n: range(n - 1, -1, -1)))
 
 
@@ -116,6 +140,7 @@ def backward_not_swapped(ctx, q, k, v):
 CORRECT = [list_all_to_all, torch_nn_all_to_all]
 WRONG = [
     (all_gather_sequence, ("all-gather", "all_gather", "bytes")),
+    (all_gather_sequence_imported, ("all-gather", "all_gather", "bytes")),
     (reverse_rank_order, ("rank order", "order")),
     (not_differentiable, ("differentiable", "autograd", "grad_fn", "requires_grad")),
     (not_causal, ("causal", "is_causal")),
