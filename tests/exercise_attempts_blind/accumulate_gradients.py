@@ -47,6 +47,12 @@ def unscaled(ctx, ddp, micro_batches):
     _run(ddp, micro_batches, lambda y: 1.0)
 
 
+# mistake: also divides by the world size, although DDP already averages over the ranks
+def divides_by_world_too(ctx, ddp, micro_batches):
+    total = sum(len(y) for _, y in micro_batches)
+    _run(ddp, micro_batches, lambda y: len(y) / (total * ctx.world_size))
+
+
 # mistake (values right, wasteful): no no_sync, so every micro-step all-reduces
 def sync_every_step(ctx, ddp, micro_batches):
     total = sum(len(y) for _, y in micro_batches)
@@ -74,6 +80,7 @@ CORRECT = [summed_losses, sync_last_processed_first]
 WRONG = [
     (one_over_k, ("1/k", "n_i", "token count", "number of tokens")),
     (unscaled, ("scale", "1/k", "n_i", "k times")),
+    (divides_by_world_too, ("world size", "already averages", "twice", "ranks")),
     (sync_every_step, ("no_sync", "all-reduces", "every micro")),
     (all_inside_no_sync, ("no_sync", "never", "last backward", "not averaged")),
     (no_enumerate, ("unpack", "valueerror", "typeerror", "enumerate")),

@@ -80,6 +80,23 @@ def no_rng_restore(block, x):
     return _NoRng.apply(block, x, *block.parameters())
 
 
+class _NoFork(_Checkpoint):
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        torch.set_rng_state(ctx.state)
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_(x.requires_grad)
+            out = ctx.block(xd)
+        torch.autograd.backward(out, grad)
+        return (None, xd.grad if x.requires_grad else None) + (None,) * (len(ctx.needs_input_grad) - 2)
+
+
+# mistake: restores the RNG state without fork_rng, so the global stream is rewound and later dropouts repeat masks
+def rng_not_forked(block, x):
+    return _NoFork.apply(block, x, *block.parameters())
+
+
 class _SavesOutput(_Checkpoint):
     @staticmethod
     def forward(ctx, block, x, *params):
@@ -160,6 +177,7 @@ def too_few_gradients(block, x):
 CORRECT = [function_with_params, returns_param_grads]
 WRONG = [
     (no_rng_restore, ("rng", "dropout", "mask")),
+    (rng_not_forked, ("fork_rng", "rewound", "global rng", "random stream")),
     (saves_output, ("activation", "memory", "bytes")),
     (x_only, ("parameter", "requires_grad", "requires grad", "first block")),
     (no_detach, ("detach", "requires_grad_", "x's gradient", "gradient of x")),

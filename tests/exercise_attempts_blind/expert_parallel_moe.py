@@ -20,9 +20,13 @@ class _AllToAll(torch.autograd.Function):
         return _AllToAll.apply(grad)
 
 
-def _route(x, router, e, k, cap, choice_major=True, keep_equal_cap=False, renormalise=False):
+def _route(x, router, e, k, cap, choice_major=True, keep_equal_cap=False, renormalise=False, topk_first=False):
     """(expert, slot, token, weight) of the kept (token, choice) pairs."""
-    probs = F.softmax(router(x), dim=-1)
+    logits = router(x)
+    if topk_first:
+        top, idx = logits.topk(k, dim=-1)
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, top)
+    probs = F.softmax(logits, dim=-1)
     w, chosen = probs.topk(k, dim=-1)                       # [t, k]
     if renormalise:
         w = w / w.sum(-1, keepdim=True)
@@ -150,6 +154,13 @@ class Renormalised(_Base):
         self.route_kw = {"renormalise": True}
 
 
+# mistake: top-k of the logits first, softmax over only the k chosen (Mixtral's order), not softmax over all E
+class TopkThenSoftmax(_Base):
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.route_kw = {"topk_first": True}
+
+
 # mistake (values right, wasteful): dispatch by all-gathering every rank's whole buffer
 class AllGatherDispatch(_Base):
     def _send(self, buf):
@@ -172,6 +183,7 @@ WRONG = [
     (RouterNotReduced, ("router", "all-reduce")),
     (TokenMajorSlots, ("first choice", "choice-major", "choices", "second choice")),
     (Renormalised, ("renormal", "sum to 1", "normalis", "normaliz")),
+    (TopkThenSoftmax, ("softmax", "all e", "every expert", "probabilit")),
     (AllGatherDispatch, ("all-gather", "all_gather", "bytes")),
     (OffByOneCapacity, ("capacity", "out of bounds", "index")),
 ]

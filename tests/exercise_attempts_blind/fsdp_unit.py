@@ -168,6 +168,19 @@ class TransposedWeightGrad(torch.autograd.Function):
         return grad_out @ w, mine / unit.world_size, None
 
 
+# mistake (raises on uneven shards): the flat gradient goes to reduce_scatter_tensor without the zero padding
+class NoPadding(SumNotMean):
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, shard = ctx.saved_tensors
+        unit = ctx.unit
+        w, _ = _gather_tensor(shard, unit)
+        grad_x, flat = _flat_grads(x, grad_out, w)
+        mine = torch.empty_like(shard)
+        dist.reduce_scatter_tensor(mine, flat)
+        return grad_x, mine / unit.world_size, None
+
+
 # mistake (raises): backward returns two gradients for forward's three inputs
 class TwoGradients(torch.autograd.Function):
     @staticmethod
@@ -195,5 +208,6 @@ WRONG = [
     (AllReduceGradient, ("bytes", "all-reduce", "all_reduce")),
     (AllReduceGradientImported, ("bytes", "all-reduce", "all_reduce")),
     (TransposedWeightGrad, ("transpose", "grad_outᵀ", "layout")),
+    (NoPadding, ("pad", "padding", "n·shard")),
     (TwoGradients, ("number of gradients", "three", "none")),
 ]

@@ -134,6 +134,19 @@ class NoCountReset(_Base):
                 self.s *= self.up
 
 
+# mistake: grows one step late (after growth_interval + 1 good steps: `>` instead of `==`)
+class GrowsOneLate(_Base):
+    def update(self):
+        if self.found:
+            self.s *= self.down
+            self.good = 0
+            return
+        self.good += 1
+        if self.good > self.every:
+            self.s *= self.up
+            self.good = 0
+
+
 # mistake: forgets to unscale the gradients before the step
 class NoUnscale(_Base):
     def step(self, optimizer):
@@ -165,6 +178,7 @@ WRONG = [
     (NoAgreement, ("agree", "every rank", "all ranks", "one rank")),
     (OneCollectivePerParameter, ("one collective", "collectives", "per parameter", "one flag")),
     (NoCountReset, ("count", "reset", "growth_interval")),
+    (GrowsOneLate, ("growth_interval", "in a row", "one step late", "off by one")),
     (NoUnscale, ("unscale", "divide")),
     (StepsOnOverflow, ("skip", "overflow")),
     (UpdateTakesFlag, ("argument", "typeerror", "positional")),
