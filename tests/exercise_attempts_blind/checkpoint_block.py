@@ -35,7 +35,6 @@ class _ReturnsParamGrads(torch.autograd.Function):
         ctx.block = block
         ctx.state = torch.get_rng_state()
         ctx.save_for_backward(x)
-        ctx.n = len(params)
         return block(x)
 
     @staticmethod
