@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from mpkit.exercises import harness
-from mpkit.exercises.common import NONE_GRAD, OWN_GRADIENT, Case, Exercise, batch, compare_grads, failed, grads, mlp, passed
+from mpkit.exercises.common import (NONE_GRAD, OWN_GRADIENT, Case, Exercise, batch, close, compare_grads, failed, grads,
+                                    mlp, passed)
 from mpkit.exercises.result import Text
 
 ROWS = 8
@@ -71,6 +72,24 @@ LATER_STEP_HINT = Text("첫 스텝은 맞고 그다음 스텝이 틀립니다: �
                        "(a bucket counter, pending works, gradients) was not reset.")
 
 
+FROZEN_HOOK = ("doesn't require gradient", Text("고정된(requires_grad=False) 파라미터에는 훅을 걸 수 없고 그래디언트도 없습니다: "
+                                               "requires_grad인 파라미터만 버킷에 넣으세요.",
+                                               "a frozen parameter (requires_grad=False) takes no hook and never gets a "
+                                               "gradient: put only the parameters with requires_grad in buckets."))
+BROADCAST = Text("모든 랭크가 랭크 0의 그래디언트를 가졌습니다: broadcast는 한 랭크의 값을 복사할 뿐 평균을 내지 않습니다. "
+                 "all-reduce(합)한 뒤 world_size로 나누세요.",
+                 "every rank holds rank 0's gradient: a broadcast copies one rank's value, it does not average. "
+                 "All-reduce (sum), then divide by the world size.")
+
+
+def _copied_from_rank0(outputs, seed, sizes, steps, step) -> bool:
+    """Does every rank hold rank 0's own gradient (a broadcast where an average belongs)?"""
+    rank0 = _reference(seed, sizes, steps, _rows(0, len(outputs)))[step]
+    return len(outputs) > 1 and all(
+        want is None or (o["out"]["grads"][step].get(name) is not None and close(want, o["out"]["grads"][step][name]))
+        for o in outputs for name, want in rank0.items())
+
+
 def _judge_grads(case, outputs, seed, sizes, steps):
     n = case.world_size
     expected = _reference(seed, sizes, steps)
@@ -80,6 +99,8 @@ def _judge_grads(case, outputs, seed, sizes, steps):
             if problem:  # again with the rank's own gradient, to recognise one that was never averaged
                 local = _reference(seed, sizes, steps, _rows(rank, n))[step]
                 problem = compare_grads(case, rank, expected[step], output["out"]["grads"][step], n, local)
+                if problem.hint in (None, OWN_GRADIENT) and _copied_from_rank0(outputs, seed, sizes, steps, step):
+                    problem.hint = BROADCAST
                 if output["out"]["unwaited"][step] and problem.hint is None:
                     problem.hint = UNWAITED_HINT
                 if step > 0:
@@ -249,5 +270,5 @@ EXERCISES = [
               {"seed": 5, "sizes": BIG, "steps": 1, "bucket_mb": 4096 / 2**20}),
          Case(Text("4 랭크, 4 KB 버킷, 2 스텝", "4 ranks, 4 KB buckets, 2 steps"), 4,
               {"seed": 6, "sizes": BIG, "steps": 2, "bucket_mb": 4096 / 2**20})],
-        _judge_buckets, uses="class", crash_hints=(NONE_GRAD,), target="BucketedGradientSync"),
+        _judge_buckets, uses="class", crash_hints=(NONE_GRAD, FROZEN_HOOK), target="BucketedGradientSync"),
 ]
