@@ -65,6 +65,11 @@ CAUSES = (
           "섞지 마세요(dist.get_global_rank로 바꿉니다).",
           "a process-group problem: only the ranks in a group may communicate on it, and a rank's number inside the "
           "group is not its global one (dist.get_global_rank converts).")),
+    (("negative dimension",),
+     Text("크기가 음수가 되었습니다: 범위의 끝이 시작보다 앞입니다. 범위의 경계(예: 가운데 mid = (lo + hi) // 2)를 그 범위 자신의 "
+          "양 끝에서 구했는지 보세요(범위 안의 길이가 아니라 위치로).",
+          "a size came out negative: a range ends before it starts. Check how you compute a range's bounds (e.g. its "
+          "middle, mid = (lo + hi) // 2) from that range's own ends (a position, not a length inside the range).")),
     (("IndexError", "out of range", "out of bounds", "Invalid rank", "invalid rank"),
      Text("인덱스가 범위를 벗어났습니다: 랭크 번호는 0..world_size-1이니 이웃은 (rank ± 1) % world_size로, 청크 번호도 "
           "% 청크 개수로 감싸세요.",
@@ -148,7 +153,25 @@ def _waits_ko(stuck: harness.Stuck) -> str:
     return "; ".join(f"랭크 {rank}: {ko(what)}" for rank, what in sorted(stuck.waits.items()))
 
 
+def _no_such_rank(stuck: harness.Stuck) -> Text | None:
+    """A rank waiting on a message to or from a rank outside 0..N-1 (the direction got reversed)."""
+    n = len(stuck.waits)
+    for rank, what in sorted(stuck.waits.items()):
+        found = re.search(r"(send to|recv from) rank (-?\d+)", what)
+        if found and not 0 <= int(found.group(2)) < n:
+            peer = int(found.group(2))
+            return Text(f"랭크 {rank}이(가) 없는 랭크 {peer}와 통신하려 합니다(랭크는 0..{n - 1}): 방향을 확인하세요. 활성값은 "
+                        "r+1로, 그래디언트는 거꾸로 r-1(이전 랭크)로 갑니다. 첫 랭크와 마지막 랭크는 한쪽 이웃이 없습니다.",
+                        f"rank {rank} messages rank {peer}, which does not exist (ranks are 0..{n - 1}): check the "
+                        "direction. Activations go to r+1, gradients backwards to r-1 (the previous rank); the first "
+                        "and the last rank have a neighbour on one side only.")
+    return None
+
+
 def _stuck_hint(stuck: harness.Stuck) -> Text:
+    missing = _no_such_rank(stuck)
+    if missing is not None:
+        return missing
     collective = _collective_hint(stuck)
     if collective is not None:
         return collective

@@ -74,6 +74,14 @@ def _normal(groups):
     return sorted(sorted(int(r) for r in g) for g in groups)
 
 
+def _mixed_dims(layout, groups, dim) -> list:
+    """The dimensions other than ``dim`` in which members of one of ``groups`` differ."""
+    if not isinstance(groups, list) or not all(isinstance(g, list) and all(0 <= r < layout.world_size for r in g)
+                                               for g in groups):
+        return []
+    return [d for d in DIMS if d != dim and any(len({layout.coords(r)[d] for r in g}) > 1 for g in groups)]
+
+
 def _judge_groups(case, fn, timeout):
     layout = Layout(*case.params["layout"])
     got = pure_results(fn, [(layout.dp, layout.pp, layout.tp)], timeout)[0]
@@ -92,6 +100,14 @@ def _judge_groups(case, fn, timeout):
                               Text("크기가 1인 차원에도 그룹이 있습니다: 랭크마다 하나씩, 크기 1인 그룹들.",
                                    "a dimension of size 1 still has groups: one per rank, each of size 1."))
             swapped = next((d for d in DIMS if d != dim and _normal(layout.groups(d)) == have), None)
+            mixed = _mixed_dims(layout, have, dim)
+            if swapped is None and mixed:
+                hint = Text(f"{dim} 그룹이 {', '.join(mixed)} 좌표도 다른 랭크들을 묶었습니다: 한 {dim} 그룹은 {dim} 좌표만 다르고 "
+                            "나머지 두 좌표는 같은 랭크들입니다.",
+                            f"your {dim} groups join ranks that also differ in {', '.join(mixed)}: a {dim} group holds the "
+                            f"ranks that differ only in their {dim} coordinate (the other two coordinates equal).")
+                return failed(case, Text(f"{dim} 그룹: 기댓값 {want}, 실제 {have}.", f"{dim} groups: expected {want}, got {have}."),
+                              hint)
             hint = (Text(f"'{dim}'에 넣은 그룹은 {swapped} 그룹입니다: 한 {dim} 그룹은 {dim} 좌표만 다른 랭크들입니다.",
                          f"what you gave as '{dim}' are the {swapped} groups: a {dim} group is the ranks that differ only "
                          f"in their {dim} coordinate.") if swapped else

@@ -82,7 +82,8 @@ def _computations(case, where, program, mine, m, kinds):
         for stage in mine:
             done = sorted(i.mb for i in program if isinstance(i, kind) and i.stage == stage)
             if done != list(range(m)):
-                held = (Text(f"(이 랭크는 스테이지 {mine}을(를) 가집니다)", f"(this rank holds stages {mine})") if len(mine) > 1
+                held = (Text(f"(스테이지 s는 랭크 s % p에 있습니다: 이 랭크는 스테이지 {mine}을(를) 가집니다)",
+                             f"(stage s lives on rank s % p: this rank holds stages {mine})") if len(mine) > 1
                         else Text("", ""))
                 return failed(case, where + Text(f"{kind.__name__}(mb, stage={stage})가 마이크로배치 0..{m - 1}마다 정확히 한 번씩 "
                                                  f"있어야 하는데 {done}입니다.",
@@ -103,6 +104,9 @@ def _structure(case, programs, p, m, where=None, kinds=WHOLE):
     last = len(where) - 1
     for rank, program in enumerate(programs):
         at = Text(f"랭크 {rank}의 목록:", f"rank {rank}'s list:")
+        if program is None:
+            return failed(case, at + Text("None입니다: 함수가 목록을 돌려주지 않았습니다(return이 빠졌나요?).",
+                                          "None: the function returned no list (a missing return?)."))
         if not isinstance(program, list) or not all(isinstance(i, KINDS) for i in program):
             return failed(case, at + Text("명령(Forward, Backward, SendAct, ...)의 list여야 합니다.",
                                           "must be a list of instructions (Forward, Backward, SendAct, ...)."))
@@ -119,8 +123,10 @@ def _structure(case, programs, p, m, where=None, kinds=WHOLE):
                 continue
             what = (Text(f"{ins}: 이 랭크에는 스테이지 {ins.stage}가 없습니다.", f"{ins}: this rank does not hold stage {ins.stage}.")
                     if ins.stage not in mine else
-                    Text(f"{ins}: 스테이지 {ins.stage}에는 이런 메시지가 없습니다(그쪽에 이웃 스테이지가 없음).",
-                         f"{ins}: stage {ins.stage} has no such message (no neighbouring stage on that side).")
+                    Text(f"{ins}: 스테이지 {ins.stage}는 {'마지막' if neighbour > last else '첫'} 스테이지라 스테이지 {neighbour}가 "
+                         "없습니다: 이 메시지는 빼세요.",
+                         f"{ins}: stage {ins.stage} is the {'last' if neighbour > last else 'first'} stage; there is no "
+                         f"stage {neighbour}, so leave this message out.")
                     if not 0 <= neighbour <= last else
                     Text(f"{ins}: 스테이지 {ins.stage}의 이 메시지는 랭크 {where[neighbour]}와 주고받아야 합니다.",
                          f"{ins}: this message of stage {ins.stage} goes to or comes from rank {where[neighbour]}."))
@@ -200,6 +206,21 @@ def _gpipe_property(case, programs, sim, p, m):
     return None
 
 
+def _warmup_hint(programs, p, m):
+    """When 1F1B's lists cannot run: the first rank whose warm-up is not min(p-r-1, m) Forwards."""
+    for rank, program in enumerate(programs):
+        order = [i for i in program if isinstance(i, (Forward, Backward))]
+        warmup = next((k for k, i in enumerate(order) if isinstance(i, Backward)), len(order))
+        if warmup - 1 != min(p - rank - 1, m) and not (warmup == m and p - rank - 1 >= m):
+            return Text(f"랭크 {rank}이(가) 첫 Backward 전에 Forward를 {warmup}개 합니다: 1F1B의 준비 단계(warm-up)는 랭크 r마다 "
+                        f"min(p-r-1, m)개(여기서는 {min(p - rank - 1, m)}개)이고, 그다음 Forward 하나를 더 한 뒤 Backward를 "
+                        "시작합니다. 앞 스테이지일수록 많습니다.",
+                        f"rank {rank} runs {warmup} Forwards before its first Backward: 1F1B's warm-up on rank r is "
+                        f"min(p-r-1, m) Forwards (here {min(p - rank - 1, m)}), then one more Forward before the first "
+                        "Backward; the earlier the stage, the longer its warm-up.")
+    return None
+
+
 def _one_f_one_b_property(case, programs, sim, p, m):
     for rank in range(p):
         limit = min(m, p - rank)
@@ -271,5 +292,5 @@ EXERCISES = [
              "range(m - w, m)]. 각 F/B 앞뒤에 통신 명령을 붙이세요.",
              "order = [F(k) for k in range(w)]; for k in range(m - w): order += [F(w + k), B(k)]; order += [B(k) for k in "
              "range(m - w, m)]. Wrap each F/B in its messages.")),
-        CASES, schedule_judge(_one_f_one_b_property)),
+        CASES, schedule_judge(_one_f_one_b_property, simulator_hint=_warmup_hint)),
 ]

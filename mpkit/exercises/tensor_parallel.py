@@ -93,8 +93,10 @@ NAMES = {"z": ("출력", "the output"), "x": ("입력의 그래디언트", "the 
 COUNT_HINTS = {
     ("forward", 0): Text("순전파에 all-reduce가 없습니다: g의 forward가 랭크들의 부분합을 all-reduce해야 합니다.",
                          "the forward has no all-reduce: g's forward must all-reduce the ranks' partial sums."),
-    ("backward", 0): Text("역전파에 all-reduce가 없습니다: f의 backward가 입력 그래디언트의 부분합을 all-reduce해야 합니다.",
-                          "the backward has no all-reduce: f's backward must all-reduce the partial input gradients."),
+    ("backward", 0): Text("역전파에 all-reduce가 없습니다: f(x)를 빠뜨렸거나 f의 backward가 all-reduce하지 않아, 입력의 그래디언트"
+                          "(x.grad)가 이 랭크의 부분합에 머뭅니다.",
+                          "the backward has no all-reduce: f(x) is missing, or f's backward does not all-reduce, so the "
+                          "input's gradient (x.grad) stays this rank's partial sum."),
     ("forward", 2): Text("순전파에 all-reduce가 두 번입니다: 열 병렬 레이어의 출력은 나뉜 채로 행 병렬 레이어로 갑니다. "
                          "all-reduce는 행 병렬 레이어 뒤(g)에 한 번만.",
                          "two all-reduces in the forward: the column layer's output stays split into the row layer; "
