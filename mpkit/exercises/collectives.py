@@ -67,8 +67,9 @@ def _bytes_problem(case, outputs, n, numel, element_size, phases):
                                f"each phase takes N-1 = {n - 1} steps: an N-th step adds or sends a finished chunk again."))
         sent = sum(c.nbytes for c in output["calls"] if c.kind == "send")
         if sent > limit:
-            return failed(case, Text(f"랭크 {rank}이(가) {sent} B를 보냈습니다. 링은 최대 {limit} B입니다.",
-                                     f"rank {rank} sent {sent} B; the ring sends at most {limit} B."),
+            return failed(case, Text(f"랭크 {rank}이(가) {sent}바이트를 보냈습니다. 링은 단계(phase)마다 (N-1)/N·S, 모두 최대 "
+                                     f"{limit}바이트입니다.", f"rank {rank} sent {sent} bytes; the ring sends (N-1)/N·S "
+                                     f"per phase, at most {limit} bytes in all."),
                           Text("한 단계에 텐서 전체가 아니라 청크(chunk) 하나(S/N)만 보내세요: 링이 대역폭에 최적인 이유입니다.",
                                "send one chunk (S/N) per step, not the whole tensor: that is what makes the ring "
                                "bandwidth-optimal."))
@@ -120,6 +121,26 @@ def _ring_mistake(inputs, rank, chunk_index, got_chunk) -> Text:
                 "another chunk.")
 
 
+def _gather_hint(n, expected, got) -> Text:
+    """An all-gather's pieces: some never arrived (still zero or empty), or all there in another order."""
+    want, have = expected.reshape(-1).tensor_split(n), got.reshape(-1).tensor_split(n)
+    if all(any(close(w, h) for h in have) for w in want):
+        return Text("조각은 모두 왔지만 제자리에 있지 않습니다: 도착한 순서가 아니라 랭크 순서로 놓으세요(랭크 j의 조각은 j번째 "
+                    "자리).", "every piece arrived but some are out of place: put them in rank order (rank j's piece at "
+                    "position j), not in the order they arrive.")
+    lost = [j for j, (w, h) in enumerate(zip(want, have)) if not close(w, h) and not any(close(w, x) for x in have)]
+    if lost:
+        return Text(f"결과에 랭크 {lost}의 조각이 없습니다: 오지 않았거나(조각이 링을 다 돌려면 N-1 단계가 필요하고, 받은 조각은 다음 "
+                    "단계에 그대로 넘깁니다), 다른 조각이 그 자리에 잘못 놓였습니다.",
+                    f"the pieces of rank(s) {lost} are missing from the result: they never arrive (a piece needs N-1 "
+                    "steps to go around the ring, and each piece received is passed on at the next step), or another "
+                    "piece was put out of place, over their slot.")
+    return Text("조각이 제자리에 있지 않습니다: 랭크 j의 조각은 결과의 j번째 자리에 가야 합니다. k번째 단계에서 받는 조각의 "
+                "원래 랭크를 확인하세요.",
+                "a piece is out of place: rank j's piece belongs at position j of the result. Check which rank the "
+                "piece you receive at step k came from.")
+
+
 def _value_hint(kind, n, rank, expected, got, inputs):
     if isinstance(got, torch.Tensor) and got.shape != expected.shape:
         return Text(f"결과의 모양은 {tuple(expected.shape)}이어야 합니다" + (" (1차원으로 펼친 것)." if kind == "all_gather" else "."),
@@ -128,6 +149,18 @@ def _value_hint(kind, n, rank, expected, got, inputs):
     factor = factor_hint(ratio(expected, got), n, "sum")
     if factor is not None:
         return factor
+    if kind == "all_gather" and isinstance(got, torch.Tensor):
+        return _gather_hint(n, expected, got)
+    if kind == "reduce_scatter" and isinstance(got, torch.Tensor):
+        sizes = [piece.numel() for piece in inputs[0].reshape(-1).tensor_split(n)]
+        other = next((k for k in range(n) if k != rank and sizes[k] == got.numel()
+                      and _terms(inputs, got.reshape(-1), k) is not None), None)
+        if other is not None:
+            return Text(f"돌려준 것은 청크 {other}(의 합)입니다: 연습은 청크 ctx.rank({rank})를 원합니다. 단계의 청크 번호가 하나 "
+                        "밀려 다른 청크가 완성됩니다: 랭크 r에서 청크 r이 마지막에 완성되도록 번호를 맞추세요.",
+                        f"you returned (a sum of) chunk {other}, another chunk: the exercise wants chunk ctx.rank ({rank}). "
+                        "The chunk indices of the steps are shifted by one, so another chunk ends complete: line them up "
+                        "so that chunk r is the one finished on rank r.")
     if kind == "all_gather" or not isinstance(got, torch.Tensor):
         return Text("조각이 제자리에 있지 않습니다: 랭크 j의 조각은 결과의 j번째 자리에 가야 합니다. k번째 단계에서 받는 조각의 "
                     "원래 랭크를 확인하세요.",
