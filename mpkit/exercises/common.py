@@ -182,6 +182,12 @@ OWN_GRADIENT = Text("이 랭크 자신의 그래디언트 그대로입니다: �
                     "another tensor or a copy was all-reduced and never put back into p.grad in place).")
 
 
+TWICE = Text("그래디언트가 정확히 두 배입니다: 같은 그래디언트가 두 번 쌓였습니다(안쪽 역전파가 .grad에 쌓은 것을 backward가 또 "
+             "돌려주었거나, 역전파를 두 번 했습니다).",
+             "the gradient is exactly twice the right one: it was accumulated twice (an inner backward already added "
+             "it to .grad and backward returned it again, or the backward ran twice).")
+
+
 def compare_grads(case, rank, expected: dict, got: dict, n: int, local: dict | None = None, wanted="average"):
     """The first parameter whose gradient differs, as a failed CaseResult with the hint for the
     mistake it shows (a factor of the world size, a rank that kept its own gradient, a frozen
@@ -201,7 +207,10 @@ def compare_grads(case, rank, expected: dict, got: dict, n: int, local: dict | N
                           Text("역전파가 이 파라미터에 닿지 않았거나 그래디언트를 지웠습니다.",
                                "the backward never reached this parameter, or its gradient was cleared."))
         if not close(want, have):
-            hint = factor_hint(ratio(want, have), n, wanted)
+            factor = ratio(want, have)
+            hint = factor_hint(factor, n, wanted)
+            if hint is None and factor is not None and n != 2 and abs(factor - 2) < 2e-3:
+                hint = TWICE
             if hint is None and local is not None and local.get(name) is not None and close(local[name], have):
                 hint = OWN_GRADIENT
             return failed(case, mismatch(where, want, have), hint)
