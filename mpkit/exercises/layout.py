@@ -52,13 +52,20 @@ def _judge_coords(case, fn, timeout):
         want = {d: layout.coords(rank)[d] for d in DIMS}
         if as_dict(value) != want:
             hint, seen, seen_in = None, got, layout
-            if isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()) and \
+            outside = [d for d in DIMS if isinstance(as_dict(value), dict) and isinstance(as_dict(value).get(d), int)
+                       and not 0 <= as_dict(value)[d] < getattr(layout, d)]
+            if outside:
+                hint = Text(f"{outside[0]}_index {as_dict(value)[outside[0]]}이(가) 범위 0..{getattr(layout, outside[0]) - 1}을 "
+                            f"벗어났습니다: 안쪽 차원의 좌표는 나머지(modulo, % {outside[0]}) 연산으로 구하세요.",
+                            f"{outside[0]}_index {as_dict(value)[outside[0]]} is out of range 0..{getattr(layout, outside[0]) - 1}: "
+                            f"take an inner coordinate modulo its size (% {outside[0]}).")
+            if hint is None and isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()) and \
                     _reversed_everywhere(probed, PROBE):
                 hint = Text("배치는 맞는데 돌려준 순서가 거꾸로입니다: (tp, pp, dp)가 아니라 (dp, pp, tp) 순서로 돌려주세요.",
                             "the layout is right but the order of the tuple is reversed: return (dp, pp, tp), not (tp, pp, dp).")
-            elif isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()):
+            elif hint is None and isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()):
                 seen, seen_in = probed, PROBE  # a cube hides it: the layout is reversed (dp innermost), seen on 2x3x4
-            elif isinstance(as_dict(value), dict) and all(isinstance(as_dict(value).get(d), int) for d in DIMS) and \
+            if isinstance(as_dict(value), dict) and all(isinstance(as_dict(value).get(d), int) for d in DIMS) and \
                     all(as_dict(value)[d] == want[d] + 1 for d in DIMS):
                 hint = Text("좌표는 0부터 셉니다: 랭크 0은 (0, 0, 0)입니다.", "coordinates count from 0: rank 0 is (0, 0, 0).")
             if hint is not None:
