@@ -115,11 +115,14 @@ def _rank_failure(case, err: LaunchError):
                        "check that your code returns what the exercise says (what, and on which ranks)."))
 
 
+COLLECTIVE_KINDS = set(harness.KINDS.values()) - {"send", "recv"}
+
+
 def _collective_hint(stuck: harness.Stuck) -> Text | None:
     """Ranks stuck in a collective: a collective is only done when every rank of the group calls it,
     so the others either never call it (an ``if`` around it) or wait in another call."""
     inside = {r: what.split(" ")[0] for r, what in stuck.waits.items()
-              if "waiting" in what and what.split(" ")[0] in harness.WATCHED and what.split(" ")[0] not in harness.P2P}
+              if "waiting" in what and what.split(" ")[0] in COLLECTIVE_KINDS}
     if not inside:
         return None
     name = sorted(set(inside.values()))[0]
@@ -139,18 +142,6 @@ def _collective_hint(stuck: harness.Stuck) -> Text | None:
                 "a collective finishes "
                 "only when every rank of the group calls it, in the same order. Do not put it under an if that only "
                 "some ranks take (e.g. if rank == 0:); this is not a send/recv pairing problem.")
-
-
-def _waits_ko(stuck: harness.Stuck) -> str:
-    """``Stuck.describe`` in Korean: what each rank was doing when the time ran out."""
-    def ko(what: str) -> str:
-        what = what.replace(harness.RUNNING, "코드를 실행 중").replace(harness.RETURNED, "코드에서 돌아옴")
-        what = re.sub(r"(send|recv) (?:to|from) rank (\d+)", lambda m: f"랭크 {m.group(2)}{'에게' if m.group(1) == 'send' else '에게서'} "
-                      f"{m.group(1)}", what)
-        what = re.sub(r"\((\d+) elements\)", r"(원소 \1개)", what)
-        return (what.replace(", waiting in wait()", ", wait()에서 기다림").replace(", waiting", ", 기다림")
-                .replace("had not started (a busy machine?)", "시작하지 못함(바쁜 컴퓨터?)"))
-    return "; ".join(f"랭크 {rank}: {ko(what)}" for rank, what in sorted(stuck.waits.items()))
 
 
 def _no_such_rank(stuck: harness.Stuck) -> Text | None:
@@ -255,18 +246,22 @@ def check(name: str, fn, lang: str = "ko", timeout: float = 6.0, record: bool = 
         started = time.monotonic()
         try:
             results.append(exercise.judge(case, fn, timeout))
+        except harness.UsedReference as used:
+            results.append(failed(case, used.detail))
         except harness.LearnerCrashed as crash:
             if _not_done(crash):  # every case fails as "not done" (a grader's cell asks for its case: 0 points, no IndexError)
                 return CheckResult(name, lang, [failed(c, NOT_DONE) for c in exercise.cases], not_done=True)
-            results.append(failed(case, Text(f"랭크 {crash.rank}에서 예외가 났습니다:\n{crash.text}",
-                                             f"rank {crash.rank} raised:\n{crash.text}"), crash_hint(exercise, crash.text)))
+            who = Text("여러분의 코드에서", "your code") if crash.world_size == 1 else \
+                Text(f"랭크 {crash.rank}에서", f"rank {crash.rank}")
+            results.append(failed(case, who + Text(f"예외가 났습니다:\n{crash.text}", f"raised:\n{crash.text}"),
+                                  crash_hint(exercise, crash.text)))
         except LaunchError as err:
             results.append(_rank_failure(case, err))
         except harness.Stuck as stuck:
             stuck_in = case
             waited = time.monotonic() - started
-            results.append(failed(case, Text(f"{waited:.0f}초 안에 끝나지 않았습니다. {_waits_ko(stuck)}",
-                                             f"did not finish within {waited:.0f} s. {stuck.describe()}"),
+            results.append(failed(case, Text(f"{waited:.0f}초 안에 끝나지 않았습니다.", f"did not finish within {waited:.0f} s.")
+                                  + stuck.text(),
                                   _stuck_hint(stuck)))
     result = CheckResult(name, lang, results)
     if record:

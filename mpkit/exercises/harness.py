@@ -1,21 +1,27 @@
 """Running a learner's code on simulated devices, watched.
 
 Each case runs in its own ``mpkit.launch`` world, so a learner's crash or deadlock costs only the
-case it happened in. Inside a rank, every ``torch.distributed`` call the learner makes (directly or
-through ``ctx.comm``) is recorded — kind, peer, elements, which phase of the step — so a checker
+case it happened in. Inside a rank, every message and collective the learner makes is recorded at
+the process group (``ProcessGroup``/``Backend`` methods, so ``dist.all_reduce``, a function imported
+with ``from torch.distributed import ...`` before the check, ``group.allreduce([t])`` and
+``batch_isend_irecv`` are all seen) — kind, global peer rank, elements, which phase of the step — so a checker
 can tell a ring from an all-reduce, count the all-reduces of a forward, or see a bucket that is
 too large. Before a call blocks, the rank writes what it waits on to a status file: when the world
 does not finish within ``timeout``, the checker says which ranks waited on what. An exception in
 the learner's code comes back with the learner's own lines, not mpkit's or torch's.
 
 The harness itself makes no collective on the learner's group (the comparison happens in the
-caller, on the tensors the ranks return), so its bookkeeping never matches a learner's message.
+caller, on the tensors the ranks return, turned into plain tensors first: a subclass that lies in
+its arithmetic is judged by its data), so its bookkeeping never matches a learner's message. A
+learner's code that calls mpkit's own mechanism or reference solution fails the case
+(``reference_use``).
 """
 from __future__ import annotations
 
 import inspect
 import json
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -24,17 +30,46 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
+from torch._C import _distributed_c10d as c10d_c
 
 from mpkit.errors import LaunchError, LaunchTimeout
+from mpkit.exercises.reference_use import ReferenceWatch, UsedReference  # noqa: F401 - part of the API
+from mpkit.exercises.result import Text
 from mpkit.runtime.launch import launch
 
-# The torch.distributed functions a learner may call; mpkit's Comm calls the same names.
-WATCHED = ("send", "recv", "isend", "irecv", "all_reduce", "broadcast", "reduce", "all_gather",
-           "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-           "all_to_all_single", "barrier", "scatter", "gather")
-P2P = ("send", "recv", "isend", "irecv")
+# ProcessGroup/Backend method -> the torch.distributed name a Call records (what the checkers count)
+KINDS = {"send": "send", "recv": "recv", "recv_anysource": "recv", "allreduce": "all_reduce",
+         "allreduce_coalesced": "all_reduce", "broadcast": "broadcast", "reduce": "reduce", "allgather": "all_gather",
+         "allgather_coalesced": "all_gather", "_allgather_base": "all_gather_into_tensor",
+         "all_gather_single": "all_gather_into_tensor", "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+         "all_gather_single_coalesced": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter",
+         "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_single": "reduce_scatter_tensor",
+         "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+         "reduce_scatter_single_coalesced": "reduce_scatter_tensor", "alltoall": "all_to_all",
+         "alltoall_base": "all_to_all_single", "all_to_all_single": "all_to_all_single", "barrier": "barrier",
+         "monitored_barrier": "barrier", "scatter": "scatter", "gather": "gather"}
+# torch's operators a learner may call without a ProcessGroup method (functional collectives, the c10d
+# ops themselves): namespace -> {operator: kind}; torch's C++ side calls them without this lookup
+OPERATORS = {
+    "_c10d_functional": {"all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce",
+                         "all_gather_into_tensor": "all_gather_into_tensor",
+                         "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
+                         "reduce_scatter_tensor": "reduce_scatter_tensor",
+                         "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+                         "all_to_all_single": "all_to_all_single", "broadcast": "broadcast", "isend": "send",
+                         "irecv": "recv", "batch_p2p_ops": "send"},
+    "c10d": {"send": "send", "recv_": "recv", "recv_any_source_": "recv", "allreduce_": "all_reduce",
+             "allreduce_coalesced_": "all_reduce", "broadcast_": "broadcast", "reduce_": "reduce",
+             "allgather_": "all_gather", "_allgather_base_": "all_gather_into_tensor",
+             "allgather_coalesced_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather_into_tensor",
+             "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter_tensor",
+             "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor", "alltoall_": "all_to_all",
+             "alltoall_base_": "all_to_all_single", "barrier": "barrier", "monitored_barrier_": "barrier",
+             "scatter_": "scatter", "gather_": "gather"},
+}
 RUNNING, RETURNED = "running your code", "returned from your code"
+_STATES_KO = {RUNNING: "코드를 실행 중(통신을 기다리지 않음)", RETURNED: "코드에서 돌아옴",
+              "had not started (a busy machine?)": "시작하지 못함(바쁜 컴퓨터?)"}
 _HIDDEN = (str(Path(__file__).resolve().parents[1]), str(Path(torch.__file__).resolve().parent),
            os.path.dirname(inspect.__file__))
 
@@ -58,21 +93,28 @@ class Call:
         where = f" {'to' if self.kind == 'send' else 'from'} rank {self.peer}" if self.peer is not None else ""
         return f"{self.kind}{where} ({self.numel} elements)"
 
+    def describe_ko(self) -> str:
+        where = f" 랭크 {self.peer}{'에게' if self.kind == 'send' else '에게서'}" if self.peer is not None else ""
+        return f"{self.kind}{where} (원소 {self.numel}개)"
+
 
 class LearnerCrashed(Exception):
     """The learner's code raised on ``rank``; ``text`` is the traceback with their own lines."""
 
-    def __init__(self, rank: int, text: str):
+    def __init__(self, rank: int, text: str, world_size: int | None = None):
         super().__init__(text)
-        self.rank, self.text = rank, text
+        self.rank, self.text, self.world_size = rank, text, world_size
 
 
 class Stuck(Exception):
-    """The world did not finish in time; ``waits[rank]`` is what that rank was doing."""
+    """The world did not finish in time; ``waits[rank]`` is what that rank was doing (``waits_ko``: the
+    same in Korean). In a world of one process there is no learner's rank to name: that process is
+    the checker running the learner's function."""
 
-    def __init__(self, waits: dict):
+    def __init__(self, waits: dict, waits_ko: dict | None = None):
         super().__init__(str(waits))
         self.waits = waits
+        self.waits_ko = waits_ko or {r: _STATES_KO.get(what, what) for r, what in waits.items()}
 
     def ranks(self, state: str) -> list:
         """The ranks in ``state``: "waiting" (blocked in a message or collective), RUNNING (inside the
@@ -80,82 +122,182 @@ class Stuck(Exception):
         return sorted(r for r, what in self.waits.items() if (state in what if state == "waiting" else what == state))
 
     def describe(self) -> str:
-        return "; ".join(f"rank {rank}: {what}" for rank, what in sorted(self.waits.items()))
+        return self.text().en
+
+    def text(self) -> Text:
+        """What each rank was doing, e.g. "rank 0: send to rank 1 (12 elements), waiting"."""
+        if len(self.waits) == 1:
+            (rank, what), = self.waits.items()
+            return Text(f"여러분의 코드: {self.waits_ko[rank]}.", f"your code: {what}.")
+        return Text("; ".join(f"랭크 {r}: {self.waits_ko[r]}" for r in sorted(self.waits)),
+                    "; ".join(f"rank {r}: {what}" for r, what in sorted(self.waits.items())))
 
 
-def _tensor_args(name, bound):
-    """The tensor an op moves (its first tensor argument, or the list's first) and the peer rank."""
-    peer = bound.get("dst", bound.get("src"))
-    for value in bound.values():
-        if isinstance(value, torch.Tensor):
-            return value, peer
-        if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-            return value[0], peer
-    return None, peer
+def _first_tensor(value):
+    """The first tensor of a ProcessGroup argument (a tensor, or lists of lists of them): what the
+    op moves per rank, as torch.distributed's own first tensor argument."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _global(group, rank):
+    """A group rank as a rank of the world (a Call's peers are global)."""
+    if rank is None or rank < 0:
+        return None
+    try:
+        return dist.get_global_rank(group, rank)
+    except (ValueError, RuntimeError, TypeError, KeyError):  # the world, or a backend called directly
+        return rank
+
+
+def _peer(method, group, args, kwargs):
+    if method in ("send", "recv"):
+        rank = args[1] if len(args) > 1 else kwargs.get("dstRank", kwargs.get("srcRank"))
+        return _global(group, int(rank))
+    opts = next((a for a in (*args, *kwargs.values()) if hasattr(a, "rootRank")), None)
+    return None if opts is None else _global(group, opts.rootRank)
+
+
+def _blocking(frame) -> bool:
+    """Whether torch.distributed's function that made this process-group call waits for it: ``send``
+    and ``recv``, or a collective with ``async_op=False``; a call made on the group directly returns
+    its Work and does not."""
+    while frame is not None and (frame.f_globals.get("__name__") or "").startswith("torch.distributed"):
+        if frame.f_code.co_name in ("send", "recv"):
+            return True
+        if "async_op" in frame.f_code.co_varnames:
+            return not frame.f_locals.get("async_op", False)
+        frame = frame.f_back
+    return False
 
 
 class Recorder:
-    """Wraps ``torch.distributed``'s functions in this rank while ``active``; see the module doc."""
+    """Watches this rank's process groups while ``active``; see the module doc."""
 
     def __init__(self, rank: int, status_dir: str):
         self.rank, self.calls, self.active, self.inside, self.phase = rank, [], False, False, None
         self.pending = set()   # asynchronous works not waited on yet
         self.status = Path(status_dir) / f"rank{rank}.json"
         self.errors = Path(status_dir) / f"error{rank}.json"
+        self.reference = ReferenceWatch()
 
     def install(self) -> "Recorder":
-        """Wrap each function in both namespaces: ``torch.distributed`` (what a learner calls) and
-        ``distributed_c10d`` (what ``P2POp`` compares its op with and ``batch_isend_irecv`` calls)."""
-        for name in WATCHED:
-            original = getattr(c10d, name)
-            watched = self._wrap(name, original)
-            setattr(c10d, name, watched)
-            setattr(dist, name, watched)
+        """Wrap the methods of ``ProcessGroup`` and ``Backend`` (what every torch.distributed function,
+        however imported, and a learner's own ``group.allreduce`` end in); torch's C++ side calls
+        the backend directly, so one call is recorded once."""
+        for cls in (c10d_c.ProcessGroup, c10d_c.Backend):
+            for method in KINDS:
+                original = cls.__dict__.get(method)
+                if original is not None:
+                    setattr(cls, method, self._wrap(method, original))
+        for namespace, kinds in OPERATORS.items():
+            ops = getattr(torch.ops, namespace)
+            for name, kind in kinds.items():
+                try:
+                    setattr(ops, name, _WatchedOperator(getattr(ops, name), kind, self))
+                except (AttributeError, RuntimeError):  # not in this torch
+                    pass
         return self
 
-    def _set_status(self, what: str) -> None:
-        self.status.write_text(json.dumps({"what": what}), encoding="utf-8")
+    def record(self, kind, peer, tensor, blocking, caller) -> Call:
+        """File one call (after checking that the learner's code did not reach it through mpkit's own)."""
+        if self.reference.look(caller):
+            raise self.used_reference()
+        call = Call(kind, peer, 0 if tensor is None else tensor.numel(), 0 if tensor is None else tensor.element_size(),
+                    self.phase, blocking)
+        self.calls.append(call)
+        return call
 
-    def _wrap(self, name, original):
-        signature = inspect.signature(original)
-        recorder = self
+    def _set_status(self, what: str, ko: str | None = None) -> None:
+        self.status.write_text(json.dumps({"what": what, "ko": ko or _STATES_KO.get(what, what)}), encoding="utf-8")
 
-        def watched(*args, **kwargs):
-            if not recorder.active or recorder.inside:  # torch's send calls its own isend: count it once
-                return original(*args, **kwargs)
-            bound = signature.bind_partial(*args, **kwargs).arguments
-            tensor, peer = _tensor_args(name, bound)
-            kind = name.removeprefix("i") if name in P2P else name
-            blocking = name not in ("isend", "irecv") and not bound.get("async_op", False)
-            call = Call(kind, None if peer is None else int(peer), 0 if tensor is None else tensor.numel(),
-                        0 if tensor is None else tensor.element_size(), recorder.phase, blocking)
-            recorder.calls.append(call)
+    def _wrap(self, method, original):
+        recorder, kind = self, KINDS[method]
+
+        def watched(group, *args, **kwargs):
+            if not recorder.active or recorder.inside:
+                return original(group, *args, **kwargs)
+            caller = sys._getframe(1)
+            call = recorder.record(kind, _peer(method, group, args, kwargs), _first_tensor((args, kwargs)),
+                                   _blocking(caller), caller)
             recorder.inside = True
             try:
-                if not blocking:
-                    work = original(*args, **kwargs)
-                    return work if work is None else _Watched(work, recorder, call)
-                recorder._set_status(f"{call.describe()}, waiting")
-                result = original(*args, **kwargs)
-                recorder._set_status(RUNNING)
-                return result
+                work = original(group, *args, **kwargs)
             finally:
                 recorder.inside = False
+            return work if work is None else _Watched(work, recorder, call)
+        watched.__name__ = watched.__qualname__ = method
         return watched
+
+    def used_reference(self) -> UsedReference:
+        return UsedReference(self.rank, *self.reference.found)
 
     def call(self, fn, *args, **kwargs):
         """Run the learner's ``fn`` with recording on; on an exception, file the learner's lines."""
+        self.reference.provide((fn, *args, *kwargs.values()))
+        self.reference.handed(fn)
         self.active = True
         self._set_status(RUNNING)
+        self.reference.start()
         try:
-            return fn(*args, **kwargs)
+            if self.reference.found:
+                raise self.used_reference()
+            result = fn(*args, **kwargs)
         except BaseException as exc:
-            self.errors.write_text(json.dumps({"text": learner_traceback(exc), "at": time.time()}),
-                                   encoding="utf-8")
+            self._file_error(exc)
             raise
         finally:
+            self.reference.stop()
             self.active = False
             self._set_status(RETURNED)
+        if self.reference.found:  # a result computed by mpkit's own code, caught or not on the way
+            exc = self.used_reference()
+            self._file_error(exc)
+            raise exc
+        return result
+
+    def _file_error(self, exc) -> None:
+        found = self.reference.found
+        self.errors.write_text(json.dumps({"text": learner_traceback(exc), "at": time.time(),
+                                           "reference": list(found) if found else None}), encoding="utf-8")
+
+
+class _WatchedOperator:
+    """One of torch's communication operators (``torch.ops._c10d_functional.all_reduce``...), recorded
+    when the learner's code calls it directly; everything else (``.default``, the schema) is the operator's."""
+
+    def __init__(self, op, kind, recorder):
+        self._op, self._kind, self._recorder = op, kind, recorder
+
+    def __call__(self, *args, **kwargs):
+        recorder = self._recorder
+        if not recorder.active or recorder.inside:
+            return self._op(*args, **kwargs)
+        peer = None
+        if self._kind in ("send", "recv") and len(args) > 3 and isinstance(args[1], int):  # (tensor, peer, tag, group)
+            peer = _global(_group_named(args[3]), args[1])
+        recorder.record(self._kind, peer, _first_tensor((args, kwargs)), False, sys._getframe(1))
+        recorder.inside = True
+        try:
+            return self._op(*args, **kwargs)
+        finally:
+            recorder.inside = False
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
+
+
+def _group_named(name):
+    try:
+        return dist.distributed_c10d._resolve_process_group(name) if isinstance(name, str) else name
+    except (ValueError, RuntimeError, KeyError, AttributeError):
+        return None
 
 
 class _Watched:
@@ -166,7 +308,11 @@ class _Watched:
         recorder.pending.add(self)
 
     def wait(self, *args, **kwargs):
-        self._recorder._set_status(f"{self._call.describe()}, waiting in wait()")
+        if self._call.blocking:
+            self._recorder._set_status(f"{self._call.describe()}, waiting", f"{self._call.describe_ko()}에서 기다리는 중")
+        else:
+            self._recorder._set_status(f"{self._call.describe()}, waiting in wait()",
+                                       f"{self._call.describe_ko()}의 wait()에서 기다리는 중")
         result = self._work.wait(*args, **kwargs)
         self._recorder.pending.discard(self)
         self._recorder._set_status(RUNNING if self._recorder.active else RETURNED)
@@ -190,23 +336,59 @@ def _rank_main(ctx, body, status_dir, args):
     return {"out": out, "calls": recorder.calls}
 
 
+def plain(value):
+    """``value`` as the checker may judge it: every tensor a plain, detached ``torch.Tensor`` copy of
+    its data (a subclass that overrides ``__eq__``, ``sub`` or ``allclose`` lies no more), builtin
+    numbers and strings of their exact type, lists, tuples and dicts rebuilt."""
+    if isinstance(value, torch.Tensor):
+        with torch._C.DisableTorchFunction():
+            return torch.Tensor.as_subclass(value, torch.Tensor).detach().clone()
+    if isinstance(value, bool):
+        return bool(value)
+    for base, exact in _EXACT.items():
+        if isinstance(value, base):
+            return exact(value)  # the base type's own slot: a subclass's overrides are not called
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in dict.items(value)}
+    if isinstance(value, list):
+        return [plain(v) for v in list.__iter__(value)]
+    if isinstance(value, tuple):
+        items = [plain(v) for v in tuple.__iter__(value)]
+        if (type(value).__module__ or "").partition(".")[0] not in ("mpkit", "torch"):
+            return tuple(items)  # a learner's tuple subclass
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)  # a named tuple, Size
+    return value
+
+
+_EXACT = {int: int.__int__, float: float.__float__, complex: complex.__complex__, str: str.__str__,
+          bytes: bytes.__bytes__}
+
+
 def run(body, world_size: int, args=(), timeout: float = 6.0) -> list[dict]:
-    """``body(ctx, recorder, *args)`` on ``world_size`` ranks; per rank ``{"out", "calls"}``.
-    Raises :class:`LearnerCrashed` or :class:`Stuck`; a failure of mpkit's own code propagates."""
+    """``body(ctx, recorder, *args)`` on ``world_size`` ranks; per rank ``{"out", "calls"}``, made
+    :func:`plain`. Raises :class:`LearnerCrashed`, :class:`Stuck` or ``UsedReference`` (the learner
+    called mpkit's own mechanism); a failure of mpkit's own code propagates."""
     with tempfile.TemporaryDirectory(prefix="mpkit-exercise-") as status_dir:
         try:
-            return list(launch(_rank_main, world_size, args=(body, status_dir, tuple(args)), timeout=timeout,
-                               backend="gloo", trace=False, memory=False))  # simulated devices, also beside GPUs
+            results = list(launch(_rank_main, world_size, args=(body, status_dir, tuple(args)), timeout=timeout,
+                                  backend="gloo", trace=False, memory=False))  # simulated devices, also beside GPUs
         except LaunchTimeout:
-            waits = _statuses(status_dir, world_size, "status")
-            waits.update({r: "had not started (a busy machine?)" for r in range(world_size) if r not in waits})
-            raise Stuck(waits) from None
+            statuses = _statuses(status_dir, world_size, "status")
+            late = "had not started (a busy machine?)"
+            waits = {r: statuses[r]["what"] if r in statuses else late for r in range(world_size)}
+            raise Stuck(waits, {r: statuses[r].get("ko", waits[r]) if r in statuses else _STATES_KO[late]
+                                for r in range(world_size)}) from None
         except LaunchError:
             errors = _statuses(status_dir, world_size, "error")
+            used = {r: e for r, e in errors.items() if e.get("reference")}
+            if used:
+                rank = min(used, key=lambda r: used[r]["at"])
+                raise UsedReference(rank, *used[rank]["reference"]) from None
             if errors:  # the first learner error is the cause; later ones are other ranks seeing it
                 rank = min(errors, key=lambda r: errors[r]["at"])
-                raise LearnerCrashed(rank, errors[rank]["text"]) from None
+                raise LearnerCrashed(rank, errors[rank]["text"], world_size) from None
             raise
+    return [{"out": plain(r["out"]), "calls": r["calls"]} for r in results]
 
 
 def _statuses(folder, world_size, kind) -> dict:
@@ -214,8 +396,7 @@ def _statuses(folder, world_size, kind) -> dict:
     for rank in range(world_size):
         path = Path(folder) / (f"rank{rank}.json" if kind == "status" else f"error{rank}.json")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            out[rank] = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        out[rank] = data["what"] if kind == "status" else data
     return out

@@ -27,7 +27,7 @@ from mpkit.observe.trace import Trace
 from mpkit.runtime import torchrun
 from mpkit.runtime.devices import check_world_size, cuda_count
 from mpkit.runtime.env import in_torchrun
-from mpkit.runtime.lifeline import Guardian
+from mpkit.runtime.lifeline import Guardian, kill_descendants
 from mpkit.runtime.result import LaunchResult
 from mpkit.runtime.worker import run_rank
 
@@ -105,9 +105,11 @@ _REAPING = threading.Lock()
 
 
 def _kill_all(procs):
-    """SIGKILL every rank's process group, also when the rank itself already exited: what it
-    started (a ``subprocess.Popen``) is still in that group. Then reap and close each rank."""
+    """SIGKILL what each rank started in a session of its own, then every rank's process group, also
+    when the rank itself already exited: what it started (a ``subprocess.Popen``) is still in that
+    group. Then reap and close each rank."""
     with _REAPING:
+        kill_descendants([proc.pid for proc in procs if proc.exitcode is None], stop=True)
         for proc in procs:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -8,6 +8,10 @@ Two independent guards, because neither alone covers everything:
 - ``Guardian`` (one small shell process per launch, in a session of its own): it learns each
   rank's process group and, if the caller goes away without releasing it, SIGKILLs those groups:
   the ranks and everything they started (a ``subprocess.Popen`` inside ``fn``).
+
+What a rank starts in a session of its own (``setsid``, ``start_new_session=True``, a double fork)
+leaves the rank's process group: each rank is a child subreaper (Linux), so such processes stay
+its descendants, and ``kill_descendants`` stops them before the rank itself ends.
 """
 from __future__ import annotations
 
@@ -16,8 +20,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 # The guardian is a few lines of POSIX shell: started with vfork+exec it costs ~3 ms, where forking
 # the caller (torch loaded, hundreds of MiB mapped) costs 15-70 ms. It reads one process-group id
@@ -45,6 +51,74 @@ def die_with_parent(parent_pid: int) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(1)
+
+
+def become_subreaper() -> None:
+    """Orphans among this process's descendants (a double fork) become its children, not init's, so
+    ``kill_descendants`` still finds them. A no-op off Linux."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _state(pid):
+    """(state letter, parent pid) of ``pid`` from /proc, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return fields[0].decode(), int(fields[1])
+
+
+def _children() -> dict:
+    """{parent pid: [live child pids]} from /proc (zombies left out: they are already dead)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            state = _state(entry)
+            if state is not None and state[0] != "Z":
+                out.setdefault(state[1], []).append(int(entry))
+    return out
+
+
+def _stop(pids, wait_s=1.0) -> None:
+    """SIGSTOP ``pids`` and wait until each is stopped (or gone): a stopped process starts nothing."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + wait_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            state = _state(pid)
+            if state is None or state[0] in "TtZX":
+                break
+            time.sleep(0.001)
+
+
+def kill_descendants(pids, stop=False) -> None:
+    """SIGKILL every descendant of ``pids`` (not ``pids`` themselves), in whatever session or group,
+    until none is left: a killed process's children reparent to the subreaper above and are found
+    on the next pass. ``stop=True`` first stops ``pids`` (another process's ranks, which could
+    otherwise start a child between the last pass and their own end). Linux only; ~1 ms per pass."""
+    if not os.path.isdir("/proc/self"):
+        return
+    if stop:
+        _stop(pids)
+    for _ in range(20):
+        children, found, todo = _children(), [], list(pids)
+        while todo:
+            kids = children.get(todo.pop(), [])
+            found += kids
+            todo += kids
+        if not found:
+            return
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 class Guardian:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from mpkit.errors import DeviceOutOfMemory, MpkitWarning
 from mpkit.observe.active import recording
 from mpkit.runtime.context import make_context
-from mpkit.runtime.lifeline import die_with_parent
+from mpkit.runtime.lifeline import become_subreaper, die_with_parent, kill_descendants
 
 
 _BACKSTOP_S = 10.0
@@ -70,6 +70,7 @@ def _wait_to_be_stopped():
 def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
     os.setpgid(0, 0)  # own process group: the parent can kill this rank and anything it started
     die_with_parent(options["parent_pid"])
+    become_subreaper()  # what fn starts in a session of its own stays below this rank, to be stopped with it
     if options["guardian_fd"] is not None:
         os.close(options["guardian_fd"])  # inherited by fork: only the caller may hold the guardian's pipe
     torch.set_num_threads(1)  # GNU OpenMP after fork hangs without this (the parent ran threaded torch ops)
@@ -106,4 +107,5 @@ def run_rank(rank, world_size, master_port, backend, fn, args, conn, options):
                                      summary=f"{type(exc).__name__}: {exc}", output=captured.getvalue()))
     finally:
         conn.close()
+        kill_descendants([os.getpid()])  # a rank that fails ends here: nothing fn started outlives it
         os._exit(code)
