@@ -31,8 +31,11 @@ MISSING_HINT = Text("어떤 랭크는 코드를 끝냈는데 다른 랭크가 �
                     "(모든 send에는 짝이 되는 recv가 있어야 합니다).",
                     "some ranks returned from your code while others still wait on a message from them: a send or a "
                     "recv is missing (every send needs its matching recv).")
-LOOP_HINT = Text("어떤 랭크는 통신을 기다리지 않고 계속 실행 중이었습니다: 끝나지 않는 반복문이 있는지 보세요.",
-                 "some rank was still running, not waiting on a message: look for a loop that never ends.")
+LOOP_HINT = Text("어떤 랭크는 검사기가 본 통신을 기다리지 않고 계속 실행 중이었습니다: 끝나지 않는 반복문이 있거나, 없는 랭크와 "
+                 "통신하려 합니다(랭크는 0..N-1: 이웃은 % N으로 감싸고, 그래디언트는 r-1 쪽으로 거꾸로 갑니다).",
+                 "some rank was still running, not waiting on a message the checker saw: a loop that never ends, or a "
+                 "message to a rank that does not exist (ranks are 0..N-1: wrap neighbours with % N; gradients go "
+                 "backwards, to r-1).")
 
 
 NOT_DONE = Text("아직 풀지 않았습니다: 함수를 채운 뒤 다시 확인하세요.", "not done yet: fill in the function, then check again.")

@@ -125,7 +125,10 @@ def factor_hint(factor: float | None, n: int, wanted: str = "average") -> Text |
     squared = Text("결과가 world_size의 제곱배입니다: 같은 텐서를 두 번 합했습니다(예: 두 번 all-reduce).",
                    "the result is world-size squared times too large: the same tensor was summed twice (e.g. "
                    "all-reduced twice).")
-    for value, hint in ((n, too_large), (1 / n, too_small), (n * n, squared)):
+    divided_twice = Text("결과가 world_size의 제곱으로 나뉘었습니다: 두 곳에서 나누었습니다(예: 역전파 두 군데에서 평균).",
+                         "the result is divided by the world size squared: it was divided in two places (e.g. two "
+                         "backward passes that average).")
+    for value, hint in ((n, too_large), (1 / n, too_small), (n * n, squared), (1 / (n * n), divided_twice)):
         if abs(factor - value) <= 1e-3 * value:
             return hint
     return None
