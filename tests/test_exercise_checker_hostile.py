@@ -2,7 +2,6 @@
 they are called, mpkit's own mechanism does not pass for the learner's, values are judged as plain
 tensors, nothing a learner starts outlives a check, and messages never name the checker's process
 as a learner's rank. Each test is one or two checks of a real exercise (a few launches)."""
-import os
 import subprocess
 import sys
 import time
@@ -123,11 +122,6 @@ def parallel_ring(ctx, tensor):
     return ring_all_reduce(tensor)
 
 
-def solution_ring(ctx, tensor):
-    from mpkit.exercises import solutions
-    return solutions.ring_all_reduce(ctx, tensor)
-
-
 def caught_solution(ctx, tensor):
     """Catches the refusal and computes the result with mpkit's reference anyway."""
     from mpkit.exercises import solutions
@@ -139,8 +133,7 @@ def caught_solution(ctx, tensor):
 
 def test_mpkit_reference_code_does_not_pass():
     for fn, where in ((parallel_ring, "mpkit/parallel/collectives.py"),
-                      (solution_ring, "ring_all_reduce (mpkit/exercises/solutions.py)"),
-                      (caught_solution, "mpkit/exercises/solutions.py")):
+                      (caught_solution, "ring_all_reduce (mpkit/exercises/solutions.py)")):
         result = check("ring_all_reduce", fn)
         assert not result.passed and "your code calls mpkit's own" in result.message and where in result.message, \
             result.message
@@ -210,8 +203,8 @@ def test_children_in_a_new_session_do_not_outlive_the_check(tmp_path):
 
     def escaping(ctx, tensor):
         """Starts a sleeper in a session of its own and a double-forked one, then raises on rank 1."""
-        child = subprocess.Popen(["sleep", "300"], start_new_session=True)
-        double = subprocess.run(["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True,
+        child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        double = subprocess.run(["sh", "-c", "setsid sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True,
                                 text=True).stdout.strip()
         with open(pids, "a") as f:
             f.write(f"{child.pid}\n{double}\n")
@@ -250,7 +243,7 @@ def both_send_first(ctx, tensor):
 
 def test_messages_name_no_checker_rank_and_what_each_rank_waits_in():
     loop = exercises.check("gpipe_schedule", endless_schedule, lang="en", record=False, timeout=2)
-    assert "your code: running your code" in loop.message and "rank 0" not in loop.message, loop.message
+    assert "your code was still running" in loop.message and "rank 0" not in loop.message, loop.message
     stuck = exercises.check("ring_all_reduce", both_send_first, lang="en", record=False, timeout=3)
     assert "rank 0: send to rank 1 (8 elements), waiting" in stuck.message, stuck.message
     ko = stuck.case(0).message("ko")

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d_c
 
 from mpkit.errors import LaunchError, LaunchTimeout
-from mpkit.exercises.reference_use import ReferenceWatch, UsedReference  # noqa: F401 - part of the API
+from mpkit.exercises.reference_use import ReferenceWatch, UsedReference
 from mpkit.exercises.result import Text
 from mpkit.runtime.launch import launch
 
@@ -128,6 +128,9 @@ class Stuck(Exception):
         """What each rank was doing, e.g. "rank 0: send to rank 1 (12 elements), waiting"."""
         if len(self.waits) == 1:
             (rank, what), = self.waits.items()
+            if what == RUNNING:
+                return Text("여러분의 코드가 아직 실행 중이었습니다(통신을 기다리지 않음).",
+                            "your code was still running (not waiting on any message).")
             return Text(f"여러분의 코드: {self.waits_ko[rank]}.", f"your code: {what}.")
         return Text("; ".join(f"랭크 {r}: {self.waits_ko[r]}" for r in sorted(self.waits)),
                     "; ".join(f"rank {r}: {what}" for r, what in sorted(self.waits.items())))
@@ -159,7 +162,7 @@ def _global(group, rank):
 def _peer(method, group, args, kwargs):
     if method in ("send", "recv"):
         rank = args[1] if len(args) > 1 else kwargs.get("dstRank", kwargs.get("srcRank"))
-        return _global(group, int(rank))
+        return _global(group, int(rank)) if isinstance(rank, int) else None
     opts = next((a for a in (*args, *kwargs.values()) if hasattr(a, "rootRank")), None)
     return None if opts is None else _global(group, opts.rootRank)
 
