@@ -60,10 +60,6 @@ def _reshard_hint(numel, n, m, got):
              for lo, hi in _floor_bounds(numel, m)]
     local = [[(r, a - chunk_bounds(numel, n)[r][0], b - chunk_bounds(numel, n)[r][0]) for r, a, b in rank]
              for rank in dcp_reads(numel, n, m)]
-    if got is not None and any(a >= b for rank in got for _, a, b in rank):
-        return Text("빈 읽기(start >= stop)가 있습니다: 겹치지 않는 저장 조각은 빼세요(길이 0인 범위는 목록에 넣지 않습니다).",
-                    "some reads are empty (start >= stop): leave out the saved chunks that do not overlap (no "
-                    "zero-length ranges in the list).")
     for variant, hint in (
             (local, Text("범위를 저장 조각 안의 위치(지역 오프셋)로 적었습니다: start와 stop은 전체 텐서의 위치(전역 오프셋)입니다.",
                          "you gave offsets local to the saved chunk: start and stop are positions in the whole tensor "
@@ -79,6 +75,10 @@ def _reshard_hint(numel, n, m, got):
                          "numel % ranks chunks."))):
         if _normal(variant) == got:
             return hint
+    if got is not None and any(a >= b for rank in got for _, a, b in rank):
+        return Text("빈 읽기(start >= stop)가 있습니다: 겹치지 않는 저장 조각은 빼세요(길이 0인 범위는 목록에 넣지 않습니다).",
+                    "some reads are empty (start >= stop): leave out the saved chunks that do not overlap (no "
+                    "zero-length ranges in the list).")
     return None
 
 

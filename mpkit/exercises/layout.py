@@ -110,9 +110,10 @@ def _judge_groups(case, fn, timeout):
             mixed = _mixed_dims(layout, have, dim)
             if swapped is None and mixed:
                 hint = Text(f"{dim} 그룹이 {', '.join(mixed)} 좌표도 다른 랭크들을 묶었습니다: 한 {dim} 그룹은 {dim} 좌표만 다르고 "
-                            "나머지 두 좌표는 같은 랭크들입니다.",
+                            "나머지 두 좌표는 같은 랭크들입니다. mpkit에서는 tp가 가장 안쪽, 그다음 pp, dp가 가장 바깥입니다.",
                             f"your {dim} groups join ranks that also differ in {', '.join(mixed)}: a {dim} group holds the "
-                            f"ranks that differ only in their {dim} coordinate (the other two coordinates equal).")
+                            f"ranks that differ only in their {dim} coordinate (the other two coordinates equal); in "
+                            "mpkit tp is innermost, then pp, with dp outermost.")
                 return failed(case, Text(f"{dim} 그룹: 기댓값 {want}, 실제 {have}.", f"{dim} groups: expected {want}, got {have}."),
                               hint)
             hint = (Text(f"'{dim}'에 넣은 그룹은 {swapped} 그룹입니다: 한 {dim} 그룹은 {dim} 좌표만 다른 랭크들입니다.",

@@ -123,10 +123,10 @@ def _structure(case, programs, p, m, where=None, kinds=WHOLE):
                 continue
             what = (Text(f"{ins}: 이 랭크에는 스테이지 {ins.stage}가 없습니다.", f"{ins}: this rank does not hold stage {ins.stage}.")
                     if ins.stage not in mine else
-                    Text(f"{ins}: 스테이지 {ins.stage}는 {'마지막' if neighbour > last else '첫'} 스테이지라 스테이지 {neighbour}가 "
-                         "없습니다: 이 메시지는 빼세요.",
-                         f"{ins}: stage {ins.stage} is the {'last' if neighbour > last else 'first'} stage; there is no "
-                         f"stage {neighbour}, so leave this message out.")
+                    Text(f"{ins}: 스테이지 {ins.stage}는 {'마지막' if neighbour > last else '첫'} 스테이지라 그쪽에 이웃 스테이지"
+                         f"({neighbour})가 없습니다: 이 메시지는 빼세요.",
+                         f"{ins}: stage {ins.stage} is the {'last' if neighbour > last else 'first'} stage, with no "
+                         f"neighbouring stage on that side (no stage {neighbour}): leave this message out.")
                     if not 0 <= neighbour <= last else
                     Text(f"{ins}: 스테이지 {ins.stage}의 이 메시지는 랭크 {where[neighbour]}와 주고받아야 합니다.",
                          f"{ins}: this message of stage {ins.stage} goes to or comes from rank {where[neighbour]}."))
