@@ -3,8 +3,7 @@ tests/exercise_attempts_blind/<exercise>.py holds correct-but-unusual solutions 
 mistakes (WRONG, each with the phrases a message naming it would contain), written by someone who had
 not seen the references. Every correct one must pass, every wrong one fail, each check within 10 s, and
 at least 90% of the wrong ones must get a message that names their mistake."""
-import importlib
-import sys
+import importlib.util
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -14,7 +13,6 @@ import pytest
 from mpkit.exercises import check
 
 HERE = Path(__file__).parent / "exercise_attempts_blind"
-sys.path.insert(0, str(HERE))
 NAMES = sorted(p.stem for p in HERE.glob("*.py"))
 TIMEOUT = 6.0        # the checker's default wait for a stuck case
 LIMIT = 10.0         # the issue's limit on one check
@@ -26,7 +24,10 @@ def _label(fn):
 
 def _attempts():
     for name in NAMES:
-        module = importlib.import_module(name)
+        # a name of its own: tests/exercise_attempts/ holds modules of the same names (one pytest run imports both)
+        spec = importlib.util.spec_from_file_location(f"blind_{name}", HERE / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
         for fn in module.CORRECT:
             yield name, fn, None
         for fn, phrases in module.WRONG:
