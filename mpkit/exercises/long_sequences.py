@@ -116,7 +116,9 @@ def _sp_hint(key, want, got, n, rank, calls, extra):
         hint = factor_hint(ratio(want - extra["rest"][rank], got - extra["rest"][rank]), n, "sum") \
             if isinstance(got, torch.Tensor) and got.shape == want.shape else None
         return hint or ORDER
-    factor = factor_hint(ratio(want, got), n, "sum")
+    through = extra["residual"][rank] if key == "x" else 0   # x's gradient: the residual's plus the block's
+    factor = factor_hint(ratio(want - through, got - through), n, "sum") \
+        if isinstance(got, torch.Tensor) and got.shape == want.shape else None
     if factor is not None:
         return factor
     if key == "x" and isinstance(got, torch.Tensor) and close(extra["sliced"][rank], got):
@@ -127,10 +129,11 @@ def _sp_hint(key, want, got, n, rank, calls, extra):
 
 
 def _sp_alternatives(seed, seq, n, grad_out):
-    """What the classic mistakes give: the output without the sum (each rank its own partial), and
-    the input gradient when Gather's backward only slices (each rank its own partial)."""
+    """What the classic mistakes give: the output without the sum (each rank its own partial), the
+    input gradient when Gather's backward only slices (each rank its own partial), and the part of
+    the input gradient that comes through the residual (the rest goes through the block)."""
     w = _weights(seed, seq)
-    no_sum, rest, sliced = [], [], []
+    no_sum, rest, sliced, residual = [], [], [], []
     for rank in range(n):
         rows = _tokens(rank, n, seq)
         x = w["x"].clone().requires_grad_()
@@ -139,7 +142,8 @@ def _sp_alternatives(seed, seq, n, grad_out):
         rest.append(w["x"][rows] + w["b2"])
         no_sum.append(rest[-1] + mine.detach()[rows])
         sliced.append(grad_out[rows] + x.grad[rows])
-    return {"no_sum": no_sum, "rest": rest, "sliced": sliced}
+        residual.append(grad_out[rows])
+    return {"no_sum": no_sum, "rest": rest, "sliced": sliced, "residual": residual}
 
 
 def _sp_cost(case, outputs, n, seq):
