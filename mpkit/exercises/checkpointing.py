@@ -145,7 +145,7 @@ def _judge(case, fn, timeout):
                            "backward returns the gradient accumulated in the recomputed forward's input "
                            "(x.detach().requires_grad_())."))
     if p["dropout"] and not torch.equal(next_draw, got["next_draw"]):
-        return failed(case, Text("값은 맞지만 역전파 뒤의 난수가 체크포인팅 없는 실행과 다릅니다: 전역 난수 흐름(global RNG)이 "
+        return failed(case, Text("값은 맞지만 역전파 뒤의 난수가 체크포인팅 없는 실행과 다릅니다: 전역 난수 흐름이 "
                                  "되감겼습니다.", "the values are right but the random numbers drawn after the backward differ "
                                  "from a run without checkpointing: the global random stream was rewound."),
                       Text("set_rng_state로 상태를 되돌린 채 두면 다음 dropout 마스크가 이미 쓴 것을 되풀이합니다: 다시 계산은 "
