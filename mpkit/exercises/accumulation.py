@@ -61,7 +61,15 @@ def _body(ctx, recorder, fn, seed, counts, steps):
     model = mlp(seed, SIZES)
     ddp = DataParallel(model)  # built before recording: its start-up broadcast is not the learner's
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
-    out = []
+    out, finish = [], ddp.finish_gradient_synchronization
+
+    def finish_watched():  # an all-reduce started here, not in a backward: no backward ran outside no_sync
+        recorder.phase = f"finish {step}"
+        try:
+            return finish()
+        finally:
+            recorder.phase = f"step {step}"
+    ddp.finish_gradient_synchronization = finish_watched
     for step in range(steps):
         opt.zero_grad()
         recorder.phase = f"step {step}"
@@ -128,7 +136,18 @@ def _judge(case, fn, timeout):
     for rank, output in enumerate(outputs):
         buckets = output["out"]["buckets"]
         for step in range(steps):
-            reduces = sum(1 for c in output["calls"] if c.kind == "all_reduce" and c.phase == f"step {step}" and c.numel > 1)
+            late = [c for c in output["calls"] if c.kind == "all_reduce" and c.phase == f"finish {step}" and c.numel > 1]
+            reduces = len(late) + sum(1 for c in output["calls"]
+                                      if c.kind == "all_reduce" and c.phase == f"step {step}" and c.numel > 1)
+            if late and len(late) == reduces:
+                return failed(case, Text(f"랭크 {rank}, {step + 1}번째 스텝: 모든 backward가 ddp.no_sync() 안에서 돌았습니다. mpkit는 "
+                                         "finish_gradient_synchronization()에서 보내 주지만, torch의 DDP에서는 그래디언트가 평균되지 "
+                                         "않습니다.", f"rank {rank}, step {step + 1}: every backward ran inside ddp.no_sync(); "
+                                         "mpkit sends the buckets in finish_gradient_synchronization(), but with torch's DDP the "
+                                         "gradients would never be averaged."),
+                              Text("마지막 마이크로배치의 backward는 no_sync 밖에서 하세요: 그 backward가 버킷 all-reduce를 시작해 "
+                                   "역전파와 겹칩니다.", "run the last micro-batch's backward outside no_sync: that backward "
+                                   "starts the buckets' all-reduces, overlapped with the backward."))
             if reduces > buckets:
                 return failed(case, Text(f"랭크 {rank}, {step + 1}번째 스텝: all-reduce {reduces}번. 목표: 마이크로스텝 {k}개에 버킷마다 "
                                          f"한 번({buckets}번).", f"rank {rank}, step {step + 1}: {reduces} all-reduces; target: "

@@ -72,18 +72,20 @@ def _body(ctx, recorder, fn, p):
             out = recorder.call(fn, block, x)
         kept = held.storages(out, before=[*block.parameters()], stop=x)
         held.release()
+        torch.rand(4)  # the rest of the model draws between forward and backward (later layers' dropout)
         if isinstance(out, torch.Tensor) and out.requires_grad:
             recorder.call((out * weights).sum().backward)
     return {"out": out.detach() if isinstance(out, torch.Tensor) else out, "grads": grads(block),
-            "x_grad": x.grad, "held": sum(kept.values()), "used": used}
+            "x_grad": x.grad, "held": sum(kept.values()), "used": used, "next_draw": torch.rand(4)}
 
 
 def _reference(p):
     block, (x, weights) = _block(p["seed"], p["dropout"], p["frozen"]), _inputs(p["seed"], p["rows"], p["x_grad"])
     torch.manual_seed(p["seed"] + 2)
     out = block(x)
+    torch.rand(4)
     (out * weights).sum().backward()
-    return out.detach(), grads(block), x.grad
+    return out.detach(), grads(block), x.grad, torch.rand(4)
 
 
 def _another_mask(p):
@@ -92,6 +94,7 @@ def _another_mask(p):
     torch.manual_seed(p["seed"] + 2)
     with torch.no_grad():
         block(x)
+    torch.rand(4)  # as _body draws between forward and backward
     (block(x.detach()) * weights).sum().backward()
     return grads(block)
 
@@ -119,7 +122,7 @@ def _judge(case, fn, timeout):
                            "torch.autograd.Function으로 쓰세요.",
                            "this exercise builds checkpointing itself: write it as a torch.autograd.Function, without "
                            "torch.utils.checkpoint or mpkit's recompute_layers."))
-    out, want_grads, x_grad = _reference(p)
+    out, want_grads, x_grad, next_draw = _reference(p)
     if not close(out, got["out"]):
         return failed(case, mismatch(Text("블록의 출력:", "the block's output:"), out, got["out"]),
                       Text("순전파는 block(x)를 한 번, 평소대로 계산해 돌려줘야 합니다(그래디언트 기록만 하지 않고).",
@@ -141,6 +144,15 @@ def _judge(case, fn, timeout):
                       Text("backward는 다시 계산한 순전파의 입력(x.detach().requires_grad_())에 쌓인 그래디언트를 돌려줍니다.",
                            "backward returns the gradient accumulated in the recomputed forward's input "
                            "(x.detach().requires_grad_())."))
+    if p["dropout"] and not torch.equal(next_draw, got["next_draw"]):
+        return failed(case, Text("값은 맞지만 역전파 뒤의 난수가 체크포인팅 없는 실행과 다릅니다: 전역 난수 흐름이 "
+                                 "되감겼습니다.", "the values are right but the random numbers drawn after the backward differ "
+                                 "from a run without checkpointing: the global random stream was rewound."),
+                      Text("set_rng_state로 상태를 되돌린 채 두면 다음 dropout 마스크가 이미 쓴 것을 되풀이합니다: 다시 계산은 "
+                           "torch.random.fork_rng() 안에서 하세요(끝나면 원래 흐름으로 돌아옵니다).",
+                           "restoring the state with set_rng_state and leaving it there makes later dropout masks repeat "
+                           "ones already used: recompute inside torch.random.fork_rng(), which puts the stream back "
+                           "afterwards."))
     target = p["rows"] * WIDTH * 4
     if got["held"] > target:
         return failed(case, Text(f"순전파와 역전파 사이에 {got['held']} B를 저장했습니다. 목표: 블록의 입력만, {target} B.",

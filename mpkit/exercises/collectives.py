@@ -7,6 +7,8 @@ rank talked only to its two neighbours, and that no rank sent more than the ring
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from mpkit.exercises import harness
@@ -65,15 +67,81 @@ def _bytes_problem(case, outputs, n, numel, element_size, phases):
                                f"each phase takes N-1 = {n - 1} steps: an N-th step adds or sends a finished chunk again."))
         sent = sum(c.nbytes for c in output["calls"] if c.kind == "send")
         if sent > limit:
-            return failed(case, Text(f"랭크 {rank}이(가) {sent} B를 보냈습니다. 링은 최대 {limit} B입니다.",
-                                     f"rank {rank} sent {sent} B; the ring sends at most {limit} B."),
+            return failed(case, Text(f"랭크 {rank}이(가) {sent}바이트를 보냈습니다. 링은 단계(phase)마다 (N-1)/N·S, 모두 최대 "
+                                     f"{limit}바이트입니다.", f"rank {rank} sent {sent} bytes; the ring sends (N-1)/N·S "
+                                     f"per phase, at most {limit} bytes in all."),
                           Text("한 단계에 텐서 전체가 아니라 청크(chunk) 하나(S/N)만 보내세요: 링이 대역폭에 최적인 이유입니다.",
                                "send one chunk (S/N) per step, not the whole tensor: that is what makes the ring "
                                "bandwidth-optimal."))
     return None
 
 
-def _value_hint(kind, n, rank, expected, got):
+def _terms(inputs, got_chunk, k):
+    """The coefficients c (each 0, 1 or 2 per rank) with ``got_chunk`` = sum of c[j] times rank j's
+    chunk ``k``, or None when it is no such sum (a buffer overwritten while it was still sent)."""
+    pieces = [x.reshape(-1).tensor_split(len(inputs))[k] for x in inputs]
+    for c in itertools.product((0, 1, 2), repeat=len(inputs)):
+        if close(sum((w * x for w, x in zip(c, pieces)), torch.zeros_like(pieces[0])), got_chunk):
+            return c
+    return None
+
+
+def _ring_mistake(inputs, rank, chunk_index, got_chunk) -> Text:
+    """Names what went wrong in one chunk from what it holds: a rank's value missing, counted twice,
+    replacing the sum, or no sum of the inputs at all."""
+    c = _terms(inputs, got_chunk, chunk_index)
+    where_ko, where_en = f"랭크 {rank}의 청크 {chunk_index}", f"rank {rank}'s chunk {chunk_index}"
+    if c is None:
+        return Text(f"{where_ko}는 입력들의 합이 아닙니다: 아직 보내는 중인 버퍼에 받았거나(isend한 청크에 irecv), wait() 전에 "
+                    "버퍼를 다시 썼습니다. 받을 때는 따로 만든 버퍼(torch.empty_like)에 받고, 둘 다 wait()한 뒤 더하세요.",
+                    f"{where_en} is no sum of the inputs: a message was received into a buffer still being sent (irecv "
+                    "into the chunk you isend), or a buffer was reused before wait(). Receive into a buffer of its own "
+                    "(torch.empty_like) and add only after both wait()s.")
+    if sum(c) == 1:
+        whose = (Text("이 랭크 자신의 값 그대로입니다", "still holds this rank's own value") if c[rank] == 1 else
+                 Text(f"랭크 {c.index(1)}의 값뿐입니다", f"holds rank {c.index(1)}'s value only"))
+        return Text(f"{where_ko}는 {whose.ko}: reduce-scatter에서 받은 값이 쌓이지 않았습니다. 받은 청크를 더하지(+=) 않고 "
+                    "덮어썼거나(copy_ 또는 =) 복사본에 더했거나, 단계가 하나 모자라(N-1번이 아니라 N-2번) 끝나지 않은 청크를 "
+                    "all-gather가 퍼뜨렸거나, 방금 보낸 청크에 더했습니다.",
+                    f"{where_en} {whose.en}: nothing accumulated in the reduce-scatter. A received chunk replaced the "
+                    "sum (copy_ or =) instead of being added (+=), or was added into a copy, or the phase stopped a step "
+                    "short (N-2 steps instead of N-1) and the all-gather spread unfinished chunks, or it added into the "
+                    "chunk it had just sent.")
+    twice = [j for j, w in enumerate(c) if w == 2]
+    if twice:
+        return Text(f"{where_ko}에 랭크 {twice}의 값이 두 번 더해졌습니다: all-gather 단계에서 받은 완성 청크를 복사하지 않고 "
+                    "더했거나, 한 단계를 더(N번) 돌았습니다.",
+                    f"{where_en} counts rank(s) {twice} twice: the all-gather phase added a finished chunk instead of "
+                    "copying it, or a phase ran one step too many (N instead of N-1).")
+    missing = [j for j, w in enumerate(c) if w == 0]
+    return Text(f"{where_ko}에 랭크 {missing}의 값이 빠졌습니다: 단계가 모자라거나(N-1번이어야 함), k번째 단계에서 보내는 청크와 "
+                "더하는 청크의 번호(mod N)가 어긋나 받은 값이 다른 청크에 더해졌습니다.",
+                f"{where_en} lacks rank(s) {missing}: a phase ran too few steps (it needs N-1), or the chunk index "
+                "sent and the one added into at step k (mod N) do not line up, so a received value went into "
+                "another chunk.")
+
+
+def _gather_hint(n, expected, got) -> Text:
+    """An all-gather's pieces: some never arrived (still zero or empty), or all there in another order."""
+    want, have = expected.reshape(-1).tensor_split(n), got.reshape(-1).tensor_split(n)
+    if all(any(close(w, h) for h in have) for w in want):
+        return Text("조각은 모두 왔지만 제자리에 있지 않습니다: 도착한 순서가 아니라 랭크 순서로 놓으세요(랭크 j의 조각은 j번째 "
+                    "자리).", "every piece arrived but some are out of place: put them in rank order (rank j's piece at "
+                    "position j), not in the order they arrive.")
+    lost = [j for j, (w, h) in enumerate(zip(want, have)) if not close(w, h) and not any(close(w, x) for x in have)]
+    if lost:
+        return Text(f"결과에 랭크 {lost}의 조각이 없습니다: 오지 않았거나(조각이 링을 다 돌려면 N-1 단계가 필요하고, 받은 조각은 다음 "
+                    "단계에 그대로 넘깁니다), 다른 조각이 그 자리에 잘못 놓였습니다.",
+                    f"the pieces of rank(s) {lost} are missing from the result: they never arrive (a piece needs N-1 "
+                    "steps to go around the ring, and each piece received is passed on at the next step), or another "
+                    "piece was put out of place, over their slot.")
+    return Text("조각이 제자리에 있지 않습니다: 랭크 j의 조각은 결과의 j번째 자리에 가야 합니다. k번째 단계에서 받는 조각의 "
+                "원래 랭크를 확인하세요.",
+                "a piece is out of place: rank j's piece belongs at position j of the result. Check which rank the "
+                "piece you receive at step k came from.")
+
+
+def _value_hint(kind, n, rank, expected, got, inputs):
     if isinstance(got, torch.Tensor) and got.shape != expected.shape:
         return Text(f"결과의 모양은 {tuple(expected.shape)}이어야 합니다" + (" (1차원으로 펼친 것)." if kind == "all_gather" else "."),
                     f"the result must have shape {tuple(expected.shape)}" +
@@ -81,23 +149,35 @@ def _value_hint(kind, n, rank, expected, got):
     factor = factor_hint(ratio(expected, got), n, "sum")
     if factor is not None:
         return factor
-    if kind == "all_reduce" and isinstance(got, torch.Tensor) and got.shape == expected.shape:
-        chunks = list(zip(expected.reshape(-1).tensor_split(n), got.reshape(-1).tensor_split(n)))
-        good = [k for k, (e, g) in enumerate(chunks) if close(e, g)]
-        if len(good) == 1:
-            return Text(f"랭크 {rank}은(는) 청크 {good[0]}만 완성된 합입니다: reduce-scatter 뒤의 all-gather 단계가 없거나 "
-                        "잘못됐습니다.",
-                        f"rank {rank} holds the complete sum in chunk {good[0]} only: the all-gather phase after the "
-                        "reduce-scatter is missing or wrong.")
-    if kind != "all_gather":
-        return Text("어떤 청크의 합이 틀렸습니다. k번째 단계에서 랭크 r이 보내는 청크와 더하는 청크의 번호(mod N)를 확인하세요: "
-                    "보낸 청크는 다음 단계에서 옆 랭크가 이어서 더해야 합니다.",
-                    "a chunk's sum is wrong. Check the chunk index rank r sends and the one it adds into at step k "
-                    "(mod N): the chunk you send must be the one your neighbour adds into and passes on next.")
-    return Text("조각이 제자리에 있지 않습니다: 랭크 j의 조각은 결과의 j번째 자리에 가야 합니다. k번째 단계에서 받는 조각의 "
-                "원래 랭크를 확인하세요.",
-                "a piece is out of place: rank j's piece belongs at position j of the result. Check which rank the "
-                "piece you receive at step k came from.")
+    if kind == "all_gather" and isinstance(got, torch.Tensor):
+        return _gather_hint(n, expected, got)
+    if kind == "reduce_scatter" and isinstance(got, torch.Tensor):
+        sizes = [piece.numel() for piece in inputs[0].reshape(-1).tensor_split(n)]
+        other = next((k for k in range(n) if k != rank and sizes[k] == got.numel()
+                      and _terms(inputs, got.reshape(-1), k) is not None), None)
+        if other is not None:
+            return Text(f"돌려준 것은 청크 {other}(의 합)입니다: 연습은 청크 ctx.rank({rank})를 원합니다. 단계의 청크 번호가 하나 "
+                        "밀려 다른 청크가 완성됩니다: 랭크 r에서 청크 r이 마지막에 완성되도록 번호를 맞추세요.",
+                        f"you returned (a sum of) chunk {other}, another chunk: the exercise wants chunk ctx.rank ({rank}). "
+                        "The chunk indices of the steps are shifted by one, so another chunk ends complete: line them up "
+                        "so that chunk r is the one finished on rank r.")
+    if kind == "all_gather" or not isinstance(got, torch.Tensor):
+        return Text("조각이 제자리에 있지 않습니다: 랭크 j의 조각은 결과의 j번째 자리에 가야 합니다. k번째 단계에서 받는 조각의 "
+                    "원래 랭크를 확인하세요.",
+                    "a piece is out of place: rank j's piece belongs at position j of the result. Check which rank the "
+                    "piece you receive at step k came from.")
+    if kind == "reduce_scatter":
+        return _ring_mistake(inputs, rank, rank, got.reshape(-1))
+    chunks = list(zip(expected.reshape(-1).tensor_split(n), got.reshape(-1).tensor_split(n)))
+    good = [k for k, (e, g) in enumerate(chunks) if close(e, g)]
+    bad = next(k for k, (e, g) in enumerate(chunks) if not close(e, g))
+    if len(good) == 1 and _terms(inputs, chunks[bad][1], bad) is not None and sum(_terms(inputs, chunks[bad][1], bad)) < n:
+        return Text(f"랭크 {rank}은(는) 청크 {good[0]}만 완성된 합입니다: reduce-scatter 뒤의 all-gather 단계가 없거나, 완성된 "
+                    "청크부터 보내지 않습니다(k번째 단계에 보내는 청크 번호를 확인하세요).",
+                    f"rank {rank} holds the complete sum in chunk {good[0]} only: the all-gather phase after the "
+                    "reduce-scatter is missing, or it does not start from the finished chunk (check the chunk index "
+                    "it sends at step k).")
+    return _ring_mistake(inputs, rank, bad, chunks[bad][1])
 
 
 def _judge(kind, phases):
@@ -122,10 +202,12 @@ def _judge(kind, phases):
                                    "reduce-scatter leaves its input alone and returns a new tensor: clone before you "
                                    "cut it into chunks."))
             if not close(want, got):
-                what = {"all_reduce": "tensor (in place)", "reduce_scatter": f"chunk {rank}",
-                        "all_gather": "gathered tensor"}[kind]
-                return failed(case, mismatch(Text(f"rank {rank}, {what}:", f"rank {rank}, {what}:"), want, got),
-                              _value_hint(kind, n, rank, want, got))
+                what_ko = {"all_reduce": "tensor(제자리)", "reduce_scatter": f"청크 {rank}", "all_gather": "모은 텐서"}[kind]
+                what_en = {"all_reduce": "tensor (in place)", "reduce_scatter": f"chunk {rank}",
+                           "all_gather": "gathered tensor"}[kind]
+                inputs = [_inputs(r, shape, seed) for r in range(n)]
+                return failed(case, mismatch(Text(f"랭크 {rank}, {what_ko}:", f"rank {rank}, {what_en}:"), want, got),
+                              _value_hint(kind, n, rank, want, got, inputs))
         numel = torch.Size(shape).numel() * (n if kind == "all_gather" else 1)
         problem = _bytes_problem(case, outputs, n, numel, 4, phases)
         return problem or passed(case)

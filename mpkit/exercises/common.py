@@ -62,24 +62,41 @@ def close(expected: torch.Tensor, got, tol: float = TOL) -> bool:
     return largest_difference(expected, got) <= tol * scale
 
 
-def _short(t) -> str:
-    if not isinstance(t, torch.Tensor):
-        return repr(t)
+def _values(t, start: int) -> str:
     flat = t.detach().reshape(-1)
-    values = ", ".join(f"{v:.4g}" for v in flat[:6].tolist()) + (", ..." if flat.numel() > 6 else "")
-    return f"shape {tuple(t.shape)} [{values}]"
+    shown = ", ".join(f"{v:.4g}" for v in flat[start:start + 6].tolist())
+    return ("..., " if start else "") + shown + (", ..." if flat.numel() > start + 6 else "")
+
+
+def _short(t, start: int = 0) -> Text:
+    if not isinstance(t, torch.Tensor):
+        return Text(repr(t), repr(t))
+    return Text(f"모양 {tuple(t.shape)} [{_values(t, start)}]", f"shape {tuple(t.shape)} [{_values(t, start)}]")
+
+
+def first_difference(expected: torch.Tensor, got: torch.Tensor, tol: float = TOL) -> int:
+    """The flat index of the first element that differs beyond ``tol`` (what a message shows first)."""
+    scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
+    far = ((expected.double() - got.detach().double()).abs() > tol * scale).reshape(-1).nonzero()
+    return int(far[0]) if len(far) else 0
 
 
 def mismatch(where: Text, expected, got) -> Text:
-    """"<where>: expected ... got ... (largest difference d)" — what a failing comparison says."""
+    """"<where>: expected ... got ... (largest difference d)" — what a failing comparison says,
+    starting at the first element that differs (with its index), not at identical leading values."""
     if isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape != expected.shape:
         return where + Text(f"모양이 {tuple(expected.shape)}이어야 하는데 {tuple(got.shape)}입니다.",
                             f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}.")
     if not isinstance(got, torch.Tensor):
         return where + Text(f"텐서를 기대했는데 {got!r}을(를) 받았습니다.", f"expected a tensor, got {got!r}.")
     d = largest_difference(expected, got)
-    return where + Text(f"기댓값 {_short(expected)}, 실제 {_short(got)} (최대 차이 {d:.3g}).",
-                        f"expected {_short(expected)}, got {_short(got)} (largest difference {d:.3g}).")
+    i = first_difference(expected, got)
+    at = tuple(int(k) for k in torch.unravel_index(torch.tensor(i), expected.shape)) if expected.dim() > 1 else i
+    first = (Text(f"처음 다른 원소는 인덱스 {at}:", f"first difference at index {at}:")
+             if i or expected.numel() > 6 else Text("", ""))
+    want, have = _short(expected, i), _short(got, i)
+    return where + first + Text(f"기댓값 {want.ko}, 실제 {have.ko} (최대 차이 {d:.3g}).",
+                                f"expected {want.en}, got {have.en} (largest difference {d:.3g}).")
 
 
 def ratio(expected: torch.Tensor, got) -> float | None:
@@ -97,18 +114,21 @@ def factor_hint(factor: float | None, n: int, wanted: str = "average") -> Text |
     apart by what the exercise wants: the ``"average"`` over ranks or their ``"sum"``."""
     if factor is None:
         return None
-    too_large = Text("결과가 정확히 world size배입니다: 나누지 않은 합이거나, reduce를 한 번 더 했습니다.",
+    too_large = Text("결과가 정확히 world_size배입니다: 나누지 않은 합이거나, reduce를 한 번 더 했습니다.",
                      "the result is exactly world-size times too large: a sum never divided by the world size, or "
                      "one reduction too many.")
-    too_small = (Text("결과가 world size로 한 번 더 나뉘었습니다: 두 번 나누었거나, 평균을 낸 뒤 또 나누었습니다.",
+    too_small = (Text("결과가 world_size로 한 번 더 나뉘었습니다: 두 번 나누었거나, 평균을 낸 뒤 또 나누었습니다.",
                       "the result is divided by the world size once too often: divided twice, or an average divided "
                       "again.") if wanted == "average" else
-                 Text("결과가 합이 아니라 평균입니다: 여기서는 world size로 나누지 마세요.",
+                 Text("결과가 합이 아니라 평균입니다: 여기서는 world_size로 나누지 마세요.",
                       "the result is the average, not the sum: do not divide by the world size here."))
-    squared = Text("결과가 world size의 제곱배입니다: 같은 텐서를 두 번 합했습니다(예: 두 번 all-reduce).",
+    squared = Text("결과가 world_size의 제곱배입니다: 같은 텐서를 두 번 합했습니다(예: 두 번 all-reduce).",
                    "the result is world-size squared times too large: the same tensor was summed twice (e.g. "
                    "all-reduced twice).")
-    for value, hint in ((n, too_large), (1 / n, too_small), (n * n, squared)):
+    divided_twice = Text("결과가 world_size의 제곱으로 나뉘었습니다: 두 곳에서 나누었습니다(예: 역전파 두 군데에서 평균).",
+                         "the result is divided by the world size squared: it was divided in two places (e.g. two "
+                         "backward passes that average).")
+    for value, hint in ((n, too_large), (1 / n, too_small), (n * n, squared), (1 / (n * n), divided_twice)):
         if abs(factor - value) <= 1e-3 * value:
             return hint
     return None
@@ -165,6 +185,12 @@ OWN_GRADIENT = Text("이 랭크 자신의 그래디언트 그대로입니다: �
                     "another tensor or a copy was all-reduced and never put back into p.grad in place).")
 
 
+TWICE = Text("그래디언트가 정확히 두 배입니다: 같은 그래디언트가 두 번 쌓였습니다(안쪽 역전파가 .grad에 쌓은 것을 backward가 또 "
+             "돌려주었거나, 역전파를 두 번 했습니다).",
+             "the gradient is exactly twice the right one: it was accumulated twice (an inner backward already added "
+             "it to .grad and backward returned it again, or the backward ran twice).")
+
+
 def compare_grads(case, rank, expected: dict, got: dict, n: int, local: dict | None = None, wanted="average"):
     """The first parameter whose gradient differs, as a failed CaseResult with the hint for the
     mistake it shows (a factor of the world size, a rank that kept its own gradient, a frozen
@@ -184,7 +210,10 @@ def compare_grads(case, rank, expected: dict, got: dict, n: int, local: dict | N
                           Text("역전파가 이 파라미터에 닿지 않았거나 그래디언트를 지웠습니다.",
                                "the backward never reached this parameter, or its gradient was cleared."))
         if not close(want, have):
-            hint = factor_hint(ratio(want, have), n, wanted)
+            factor = ratio(want, have)
+            hint = factor_hint(factor, n, wanted)
+            if hint is None and factor is not None and n != 2 and abs(factor - 2) < 2e-3:
+                hint = TWICE
             if hint is None and local is not None and local.get(name) is not None and close(local[name], have):
                 hint = OWN_GRADIENT
             return failed(case, mismatch(where, want, have), hint)

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from mpkit.exercises import harness
-from mpkit.exercises.common import NONE_GRAD, OWN_GRADIENT, Case, Exercise, batch, compare_grads, failed, grads, mlp, passed
+from mpkit.exercises.common import (NONE_GRAD, OWN_GRADIENT, Case, Exercise, batch, close, compare_grads, failed, grads,
+                                    mlp, passed)
 from mpkit.exercises.result import Text
 
 ROWS = 8
@@ -43,21 +44,24 @@ def _train(ctx, recorder, seed, sizes, steps, after_backward, before=None):
     model = mlp(seed, sizes)
     helper = before(model) if before else None
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    out, unwaited = [], []
+    out, unwaited, waited_in_backward = [], [], []
     for step in range(steps):
         x, y = batch(seed + step, ROWS, sizes[0], sizes[-1])
         rows = _rows(ctx.rank, ctx.world_size)
         opt.zero_grad()  # torch's default: set_to_none=True
         recorder.phase = f"backward {step}"
         loss = F.cross_entropy(model(x[rows]), y[rows])
+        started = len(recorder.calls)
         recorder.call(loss.backward)  # the learner's hooks, if any, run inside backward
+        # asynchronous works started in the backward and already waited on there: the backward blocked
+        waited_in_backward.append(sum(not c.blocking for c in recorder.calls[started:]) - len(recorder.pending))
         recorder.phase = f"sync {step}"
         recorder.call(after_backward, model, helper)
         out.append(grads(model))
         unwaited.append(len(recorder.pending))  # works the step's gradients were read without waiting for
         recorder.pending.clear()
         opt.step()
-    return {"grads": out, "unwaited": unwaited}
+    return {"grads": out, "unwaited": unwaited, "waited_in_backward": waited_in_backward}
 
 
 UNWAITED_HINT = Text("비동기 all-reduce(async_op=True)의 결과를 wait() 없이 썼습니다: 쓰기 전에 work.wait()를 부르세요.",
@@ -66,6 +70,24 @@ UNWAITED_HINT = Text("비동기 all-reduce(async_op=True)의 결과를 wait() �
 LATER_STEP_HINT = Text("첫 스텝은 맞고 그다음 스텝이 틀립니다: 이전 스텝의 상태(버킷 카운터, 남은 work, 그래디언트)를 "
                        "초기화하지 않았습니다.", "the first step is right and a later one wrong: state from the previous step "
                        "(a bucket counter, pending works, gradients) was not reset.")
+
+
+FROZEN_HOOK = ("doesn't require gradient", Text("고정된(requires_grad=False) 파라미터에는 훅을 걸 수 없고 그래디언트도 없습니다: "
+                                               "requires_grad인 파라미터만 버킷에 넣으세요.",
+                                               "a frozen parameter (requires_grad=False) takes no hook and never gets a "
+                                               "gradient: put only the parameters with requires_grad in buckets."))
+BROADCAST = Text("모든 랭크가 랭크 0의 그래디언트를 가졌습니다: broadcast는 한 랭크의 값을 복사할 뿐 평균을 내지 않습니다. "
+                 "all-reduce(합)한 뒤 world_size로 나누세요.",
+                 "every rank holds rank 0's gradient: a broadcast copies one rank's value, it does not average. "
+                 "All-reduce (sum), then divide by the world size.")
+
+
+def _copied_from_rank0(outputs, seed, sizes, steps, step) -> bool:
+    """Does every rank hold rank 0's own gradient (a broadcast where an average belongs)?"""
+    rank0 = _reference(seed, sizes, steps, _rows(0, len(outputs)))[step]
+    return len(outputs) > 1 and all(
+        want is None or (o["out"]["grads"][step].get(name) is not None and close(want, o["out"]["grads"][step][name]))
+        for o in outputs for name, want in rank0.items())
 
 
 def _judge_grads(case, outputs, seed, sizes, steps):
@@ -77,6 +99,8 @@ def _judge_grads(case, outputs, seed, sizes, steps):
             if problem:  # again with the rank's own gradient, to recognise one that was never averaged
                 local = _reference(seed, sizes, steps, _rows(rank, n))[step]
                 problem = compare_grads(case, rank, expected[step], output["out"]["grads"][step], n, local)
+                if problem.hint in (None, OWN_GRADIENT) and _copied_from_rank0(outputs, seed, sizes, steps, step):
+                    problem.hint = BROADCAST
                 if output["out"]["unwaited"][step] and problem.hint is None:
                     problem.hint = UNWAITED_HINT
                 if step > 0:
@@ -166,6 +190,15 @@ def _judge_buckets(case, cls, timeout):
                                    "그래야 통신이 나머지 역전파와 겹칩니다.",
                                    "in the hook only start it, dist.all_reduce(flat, async_op=True), and wait() in "
                                    "finish(): that is what overlaps the communication with the rest of the backward."))
+            if output["out"]["waited_in_backward"][step] > 0:
+                return failed(case, where + Text("all-reduce를 async_op=True로 시작했지만 역전파 안에서(훅에서) wait()했습니다: "
+                                                 "역전파가 그 통신이 끝날 때까지 멈추니 겹침이 없습니다.",
+                                                 "the all-reduce was started with async_op=True but wait()ed on inside the "
+                                                 "backward (in the hook): the backward stops until it finishes, so nothing "
+                                                 "overlaps."),
+                              Text("async_op=True 플래그만으로는 겹치지 않습니다: 훅에서는 Work를 저장만 하고, 역전파가 끝난 뒤 "
+                                   "finish()에서 모두 wait()하세요.", "the async_op flag alone does not overlap anything: "
+                                   "in the hook only keep the Work, and wait() on every one in finish(), after the backward."))
             if not any(c.phase == f"backward {step}" for c in reduces):
                 return failed(case, where + Text("모든 all-reduce가 backward가 끝난 뒤에 시작했습니다.",
                                                  "every all-reduce started after the backward had finished."),
@@ -210,7 +243,7 @@ EXERCISES = [
              "average = (sum over ranks) / world_size; all-reduce gives the sum."),
         Text("for p in model.parameters():\n    if p.grad is not None:\n        dist.all_reduce(p.grad); p.grad /= ctx.world_size",
              "for p in model.parameters():\n    if p.grad is not None:\n        dist.all_reduce(p.grad); p.grad /= ctx.world_size")),
-        [Case(Text("2 rank", "2 ranks"), 2, {"seed": 1, "sizes": SIZES, "steps": 1}),
+        [Case(Text("2 랭크", "2 ranks"), 2, {"seed": 1, "sizes": SIZES, "steps": 1}),
          Case(Text("4 랭크, 고정된 레이어", "4 ranks, a frozen layer"), 4, {"seed": 2, "sizes": SIZES_6, "steps": 1}),
          Case(Text("2 랭크, 2 스텝(zero_grad 기본값)", "2 ranks, 2 steps (zero_grad's defaults)"), 2,
               {"seed": 3, "sizes": SIZES, "steps": 2})],
@@ -237,5 +270,5 @@ EXERCISES = [
               {"seed": 5, "sizes": BIG, "steps": 1, "bucket_mb": 4096 / 2**20}),
          Case(Text("4 랭크, 4 KB 버킷, 2 스텝", "4 ranks, 4 KB buckets, 2 steps"), 4,
               {"seed": 6, "sizes": BIG, "steps": 2, "bucket_mb": 4096 / 2**20})],
-        _judge_buckets, uses="class", crash_hints=(NONE_GRAD,), target="BucketedGradientSync"),
+        _judge_buckets, uses="class", crash_hints=(NONE_GRAD, FROZEN_HOOK), target="BucketedGradientSync"),
 ]

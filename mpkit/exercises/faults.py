@@ -58,7 +58,12 @@ def _reshard_hint(numel, n, m, got):
     inclusive = [[(r, a, b - 1) for r, a, b in rank] for rank in dcp_reads(numel, n, m)]
     floor = [[(r, max(a, lo), min(b, hi)) for r, (a, b) in enumerate(_floor_bounds(numel, n)) if a < hi and lo < b]
              for lo, hi in _floor_bounds(numel, m)]
+    local = [[(r, a - chunk_bounds(numel, n)[r][0], b - chunk_bounds(numel, n)[r][0]) for r, a, b in rank]
+             for rank in dcp_reads(numel, n, m)]
     for variant, hint in (
+            (local, Text("범위를 저장 조각 안의 위치(지역 오프셋)로 적었습니다: start와 stop은 전체 텐서의 위치(전역 오프셋)입니다.",
+                         "you gave offsets local to the saved chunk: start and stop are positions in the whole tensor "
+                         "(global offsets).")),
             (whole, Text("저장된 조각을 통째로 읽었습니다: 겹치는 부분 [max(시작), min(끝))만 복사합니다(파일 읽기는 조각째일 수 있지만, "
                          "복사하는 범위는 겹침뿐).", "you listed whole saved chunks: a rank copies only the overlap "
                          "[max(starts), min(stops)) (the file reader may read the chunk whole; what it copies is the "
@@ -70,6 +75,10 @@ def _reshard_hint(numel, n, m, got):
                          "numel % ranks chunks."))):
         if _normal(variant) == got:
             return hint
+    if got is not None and any(a >= b for rank in got for _, a, b in rank):
+        return Text("빈 읽기(start >= stop)가 있습니다: 겹치지 않는 저장 조각은 빼세요(길이 0인 범위는 목록에 넣지 않습니다).",
+                    "some reads are empty (start >= stop): leave out the saved chunks that do not overlap (no "
+                    "zero-length ranges in the list).")
     return None
 
 
@@ -113,6 +122,11 @@ def _interval_hint(args, got_every, got_waste):
     if got_every == round(young_interval(c, m)) or got_every == young_interval(c, m):
         return Text("초를 돌려주었습니다: τ를 스텝 시간으로 나눈 스텝 수(정수)를 돌려주세요.",
                     "you returned seconds: return a number of steps, τ divided by the step time.")
+    exact = young_interval(c, m) / step
+    if got_every in (math.floor(exact), math.ceil(exact)) and got_every != max(1, round(exact)):
+        return Text(f"τ/스텝 = {exact:.2f}을(를) 가장 가까운 정수가 아니라 내림(floor)이나 올림으로 바꾸었습니다: round()로 가장 "
+                    "가까운 스텝 수를 고르세요(최소 1).", f"τ/step = {exact:.2f} was rounded down (floor) or up instead of to "
+                    "the nearest whole step: use round() (at least 1).")
     tau = got_every * step if isinstance(got_every, (int, float)) else None
     if tau and isinstance(got_waste, (int, float)):
         if math.isclose(got_waste, c / tau + tau / m, rel_tol=1e-6):

@@ -67,7 +67,7 @@ def _batch(seed, step):
 
 def _reference(seed, n):
     """Per step: each unit's shard gradients (averaged: the whole batch's), then the shards after
-    the step; ``"sum"``: the same with the gradient summed over ranks (for the hint)."""
+    the step; ``"transposed"``: the gradients with W's laid out transposed (for the hint)."""
     model = _full_model(seed)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     out = []
@@ -76,8 +76,9 @@ def _reference(seed, n):
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
         grads = [_shards(_flat(lin, grad=True), n) for lin in _linears(model)]
+        transposed = [_shards(torch.cat([lin.weight.grad.t().reshape(-1), lin.bias.grad]), n) for lin in _linears(model)]
         opt.step()
-        out.append({"grads": grads, "shards": [_shards(_flat(lin), n) for lin in _linears(model)]})
+        out.append({"grads": grads, "transposed": transposed, "shards": [_shards(_flat(lin), n) for lin in _linears(model)]})
     return out
 
 
@@ -117,9 +118,15 @@ def _body(ctx, recorder, fn, seed):
     return {"steps": steps, "held": max(held.values(), default=0)}
 
 
-SUMMED = Text("그래디언트를 reduce-scatter로 합하기만 하고 world size로 나누지 않았습니다: 랭크마다 다른 행으로 학습했으니 평균이 "
+SUMMED = Text("그래디언트를 reduce-scatter로 합하기만 하고 world_size로 나누지 않았습니다: 랭크마다 다른 행으로 학습했으니 평균이 "
               "배치 전체의 그래디언트입니다.", "the reduce-scatter summed the gradients and never divided by the world size: "
               "the ranks trained on different rows, so their average is the whole batch's gradient.")
+
+
+TRANSPOSED = Text("W의 그래디언트가 전치(transpose)된 배치입니다: W는 (out, in) 모양이니 grad_W = grad_outᵀ·x이고, xᵀ·grad_out이 "
+                  "아닙니다. 펼치기 전에 모양이 W.shape과 같은지 보세요.",
+                  "W's gradient is laid out transposed: W has shape (out, in), so grad_W = grad_outᵀ·x, not xᵀ·grad_out. "
+                  "Check that it has W's shape before you flatten it.")
 
 
 def _values(case, outputs, expected, n):
@@ -137,6 +144,8 @@ def _values(case, outputs, expected, n):
                 if not close(want["grads"][u][rank], have):
                     factor = ratio(want["grads"][u][rank], have)
                     hint = SUMMED if factor is not None and abs(factor - n) < 1e-3 * n else factor_hint(factor, n)
+                    if hint is None and close(want["transposed"][u][rank], have):
+                        hint = TRANSPOSED
                     return failed(case, mismatch(where + Text("샤드 그래디언트:", "shard gradient:"), want["grads"][u][rank], have),
                                   hint or Text("평평한(flat) 그래디언트는 W를 펼친 것 다음 b이고, 0으로 채워(padding) N개의 같은 "
                                                "샤드로 나눕니다: 랭크 r의 몫은 r번째 조각입니다.",
@@ -240,6 +249,10 @@ CRASH_HINTS = (
                                                       "backward's second value is the gradient of this rank's shard "
                                                       "(shard.numel() elements): return the reduce-scattered piece, not the "
                                                       "whole flat gradient.")),
+    ("outputShape[0] * worldSize == inputShape[0]", Text("reduce_scatter_tensor의 입력은 정확히 N·shard.numel()개여야 합니다: "
+                                                         "평평한 그래디언트를 0으로 채워(pad) 그 길이로 맞춘 뒤 보내세요.",
+                                                         "reduce_scatter_tensor's input must hold exactly N·shard.numel() "
+                                                         "elements: zero-pad the flat gradient to that length first.")),
     ("world_size times", Text("all_gather_into_tensor의 출력은 N·shard.numel()개, reduce_scatter_tensor의 입력도 N·shard.numel()개"
                               "(패딩 포함)입니다.", "all_gather_into_tensor's output holds N·shard.numel() elements, and so does "
                               "reduce_scatter_tensor's input (padding included).")),

@@ -100,6 +100,18 @@ def _cost_problem(case, outputs, n, numel, element_size):
     return None
 
 
+def _order_hint(n, calls):
+    """The doubling run with the halving's partner order (d = N/2 first) instead of in reverse."""
+    peers = [c.peer for c in calls if c.kind == "send" and c.numel]
+    rounds = n.bit_length() - 1
+    if n >= 4 and len(peers) == 2 * rounds and peers[rounds:] == peers[:rounds]:
+        return Text("모으기(doubling)가 반씩 나누기와 같은 순서로 짝을 돕니다: 거꾸로(d = 1, 2, ..., N/2) 돌아야 각 라운드에 "
+                    "완성된 범위를 짝과 맞바꿉니다.",
+                    "the doubling visits the partners in the halving's order: it must run them in reverse order (d = 1, "
+                    "2, ..., N/2) so that each round swaps a complete range with the partner.")
+    return None
+
+
 def _value_hint(n, rank, expected, got):
     hint = factor_hint(ratio(expected, got), n, "sum")
     if hint is not None or not isinstance(got, torch.Tensor) or got.shape != expected.shape:
@@ -140,7 +152,7 @@ def _judge(case, fn, timeout):
                                "all-reduce works in place: add and copy into slices (views) of tensor.view(-1)."))
         if not close(want, got):
             return failed(case, mismatch(Text(f"랭크 {rank}, tensor:", f"rank {rank}, tensor:"), want, got),
-                          _value_hint(n, rank, want, got))
+                          _order_hint(n, output["calls"]) or _value_hint(n, rank, want, got))
     problem = _cost_problem(case, outputs, n, torch.Size(shape).numel(), 4)
     if problem:
         return problem

@@ -30,20 +30,42 @@ def _order_hint(layout, got_of):
                 "invert rank = (dp·PP + pp)·TP + tp: tp = rank % TP, then pp = (rank // TP) % PP, dp = rank // (TP·PP).")
 
 
+PROBE = Layout(2, 3, 4)  # sizes all different: a reversed tuple and a reversed layout look alike only on a cube
+
+
+def _reversed_everywhere(values, layout) -> bool:
+    """Is every value the right coordinates in reverse, (tp, pp, dp)?"""
+    return all(isinstance(v, (tuple, list)) and list(v)[::-1] == [layout.coords(r)[d] for d in DIMS]
+               for r, v in enumerate(values))
+
+
 def _judge_coords(case, fn, timeout):
     layout = Layout(*case.params["layout"])
     calls = [(rank, layout.dp, layout.pp, layout.tp) for rank in range(layout.world_size)]
-    got = pure_results(fn, calls, timeout)
+    probe = [(rank, PROBE.dp, PROBE.pp, PROBE.tp) for rank in range(PROBE.world_size)]
+    results = pure_results(fn, calls + probe, timeout)
+    got, probed = results[:len(calls)], results[len(calls):]
 
     def as_dict(value):
         return dict(zip(DIMS, value)) if isinstance(value, (tuple, list)) and len(value) == 3 else value
     for rank, value in enumerate(got):
         want = {d: layout.coords(rank)[d] for d in DIMS}
         if as_dict(value) != want:
-            hint = None
-            if isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()):
-                hint = Text("순서가 거꾸로입니다: (dp, pp, tp) 순서로 돌려주세요.", "the order is reversed: return (dp, pp, tp).")
-            elif isinstance(as_dict(value), dict) and all(isinstance(as_dict(value).get(d), int) for d in DIMS) and \
+            hint, seen, seen_in = None, got, layout
+            outside = [d for d in DIMS if isinstance(as_dict(value), dict) and isinstance(as_dict(value).get(d), int)
+                       and not 0 <= as_dict(value)[d] < getattr(layout, d)]
+            if outside:
+                hint = Text(f"{outside[0]}_index {as_dict(value)[outside[0]]}이(가) 범위 0..{getattr(layout, outside[0]) - 1}을 "
+                            f"벗어났습니다: 안쪽 차원의 좌표는 나머지(modulo, % {outside[0]}) 연산으로 구하세요.",
+                            f"{outside[0]}_index {as_dict(value)[outside[0]]} is out of range 0..{getattr(layout, outside[0]) - 1}: "
+                            f"take an inner coordinate modulo its size (% {outside[0]}).")
+            if hint is None and isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()) and \
+                    _reversed_everywhere(probed, PROBE):
+                hint = Text("배치는 맞는데 돌려준 순서가 거꾸로입니다: (tp, pp, dp)가 아니라 (dp, pp, tp) 순서로 돌려주세요.",
+                            "the layout is right but the order of the tuple is reversed: return (dp, pp, tp), not (tp, pp, dp).")
+            elif hint is None and isinstance(value, (tuple, list)) and list(value)[::-1] == list(want.values()):
+                seen, seen_in = probed, PROBE  # a cube hides it: the layout is reversed (dp innermost), seen on 2x3x4
+            if isinstance(as_dict(value), dict) and all(isinstance(as_dict(value).get(d), int) for d in DIMS) and \
                     all(as_dict(value)[d] == want[d] + 1 for d in DIMS):
                 hint = Text("좌표는 0부터 셉니다: 랭크 0은 (0, 0, 0)입니다.", "coordinates count from 0: rank 0 is (0, 0, 0).")
             if hint is not None:
@@ -51,12 +73,20 @@ def _judge_coords(case, fn, timeout):
                                          f"rank {rank}: expected (dp, pp, tp) = {tuple(want.values())}, got {value!r}."), hint)
             return failed(case, Text(f"랭크 {rank}: 기댓값 (dp, pp, tp) = {tuple(want.values())}, 실제 {value!r}.",
                                      f"rank {rank}: expected (dp, pp, tp) = {tuple(want.values())}, got {value!r}."),
-                          _order_hint(layout, lambda r: as_dict(got[r]) if isinstance(as_dict(got[r]), dict) else {}))
+                          _order_hint(seen_in, lambda r: as_dict(seen[r]) if isinstance(as_dict(seen[r]), dict) else {}))
     return passed(case)
 
 
 def _normal(groups):
     return sorted(sorted(int(r) for r in g) for g in groups)
+
+
+def _mixed_dims(layout, groups, dim) -> list:
+    """The dimensions other than ``dim`` in which members of one of ``groups`` differ."""
+    if not isinstance(groups, list) or not all(isinstance(g, list) and all(0 <= r < layout.world_size for r in g)
+                                               for g in groups):
+        return []
+    return [d for d in DIMS if d != dim and any(len({layout.coords(r)[d] for r in g}) > 1 for g in groups)]
 
 
 def _judge_groups(case, fn, timeout):
@@ -77,6 +107,15 @@ def _judge_groups(case, fn, timeout):
                               Text("크기가 1인 차원에도 그룹이 있습니다: 랭크마다 하나씩, 크기 1인 그룹들.",
                                    "a dimension of size 1 still has groups: one per rank, each of size 1."))
             swapped = next((d for d in DIMS if d != dim and _normal(layout.groups(d)) == have), None)
+            mixed = _mixed_dims(layout, have, dim)
+            if swapped is None and mixed:
+                hint = Text(f"{dim} 그룹이 {', '.join(mixed)} 좌표도 다른 랭크들을 묶었습니다: 한 {dim} 그룹은 {dim} 좌표만 다르고 "
+                            "나머지 두 좌표는 같은 랭크들입니다. mpkit에서는 tp가 가장 안쪽, 그다음 pp, dp가 가장 바깥입니다.",
+                            f"your {dim} groups join ranks that also differ in {', '.join(mixed)}: a {dim} group holds the "
+                            f"ranks that differ only in their {dim} coordinate (the other two coordinates equal); in "
+                            "mpkit tp is innermost, then pp, with dp outermost.")
+                return failed(case, Text(f"{dim} 그룹: 기댓값 {want}, 실제 {have}.", f"{dim} groups: expected {want}, got {have}."),
+                              hint)
             hint = (Text(f"'{dim}'에 넣은 그룹은 {swapped} 그룹입니다: 한 {dim} 그룹은 {dim} 좌표만 다른 랭크들입니다.",
                          f"what you gave as '{dim}' are the {swapped} groups: a {dim} group is the ranks that differ only "
                          f"in their {dim} coordinate.") if swapped else

@@ -116,6 +116,11 @@ def _sp_hint(key, want, got, n, rank, calls, extra):
         hint = factor_hint(ratio(want - extra["rest"][rank], got - extra["rest"][rank]), n, "sum") \
             if isinstance(got, torch.Tensor) and got.shape == want.shape else None
         return hint or ORDER
+    through = extra["residual"][rank] if key == "x" else 0   # x's gradient: the residual's plus the block's
+    factor = factor_hint(ratio(want - through, got - through), n, "sum") \
+        if isinstance(got, torch.Tensor) and got.shape == want.shape else None
+    if factor is not None:
+        return factor
     if key == "x" and isinstance(got, torch.Tensor) and close(extra["sliced"][rank], got):
         return GATHER_BACKWARD
     if not set(kinds(calls, "backward")) & {*GATHERS, "all_reduce", "send"}:
@@ -124,10 +129,11 @@ def _sp_hint(key, want, got, n, rank, calls, extra):
 
 
 def _sp_alternatives(seed, seq, n, grad_out):
-    """What the classic mistakes give: the output without the sum (each rank its own partial), and
-    the input gradient when Gather's backward only slices (each rank its own partial)."""
+    """What the classic mistakes give: the output without the sum (each rank its own partial), the
+    input gradient when Gather's backward only slices (each rank its own partial), and the part of
+    the input gradient that comes through the residual (the rest goes through the block)."""
     w = _weights(seed, seq)
-    no_sum, rest, sliced = [], [], []
+    no_sum, rest, sliced, residual = [], [], [], []
     for rank in range(n):
         rows = _tokens(rank, n, seq)
         x = w["x"].clone().requires_grad_()
@@ -136,7 +142,8 @@ def _sp_alternatives(seed, seq, n, grad_out):
         rest.append(w["x"][rows] + w["b2"])
         no_sum.append(rest[-1] + mine.detach()[rows])
         sliced.append(grad_out[rows] + x.grad[rows])
-    return {"no_sum": no_sum, "rest": rest, "sliced": sliced}
+        residual.append(grad_out[rows])
+    return {"no_sum": no_sum, "rest": rest, "sliced": sliced, "residual": residual}
 
 
 def _sp_cost(case, outputs, n, seq):
@@ -225,6 +232,9 @@ SP_CRASH_HINTS = (
           "ReduceScatter는 [s, b, h]([s/N, b, h] 그래디언트를 all-gather).",
           "a backward returns a gradient shaped like its forward's input: Gather's is [s/N, b, h] (reduce-scatter the "
           "[s, b, h] gradient), ReduceScatter's [s, b, h] (all-gather the [s/N, b, h] gradient).")),
+    ("at non-singleton dimension 1", Text("시퀀스는 차원 0입니다([s, b, h]): 모으기와 reduce-scatter는 dim=0을 따라 하세요"
+                                          "(차원 1은 배치).", "the sequence is dimension 0 ([s, b, h]): gather and "
+                                          "reduce-scatter along dim=0 (dimension 1 is the batch).")),
     ("world_size times", Text("all_gather_into_tensor의 출력은 입력의 N배(차원 0), reduce_scatter_tensor의 입력은 출력의 N배입니다.",
                               "all_gather_into_tensor's output is N times its input (along dimension 0), and "
                               "reduce_scatter_tensor's input N times its output.")),

@@ -63,7 +63,7 @@ def _judge(case, fn, timeout):
                                "only the last rank has the loss: the other ranks return None."))
     got_loss = outputs[-1]["out"]["loss"]
     if not isinstance(got_loss, float) or not close(loss.detach(), torch.tensor(got_loss)):
-        return failed(case, mismatch(Text(f"마지막 rank({n - 1})가 돌려준 손실:", f"the loss the last rank ({n - 1}) returned:"),
+        return failed(case, mismatch(Text(f"마지막 랭크({n - 1})가 돌려준 손실:", f"the loss the last rank ({n - 1}) returned:"),
                                      loss.detach(), torch.tensor(got_loss) if isinstance(got_loss, float) else got_loss),
                       Text("마지막 랭크는 loss_fn(출력, y)를 계산해 그 값(float 또는 텐서)을 돌려줘야 합니다.",
                            "the last rank computes loss_fn(output, y) and returns it (a float or a tensor)."))
@@ -106,8 +106,8 @@ EXERCISES = [
              "r>0: a = torch.empty(act_shape); recv(a, r-1); a.requires_grad_()  (r=0: a = x)\nout = stage(a)\n"
              "last: loss = loss_fn(out, y); loss.backward()  else: send(out.detach(), r+1); g = empty; recv(g, r+1); "
              "out.backward(g)\nr>0: send(a.grad, r-1)")),
-        [Case(Text("2 rank", "2 ranks"), 2, {"seed": 11, "frozen": None}),
-         Case(Text("4 rank", "4 ranks"), 4, {"seed": 12, "frozen": None}),
+        [Case(Text("2 랭크", "2 ranks"), 2, {"seed": 11, "frozen": None}),
+         Case(Text("4 랭크", "4 ranks"), 4, {"seed": 12, "frozen": None}),
          Case(Text("4 랭크, 랭크 1의 레이어 고정", "4 ranks, rank 1's layer frozen"), 4, {"seed": 13, "frozen": 1})],
         _judge, crash_hints=(("NoneType", Text("None을 보내려 했습니다: 받은 활성값에 requires_grad_()를 켜지 않으면 역전파 뒤에도 "
                                                ".grad가 None입니다.", "something sent or used is None: a received activation "

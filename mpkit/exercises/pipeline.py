@@ -4,7 +4,8 @@ The learner writes ``schedule(rank, p, m)`` -> rank's list of mpkit's pipeline i
 checker takes every rank's list and (1) checks each micro-batch is computed once forward and once
 backward, (2) plays the lists on the simulator (a deadlock or mismatched messages is named there,
 with where each rank waits), (3) checks the schedule's defining property — GPipe: every forward
-before any backward; 1F1B: rank r never holds more than p - r micro-batches' activations — and
+before any backward; 1F1B: rank r never holds more than p - r micro-batches' activations and the
+unit-cost bubble is 1F1B's (p-1)/(m+p-1), so running F_k B_k with no overlap fails — and
 (4) runs the lists for real with mpkit's executor: every stage's gradients must equal the
 unsplit model's. Any valid order passes: nothing is compared with the reference's list.
 """
@@ -81,7 +82,8 @@ def _computations(case, where, program, mine, m, kinds):
         for stage in mine:
             done = sorted(i.mb for i in program if isinstance(i, kind) and i.stage == stage)
             if done != list(range(m)):
-                held = (Text(f"(이 랭크는 스테이지 {mine}을(를) 가집니다)", f"(this rank holds stages {mine})") if len(mine) > 1
+                held = (Text(f"(스테이지 s는 랭크 s % p에 있습니다: 이 랭크는 스테이지 {mine}을(를) 가집니다)",
+                             f"(stage s lives on rank s % p: this rank holds stages {mine})") if len(mine) > 1
                         else Text("", ""))
                 return failed(case, where + Text(f"{kind.__name__}(mb, stage={stage})가 마이크로배치 0..{m - 1}마다 정확히 한 번씩 "
                                                  f"있어야 하는데 {done}입니다.",
@@ -102,6 +104,9 @@ def _structure(case, programs, p, m, where=None, kinds=WHOLE):
     last = len(where) - 1
     for rank, program in enumerate(programs):
         at = Text(f"랭크 {rank}의 목록:", f"rank {rank}'s list:")
+        if program is None:
+            return failed(case, at + Text("None입니다: 함수가 목록을 돌려주지 않았습니다(return이 빠졌나요?).",
+                                          "None: the function returned no list (a missing return?)."))
         if not isinstance(program, list) or not all(isinstance(i, KINDS) for i in program):
             return failed(case, at + Text("명령(Forward, Backward, SendAct, ...)의 list여야 합니다.",
                                           "must be a list of instructions (Forward, Backward, SendAct, ...)."))
@@ -118,8 +123,10 @@ def _structure(case, programs, p, m, where=None, kinds=WHOLE):
                 continue
             what = (Text(f"{ins}: 이 랭크에는 스테이지 {ins.stage}가 없습니다.", f"{ins}: this rank does not hold stage {ins.stage}.")
                     if ins.stage not in mine else
-                    Text(f"{ins}: 스테이지 {ins.stage}에는 이런 메시지가 없습니다(그쪽에 이웃 스테이지가 없음).",
-                         f"{ins}: stage {ins.stage} has no such message (no neighbouring stage on that side).")
+                    Text(f"{ins}: 스테이지 {ins.stage}는 {'마지막' if neighbour > last else '첫'} 스테이지라 그쪽에 이웃 스테이지"
+                         f"({neighbour})가 없습니다: 이 메시지는 빼세요.",
+                         f"{ins}: stage {ins.stage} is the {'last' if neighbour > last else 'first'} stage, with no "
+                         f"neighbouring stage on that side (no stage {neighbour}): leave this message out.")
                     if not 0 <= neighbour <= last else
                     Text(f"{ins}: 스테이지 {ins.stage}의 이 메시지는 랭크 {where[neighbour]}와 주고받아야 합니다.",
                          f"{ins}: this message of stage {ins.stage} goes to or comes from rank {where[neighbour]}."))
@@ -199,6 +206,21 @@ def _gpipe_property(case, programs, sim, p, m):
     return None
 
 
+def _warmup_hint(programs, p, m):
+    """When 1F1B's lists cannot run: the first rank whose warm-up is not min(p-r-1, m) Forwards."""
+    for rank, program in enumerate(programs):
+        order = [i for i in program if isinstance(i, (Forward, Backward))]
+        warmup = next((k for k, i in enumerate(order) if isinstance(i, Backward)), len(order))
+        if warmup - 1 != min(p - rank - 1, m) and not (warmup == m and p - rank - 1 >= m):
+            return Text(f"랭크 {rank}이(가) 첫 Backward 전에 Forward를 {warmup}개 합니다: 1F1B의 준비 단계(warm-up)는 랭크 r마다 "
+                        f"min(p-r-1, m)개(여기서는 {min(p - rank - 1, m)}개)이고, 그다음 Forward 하나를 더 한 뒤 Backward를 "
+                        "시작합니다. 앞 스테이지일수록 많습니다.",
+                        f"rank {rank} runs {warmup} Forwards before its first Backward: 1F1B's warm-up on rank r is "
+                        f"min(p-r-1, m) Forwards (here {min(p - rank - 1, m)}), then one more Forward before the first "
+                        "Backward; the earlier the stage, the longer its warm-up.")
+    return None
+
+
 def _one_f_one_b_property(case, programs, sim, p, m):
     for rank in range(p):
         limit = min(m, p - rank)
@@ -209,6 +231,16 @@ def _one_f_one_b_property(case, programs, sim, p, m):
                           Text("준비 단계(warm-up)에서 랭크 r은 p-r-1개만 Forward하고, 그다음부터 Forward 하나와 Backward 하나를 "
                                "번갈아 하세요.", "in the warm-up rank r runs only p-r-1 Forwards, then alternates one "
                                "Forward and one Backward."))
+    target = (p - 1) / (m + p - 1)
+    if float(sim.bubble) > target + 1e-9:
+        short = [r for r in range(p) if sim.peak_in_flight[r] < min(m, p - r)]
+        return failed(case, Text(f"값은 맞지만 버블이 {float(sim.bubble):.1%}입니다(단위 시간): 1F1B의 목표는 (p-1)/(m+p-1) = "
+                                 f"{target:.1%}입니다.", f"the values are right but the bubble is {float(sim.bubble):.1%} "
+                                 f"(unit times): 1F1B's target is (p-1)/(m+p-1) = {target:.1%}."),
+                      Text(f"준비 단계(warm-up)가 짧아 파이프라인이 쉽니다(랭크 {short}): 랭크 r은 첫 Backward 전에 min(p-r-1, m)개를 "
+                           "Forward해야 다음 스테이지가 계속 일합니다.", f"the warm-up is too short, so the pipeline idles "
+                           f"(ranks {short}): rank r runs min(p-r-1, m) Forwards before its first Backward, which keeps the "
+                           "next stages busy."))
     return None
 
 
@@ -225,8 +257,8 @@ STUB_GPIPE = STUB.format(name="gpipe_schedule",
                          doc_ko="GPipe: 랭크의 명령 목록(list)을 돌려줍니다. 모든 마이크로배치를 Forward한 뒤 모두 Backward, 마지막에 OptimizerStep().",
                          doc_en="GPipe: return this rank's instruction list: every micro-batch forward, then every one backward, then OptimizerStep().")
 STUB_1F1B = STUB.format(name="one_f_one_b_schedule",
-                        doc_ko="1F1B: 준비 단계(warm-up) Forward 몇 개, 그다음 Forward 하나·Backward 하나를 번갈아, 끝에 남은 Backward, OptimizerStep().",
-                        doc_en="1F1B: a few warm-up Forwards, then alternate one Forward and one Backward, then the remaining Backwards, then OptimizerStep().")
+                        doc_ko="1F1B: 준비 단계(warm-up) Forward 몇 개, 그다음 Forward 하나·Backward 하나를 번갈아, 끝에 남은 Backward, OptimizerStep(). 목표: 버블 (p-1)/(m+p-1), 랭크 r의 활성값 최대 p-r개.",
+                        doc_en="1F1B: a few warm-up Forwards, then alternate one Forward and one Backward, then the remaining Backwards, then OptimizerStep(). Target: bubble (p-1)/(m+p-1), rank r holds at most p-r activations.")
 
 CASES = [Case(Text("p=2, m=4", "p=2, m=4"), 2, {"m": 4, "seed": 31}),
          Case(Text("p=4, m=8", "p=4, m=8"), 4, {"m": 8, "seed": 32}),
@@ -260,5 +292,5 @@ EXERCISES = [
              "range(m - w, m)]. 각 F/B 앞뒤에 통신 명령을 붙이세요.",
              "order = [F(k) for k in range(w)]; for k in range(m - w): order += [F(w + k), B(k)]; order += [B(k) for k in "
              "range(m - w, m)]. Wrap each F/B in its messages.")),
-        CASES, schedule_judge(_one_f_one_b_property)),
+        CASES, schedule_judge(_one_f_one_b_property, simulator_hint=_warmup_hint)),
 ]

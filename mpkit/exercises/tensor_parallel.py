@@ -93,8 +93,10 @@ NAMES = {"z": ("출력", "the output"), "x": ("입력의 그래디언트", "the 
 COUNT_HINTS = {
     ("forward", 0): Text("순전파에 all-reduce가 없습니다: g의 forward가 랭크들의 부분합을 all-reduce해야 합니다.",
                          "the forward has no all-reduce: g's forward must all-reduce the ranks' partial sums."),
-    ("backward", 0): Text("역전파에 all-reduce가 없습니다: f의 backward가 입력 그래디언트의 부분합을 all-reduce해야 합니다.",
-                          "the backward has no all-reduce: f's backward must all-reduce the partial input gradients."),
+    ("backward", 0): Text("역전파에 all-reduce가 없습니다: f(x)를 빠뜨렸거나 f의 backward가 all-reduce하지 않아, 입력의 그래디언트"
+                          "(x.grad)가 이 랭크의 부분합에 머뭅니다.",
+                          "the backward has no all-reduce: f(x) is missing, or f's backward does not all-reduce, so the "
+                          "input's gradient (x.grad) stays this rank's partial sum."),
     ("forward", 2): Text("순전파에 all-reduce가 두 번입니다: 열 병렬 레이어의 출력은 나뉜 채로 행 병렬 레이어로 갑니다. "
                          "all-reduce는 행 병렬 레이어 뒤(g)에 한 번만.",
                          "two all-reduces in the forward: the column layer's output stays split into the row layer; "
@@ -102,6 +104,43 @@ COUNT_HINTS = {
     ("backward", 2): Text("역전파에 all-reduce가 두 번입니다: g의 backward는 항등(identity)이어야 합니다.",
                           "two all-reduces in the backward: g's backward is the identity."),
 }
+
+
+def _output_hint(seed, n, got) -> Text:
+    """The classic mistakes between the two layers, recognised by the output they produce."""
+    w = _weights(seed)
+    x, w1, b1, w2, b2 = (w[k] for k in ("x", "w1", "b1", "w2", "b2"))
+    variants = (
+        (F.linear(F.gelu(F.linear(x, w1, b1)), w2, n * b2),
+         Text("행 병렬 레이어의 편향(down_bias)이 랭크 수만큼 더해졌습니다: g의 all-reduce 뒤에 한 번만 더하세요.",
+              "the row layer's bias (down_bias) was added once per rank: add it once, after g's all-reduce.")),
+        (F.linear(F.gelu(F.linear(x, w1, b1)), w2),
+         Text("행 병렬 레이어의 편향(down_bias)이 빠졌습니다: g 뒤에 한 번 더하세요.",
+              "the row layer's bias (down_bias) is missing: add it once, after g.")),
+        (F.linear(F.gelu(F.linear(x, w1)), w2, b2),
+         Text("열 병렬 레이어의 편향(up_bias)이 빠졌습니다: 이 랭크의 편향 조각을 GeLU 앞에서 더하세요(이미 이 랭크의 몫이니 다시 "
+              "자르지 마세요).", "the column layer's bias (up_bias) is missing: add this rank's slice before the GeLU (it "
+              "is already this rank's slice: do not cut it again).")),
+        (F.linear(F.gelu(F.linear(x, w1)) + b1, w2, b2),
+         Text("열 병렬 레이어의 편향(up_bias)을 GeLU 뒤에 더했습니다: GeLU 앞에 더하세요.",
+              "the column layer's bias (up_bias) was added after the GeLU: add it before.")),
+        (F.linear(F.linear(x, w1, b1), w2, b2),
+         Text("GeLU가 빠졌습니다: 열 병렬 레이어의 출력에 F.gelu를 씌운 뒤 행 병렬 레이어로 보내세요.",
+              "the GeLU is missing: apply F.gelu to the column layer's output before the row layer.")),
+        (F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2),
+         Text("GeLU의 tanh 근사를 썼습니다: 기준은 정확한 F.gelu(approximate='none')입니다.",
+              "the tanh approximation of GeLU was used: the reference is the exact F.gelu (approximate='none').")),
+        (F.gelu(F.linear(F.linear(x, w1, b1), w2, b2)),
+         Text("GeLU를 g의 all-reduce 뒤에 씌웠습니다: GeLU는 두 레이어 사이, 각 랭크의 자기 특성에 작용합니다.",
+              "the GeLU was applied after g's all-reduce: it belongs between the layers, on each rank's own "
+              "features.")),
+    )
+    found = next((hint for value, hint in variants if close(value, got)), None)
+    return found or Text("통신 횟수는 맞는데 출력이 다릅니다: 두 레이어 사이의 계산을 하나씩 보세요: up_weight와 up_bias(열 병렬, "
+                         "x @ up_weight.T + up_bias), F.gelu, down_weight(행 병렬, h @ down_weight.T), 그다음 g, 끝으로 "
+                         "down_bias 한 번.", "the communication is right but the output is not: check each step between "
+                         "the layers: up_weight and up_bias (column layer, x @ up_weight.T + up_bias), F.gelu, down_weight "
+                         "(row layer, h @ down_weight.T), then g, then down_bias once.")
 
 
 def _judge_with(body):
@@ -121,7 +160,8 @@ def _judge_with(body):
                                        "(after the row layer) all-reduces."))
                 hint = COUNT_HINTS.get((phase, min(len(reduces), 2)))
                 if hint is not None:
-                    return failed(case, Text(f"랭크 {rank}: {phase}의 집합 통신 {len(reduces)}번.",
+                    return failed(case, Text(f"랭크 {rank}: {dict(forward='순전파', backward='역전파')[phase]}의 집합 통신 "
+                                             f"{len(reduces)}번.",
                                              f"rank {rank}: {len(reduces)} collective(s) in the {phase}."), hint)
             if output["out"].get("g_changed_its_input"):
                 return failed(case, Text(f"랭크 {rank}: g가 입력 텐서를 제자리에서 바꾸었습니다.",
@@ -136,13 +176,8 @@ def _judge_with(body):
                 if not close(want[key], got):
                     hint = factor_hint(ratio(want[key], got), n, "sum")
                     if key == "z" and hint is None:
-                        hint = Text("통신 횟수는 맞는데 출력이 다릅니다: 두 레이어 사이의 계산을 보세요(GeLU는 각 랭크의 자기 특성에, "
-                                    "행 병렬 레이어 앞에서).", "the communication is right but the output is not: check the "
-                                    "math between the layers (GeLU on each rank's own features, before the row layer).")
-                    if key == "z" and isinstance(got, torch.Tensor) and close(want[key] + (n - 1) * _weights(seed)["b2"], got):
-                        hint = Text("행 병렬 레이어의 편향이 랭크 수만큼 더해졌습니다: 편향은 all-reduce 뒤에 한 번만 더하세요.",
-                                    "the row layer's bias was added once per rank: add it once, after the all-reduce.")
-                    return failed(case, mismatch(Text(f"rank {rank}, {ko}:", f"rank {rank}, {en}:"), want[key], got), hint)
+                        hint = _output_hint(seed, n, got)
+                    return failed(case, mismatch(Text(f"랭크 {rank}, {ko}:", f"rank {rank}, {en}:"), want[key], got), hint)
         return passed(case)
     return judge
 
@@ -182,7 +217,7 @@ STUB_MLP = '''def megatron_mlp(x, up_weight, up_bias, down_weight, down_bias, f,
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''
 
-CASES = [Case(Text("2 rank", "2 ranks"), 2, {"seed": 21}), Case(Text("4 rank", "4 ranks"), 4, {"seed": 22}),
+CASES = [Case(Text("2 랭크", "2 ranks"), 2, {"seed": 21}), Case(Text("4 랭크", "4 ranks"), 4, {"seed": 22}),
          Case(Text("3 랭크(8개 특성을 3,3,2로)", "3 ranks (8 features as 3, 3, 2)"), 3, {"seed": 23})]
 
 EXERCISES = [

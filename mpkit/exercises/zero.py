@@ -5,7 +5,7 @@ optimizer state for that shard only. A step: reduce-scatter the gradients (avera
 own shard, all-gather the updated parameters. The optimizer given to the learner (SGD with
 momentum, so a summed gradient shows) records which elements each rank updated: the shards must
 partition the vector, and after three steps every rank's parameters must equal the unsharded
-optimizer's on the averaged gradients.
+optimizer's on the averaged gradients, sending no more than one reduce-scatter and one all-gather.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import torch
 from mpkit.exercises import harness
 from mpkit.exercises.common import Case, Exercise, close, failed, mismatch, passed, seeded
 from mpkit.exercises.result import Text
+from mpkit.exercises.traffic import sent
+from mpkit.parallel.collectives import bytes_per_rank
 
 LR, MOMENTUM, STEPS = 0.1, 0.9, 3
 
@@ -74,9 +76,9 @@ def _variant_hint(seed, numel, n, got):
     starts = [sum(pieces[:r]) for r in range(n)]
     local = torch.cat([_reference(seed, numel, n, own_rank=r)[s:s + k] for r, (s, k) in enumerate(zip(starts, pieces))])
     for variant, hint in (
-            (_reference(seed, numel, n, divide_by=1), Text("그래디언트를 합하기만 하고 world size로 나누지 않았습니다(평균이어야 함).",
+            (_reference(seed, numel, n, divide_by=1), Text("그래디언트를 합하기만 하고 world_size로 나누지 않았습니다(평균이어야 함).",
                                                            "the gradients were summed, not averaged (divide by the world size).")),
-            (_reference(seed, numel, n, divide_by=n * n), Text("평균을 world size로 한 번 더 나누었습니다.",
+            (_reference(seed, numel, n, divide_by=n * n), Text("평균을 world_size로 한 번 더 나누었습니다.",
                                                                "the average was divided by the world size once more.")),
             (local, Text("각 랭크가 자기 그래디언트만으로 갱신했습니다: 먼저 reduce-scatter(또는 all-reduce)로 평균 그래디언트의 "
                          "자기 몫을 구하세요.", "each rank updated with its own gradient only: first get your shard of the "
@@ -124,10 +126,36 @@ def _judge(case, fn, timeout):
                             "into every rank's parameters after the update.")
             return failed(case, mismatch(Text(f"랭크 {rank}, {STEPS}스텝 뒤 파라미터:", f"rank {rank}, parameters after "
                                               f"{STEPS} steps:"), want, got), hint)
-    return passed(case)
+    return _bytes_problem(case, outputs, numel) or passed(case)
 
 
-BOUNDARY_HINT = Text("샤드 경계가 어긋났습니다(off by one?): 랭크 r의 샤드는 flat.tensor_split(N)[r]처럼 [시작, 끝)으로 나누면 "
+def _bytes_problem(case, outputs, numel):
+    """ZeRO-1's cost target: per step, a rank sends no more than one reduce-scatter and one all-gather
+    of the gradient padded to equal pieces; an all-reduce in their place costs 1.5x DP, two cost 2x."""
+    n = case.world_size
+    width = -(-numel // n)
+    target = 2 * bytes_per_rank("reduce_scatter", n * width * 4, n, 0)
+    dp = bytes_per_rank("all_reduce", numel * 4, n, 0)
+    for rank, output in enumerate(outputs):
+        per_step = sent(output["calls"], n, rank) / STEPS
+        if per_step > target:
+            return failed(case, Text(f"값은 맞지만 랭크 {rank}이(가) 스텝마다 {per_step:.0f} B를 보냅니다: ZeRO-1의 목표는 "
+                                     f"reduce-scatter 한 번과 all-gather 한 번, {target} B입니다(DP의 all-reduce는 {dp} B, "
+                                     f"지금은 그 {per_step / dp:.2g}배).",
+                                     f"the values are right but rank {rank} sends {per_step:.0f} B per step: ZeRO-1's target "
+                                     f"is one reduce-scatter and one all-gather, {target} B (DP's all-reduce: {dp} B; "
+                                     f"this is {per_step / dp:.2g}x that)."),
+                          Text("all-reduce는 reduce-scatter의 두 배를 보냅니다: 그래디언트는 reduce_scatter_tensor로 자기 샤드만 "
+                               "받고(같은 크기로 채워서), 갱신한 샤드는 all_gather_into_tensor로 모으세요. 전체 all-reduce를 두 번 "
+                               "하면 DP의 두 배, all-reduce 뒤 all-gather(또는 broadcast)는 1.5배입니다.",
+                               "an all-reduce sends twice a reduce-scatter's bytes: get only your shard of the gradient "
+                               "with reduce_scatter_tensor (padded to equal pieces) and gather the updated shards with "
+                               "all_gather_into_tensor. Two full all-reduces cost twice DP's bytes; an all-reduce then an "
+                               "all-gather (or broadcasts) 1.5x."))
+    return None
+
+
+BOUNDARY_HINT = Text("샤드 경계가 어긋났습니다(하나 차이?): 랭크 r의 샤드는 flat.tensor_split(N)[r]처럼 [시작, 끝)으로 나누면 "
                      "겹치지도 비지도 않습니다.", "shard boundaries are off (by one?): cutting half-open ranges [start, end), "
                      "as flat.tensor_split(N)[r] does, leaves no gap and no overlap.")
 
@@ -136,11 +164,13 @@ STUB = '''def zero1_step(ctx, params, grad, optimizer):
     이 랭크의 샤드(params.tensor_split(N)[랭크]처럼 연속된 한 조각)만 갱신하세요:
     optimizer.step(start, param_shard, grad_shard)가 그 샤드를 제자리에서 갱신하고 샤드의 옵티마이저 상태를 가집니다.
     1) 평균 그래디언트의 자기 샤드(reduce-scatter), 2) optimizer.step, 3) 갱신된 샤드를 모두에게(all-gather).
+    목표: 스텝마다 reduce-scatter 한 번과 all-gather 한 번만큼만 보냅니다(all-reduce 한 번의 바이트).
     One ZeRO-1 step. params is the flat parameter vector, the same on every rank (update it in place); grad is this
     rank's gradient. Update only this rank's shard (one contiguous piece, like params.tensor_split(N)[rank]):
     optimizer.step(start, param_shard, grad_shard) updates that shard in place and holds its optimizer state.
     1) this shard of the averaged gradient (reduce-scatter), 2) optimizer.step, 3) every shard to everyone (all-gather).
-    Sizes may not divide evenly."""
+    Sizes may not divide evenly. Target: per step, send no more than one reduce-scatter and one all-gather (the bytes
+    of one all-reduce)."""
     raise NotImplementedError("연습: 여기를 채우세요 / exercise: write this")
 '''
 
@@ -151,12 +181,12 @@ EXERCISES = [
         Text("reduce-scatter: 평균의 자기 몫 ((N-1)/N·S). all-gather: 갱신된 샤드 ((N-1)/N·S). 합치면 all-reduce와 같은 바이트.",
              "reduce-scatter: your piece of the average ((N-1)/N·S); all-gather: the updated shards ((N-1)/N·S). Together, "
              "the bytes of one all-reduce."),
-        Text("bounds = 각 랭크의 [start, end) (tensor_split의 크기로)\ng = grad.clone(); dist.all_reduce(g); g /= N  (또는 "
-             "크기가 같게 채워 reduce_scatter_tensor)\noptimizer.step(start, params[start:end], g[start:end])\n"
-             "랭크마다 params[start_r:end_r]를 all_gather(또는 broadcast)",
-             "bounds = each rank's [start, end) (from tensor_split's sizes)\ng = grad.clone(); dist.all_reduce(g); g /= N "
-             "(or pad to equal sizes and reduce_scatter_tensor)\noptimizer.step(start, params[start:end], g[start:end])\n"
-             "all_gather (or broadcast) params[start_r:end_r] from every rank")),
+        Text("sizes = [len(x) for x in params.tensor_split(N)]; w = max(sizes); 각 조각을 w개로 채운(pad) 벡터를 만들고\n"
+             "dist.reduce_scatter_tensor(g, padded_grad); g /= N\noptimizer.step(start, params[start:end], g[:sizes[랭크]])\n"
+             "dist.all_gather_into_tensor(out, 채운 자기 샤드) 뒤 각 조각의 앞 sizes[i]개를 params에 복사",
+             "sizes = [len(x) for x in params.tensor_split(N)]; w = max(sizes); pad each piece to w elements\n"
+             "dist.reduce_scatter_tensor(g, padded_grad); g /= N\noptimizer.step(start, params[start:end], g[:sizes[rank]])\n"
+             "dist.all_gather_into_tensor(out, your padded shard), then copy the first sizes[i] of each piece into params")),
         [Case(Text("2 랭크, 12개 원소", "2 ranks, 12 elements"), 2, {"seed": 41, "numel": 12}),
          Case(Text("4 랭크, 10개 원소(나누어떨어지지 않음)", "4 ranks, 10 elements (uneven)"), 4, {"seed": 42, "numel": 10}),
          Case(Text("3 랭크, 7개 원소", "3 ranks, 7 elements"), 3, {"seed": 43, "numel": 7})],

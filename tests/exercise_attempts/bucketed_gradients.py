@@ -278,6 +278,19 @@ class ForgetsCopyBack(ForwardOrderBuckets):
         self._reset()
 
 
+class WaitsInHook(ForwardOrderBuckets):
+    """Review X3: async_op=True, but wait()ed on right away in the hook: blocks the backward like BlockingInHook."""
+
+    def _ready(self, p):
+        i = self.where[id(p)]
+        self.count[i] += 1
+        if self.count[i] == len(self.buckets[i]):
+            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
+            work = dist.all_reduce(flat, async_op=True)
+            work.wait()
+            self.works.append((i, work, flat))
+
+
 WRONG = [
     (AllInFinish, "overlap"),
     (PerParameterAllReduce, "bucket"),
@@ -286,5 +299,6 @@ WRONG = [
     (FrozenInBucket, "frozen"),
     (OneBigBucket, "bucket"),
     (BlockingInHook, "async"),
+    (WaitsInHook, "overlap"),
     (ForgetsCopyBack, "copied back"),
 ]

@@ -30,8 +30,8 @@ def warmup_then_backward_forward_pairs(rank, p, m):
 
 
 def shorter_warmup(rank, p, m):
-    """A valid 1F1B with one warm-up Forward fewer than usual (max(0, min(p - rank - 2, m))):
-    fewer activations held (still within the p - rank limit), deadlock-free, just a larger bubble."""
+    """Wrong on cost (issue 41): one warm-up Forward fewer than usual (max(0, min(p - rank - 2, m))):
+    right values, fewer activations held, but a larger bubble than 1F1B's (p-1)/(m+p-1)."""
     def fwd(mb):
         return ([RecvAct(mb, rank, rank - 1)] if rank > 0 else []) + [Forward(mb, rank)] + \
             ([SendAct(mb, rank, rank + 1)] if rank < p - 1 else [])
@@ -75,7 +75,7 @@ def state_machine(rank, p, m):
     return prog
 
 
-CORRECT = [warmup_then_backward_forward_pairs, shorter_warmup, state_machine]
+CORRECT = [warmup_then_backward_forward_pairs, state_machine]
 
 
 # ---------------------------------------------------------------- wrong
@@ -165,6 +165,7 @@ def send_grad_before_backward(rank, p, m):
 
 
 WRONG = [
+    (shorter_warmup, "bubble"),
     (gpipe_order, "activation"),
     (warmup_one_too_many, "activation"),
     (warmup_grows_with_rank, "deadlock"),
