@@ -40,6 +40,13 @@ def _inputs(seed, rows, grad):
     return x.requires_grad_(grad), weights
 
 
+def _block_input(leaf, p):
+    """What the block gets: the leaf itself, or (``history``) an earlier layer's output ``2·leaf``, as
+    inside a model: a recomputation on that x itself (not ``x.detach()``) runs into the graph before
+    the block."""
+    return leaf * 2.0 if p.get("history") else leaf
+
+
 @contextmanager
 def _watch_library(used: list):
     """Note whether torch's checkpoint (reentrant or not) runs: both paths look these names up in
@@ -64,7 +71,8 @@ def _watch_library(used: list):
 
 
 def _body(ctx, recorder, fn, p):
-    block, (x, weights) = _block(p["seed"], p["dropout"], p["frozen"]), _inputs(p["seed"], p["rows"], p["x_grad"])
+    block, (leaf, weights) = _block(p["seed"], p["dropout"], p["frozen"]), _inputs(p["seed"], p["rows"], p["x_grad"])
+    x = _block_input(leaf, p)
     used = []
     with _watch_library(used):
         torch.manual_seed(p["seed"] + 2)
@@ -76,16 +84,16 @@ def _body(ctx, recorder, fn, p):
         if isinstance(out, torch.Tensor) and out.requires_grad:
             recorder.call((out * weights).sum().backward)
     return {"out": out.detach() if isinstance(out, torch.Tensor) else out, "grads": grads(block),
-            "x_grad": x.grad, "held": sum(kept.values()), "used": used, "next_draw": torch.rand(4)}
+            "x_grad": leaf.grad, "held": sum(kept.values()), "used": used, "next_draw": torch.rand(4)}
 
 
 def _reference(p):
-    block, (x, weights) = _block(p["seed"], p["dropout"], p["frozen"]), _inputs(p["seed"], p["rows"], p["x_grad"])
+    block, (leaf, weights) = _block(p["seed"], p["dropout"], p["frozen"]), _inputs(p["seed"], p["rows"], p["x_grad"])
     torch.manual_seed(p["seed"] + 2)
-    out = block(x)
+    out = block(_block_input(leaf, p))
     torch.rand(4)
     (out * weights).sum().backward()
-    return out.detach(), grads(block), x.grad, torch.rand(4)
+    return out.detach(), grads(block), leaf.grad, torch.rand(4)
 
 
 def _another_mask(p):
@@ -99,6 +107,11 @@ def _another_mask(p):
     return grads(block)
 
 
+NOT_DETACHED = Text("다시 계산을 저장한 x 그대로에서 했습니다: x가 앞 레이어의 출력이면 그 그래프까지 두 번째로 역전파합니다. "
+                    "x.detach().requires_grad_()에서 다시 계산하고 그 입력의 그래디언트를 돌려주세요.",
+                    "the recomputation ran on the saved x itself (not x.detach()): when x is an earlier layer's output, "
+                    "the inner backward runs into that layer's graph a second time. Recompute on "
+                    "x.detach().requires_grad_() and return that input's gradient.")
 NO_GRAD_OUTPUT = Text("블록의 출력이 그래디언트를 요구하지 않습니다: 입력 x가 requires_grad=False이면(데이터에서 바로 온 첫 블록) "
                       "autograd Function의 출력도 그렇습니다. 블록의 파라미터도 Function의 입력으로 넘기거나, 출력이 파라미터에 "
                       "의존하게 하세요.",
@@ -203,6 +216,10 @@ EXERCISES = [
               {"seed": 102, "rows": 6, "dropout": 0.5, "x_grad": True, "frozen": False}),
          Case(Text("데이터에서 온 x(requires_grad=False), 고정된 첫 Linear, dropout 0.3",
                    "x from data (requires_grad=False), the first Linear frozen, dropout 0.3"), 1,
-              {"seed": 103, "rows": 4, "dropout": 0.3, "x_grad": False, "frozen": True})],
-        _judge, crash_hints=(("does not require grad and does not have a grad_fn", NO_GRAD_OUTPUT),)),
+              {"seed": 103, "rows": 4, "dropout": 0.3, "x_grad": False, "frozen": True}),
+         Case(Text("x는 앞 레이어의 출력(자기 그래프가 있음), dropout 0.2",
+                   "x is an earlier layer's output (it has a graph of its own), dropout 0.2"), 1,
+              {"seed": 104, "rows": 3, "dropout": 0.2, "x_grad": True, "frozen": False, "history": True})],
+        _judge, crash_hints=(("does not require grad and does not have a grad_fn", NO_GRAD_OUTPUT),
+                             ("backward through the graph a second time", NOT_DETACHED))),
 ]

@@ -31,7 +31,8 @@ def padded_collectives(ctx, params, grad, optimizer):
         params[a:b] = everyone[r, : b - a]
 
 
-# correct, unusual (the hint's other route): ctx.comm all-reduce with op="avg", then one broadcast per shard owner
+# wasteful (relabelled by the coordinator: it was filed correct after the old hint 3, which review X2 found
+# teaches this 1.5x version): a whole all-reduce, then one broadcast per shard owner: 1.5x DP's bytes
 def allreduce_then_broadcasts(ctx, params, grad, optimizer):
     g = grad.clone()
     ctx.comm.all_reduce(g, op="avg")
@@ -123,8 +124,9 @@ def off_by_one(ctx, params, grad, optimizer):
     optimizer.step(start, params[start:end], g[start:end])
 
 
-CORRECT = [padded_collectives, allreduce_then_broadcasts]
+CORRECT = [padded_collectives]
 WRONG = [
+    (allreduce_then_broadcasts, ("bytes", "reduce-scatter", "reduce_scatter")),
     (no_average, ("average", "divide", "/ n", "mean")),
     (no_all_gather, ("all-gather", "all_gather", "stale", "other shards")),
     (floor_shards, ("tensor_split", "uneven", "numel // n")),
