@@ -3,6 +3,7 @@
 ``single`` with the same precision, on 2 and 4 ranks; an fp16 overflow skipped on every rank alike
 (ranks holding different slices or shards ask each other); recomputation equal to none while it
 keeps fewer activations; the cost model pricing both; and the strategies that still refuse say why."""
+import functools
 import multiprocessing
 
 import pytest
@@ -14,7 +15,7 @@ from mpkit.models import SelfAttention
 from mpkit.parallel.precision import LossScaler, _grads
 from mpkit.strategies import make_config
 from test_precision_cost_model import GPT as PRICED, _backward_seconds
-from test_strategy_precision import GPT, TOL, _close, reference
+from test_strategy_precision import GPT, TOL, _close, reference, trained
 
 CASES = [("tp", 2), ("tp", 4), ("fsdp", 2), ("fsdp", 4), ("ddp", 2), ("mp", 2), ("mp", 4), ("sp", 2), ("sp", 4),
          ("cp", 2), ("cp", 4), ("ep", 2), ("3d", 4)]
@@ -32,13 +33,13 @@ def _activations(run):
 @pytest.mark.parametrize("strategy, world", CASES, ids=[f"{s}-{n}" for s, n in CASES])
 def test_bf16_matches_single_bf16(strategy, world):
     kw = OPTIONS.get(strategy, {})
-    run = mpkit.train(strategy, world, precision="bf16", **GPT, **kw)
+    run = trained(strategy, world, precision="bf16", **kw)
     # TOL (test_strategy_precision.py): bf16's 8 bits over other summation orders. tp/sp add one: their
     # row-parallel partial sums are rounded to bf16 before the all-reduce (Megatron's too); seen <= 1.9e-4
     ref = reference("bf16", **({"experts": 4} if strategy == "ep" else {}))
     _close(run, ref, TOL["bf16"])
     assert all(e["precision"] == "bf16" for e in run.extra)
-    fp32 = mpkit.train(strategy, world, **GPT, **kw)  # autocast ran on these ranks: 2-byte saved matmul inputs
+    fp32 = trained(strategy, world, **kw)  # autocast ran on these ranks: 2-byte saved matmul inputs
     assert _activations(run) < _activations(fp32)
     assert max(abs(a - b) for a, b in zip(run.losses, fp32.losses)) > 1e-5  # bf16 rounding shows in the loss
 
@@ -52,7 +53,7 @@ def test_fp16_matches_single_fp16(strategy, world):
     ref = reference("fp16", **({"experts": 4} if strategy == "ep" else {}))
     assert ref.extra[0]["skipped_steps"] == [] and all(e["skipped_steps"] == [] for e in run.extra)
     _close(run, ref, TOL["fp16"])
-    _not_fp32(run, mpkit.train(strategy, world, **GPT, **kw))
+    _not_fp32(run, trained(strategy, world, **kw))
 
 
 def _not_fp32(run, fp32, activations=True):
@@ -84,6 +85,13 @@ def _inf_on_the_last_rank_at_step_0(monkeypatch):
     monkeypatch.setattr(LossScaler, "unscale_", poisoned)
 
 
+@functools.cache
+def _single_fp16_with_the_inf():
+    """single's fp16 run with the inf (not reference(): called only under the patch above), once
+    for the three strategies it is compared with."""
+    return mpkit.train("single", 1, precision="fp16", **GPT)
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("strategy, world", [("tp", 2), ("fsdp", 2), ("mp", 2)])
 def test_fp16_overflow_on_one_rank_skipped_on_every_rank_as_in_single(strategy, world, monkeypatch):
@@ -92,7 +100,7 @@ def test_fp16_overflow_on_one_rank_skipped_on_every_rank_as_in_single(strategy, 
     the agreement the other rank steps: its skipped_steps is [] and its parameters move by ~1e-2."""
     _inf_on_the_last_rank_at_step_0(monkeypatch)
     run = mpkit.train(strategy, world, precision="fp16", **GPT)
-    ref = mpkit.train("single", 1, precision="fp16", **GPT)  # not reference(): this one has the inf too
+    ref = _single_fp16_with_the_inf()
     assert ref.extra[0]["skipped_steps"] == [0]
     assert len(run.extra) == world
     for extra in run.extra:
@@ -103,7 +111,7 @@ def test_fp16_overflow_on_one_rank_skipped_on_every_rank_as_in_single(strategy, 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("options", THREE_D, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
 def test_3d_bf16_and_fp16_match_single(options):
-    fp32 = mpkit.train("3d", 4, **GPT, **options)
+    fp32 = trained("3d", 4, **options)
     for precision in ("bf16", "fp16"):
         run = mpkit.train("3d", 4, precision=precision, **GPT, **options)
         assert precision == "bf16" or all(e["skipped_steps"] == [] for e in run.extra)
@@ -144,9 +152,9 @@ def test_fp16_without_a_scaler_is_refused_as_everywhere():
 def test_recompute_equals_none_with_fewer_activations(strategy, world, mode):
     """As in test_strategy_precision.py: the same ops again (tp's recomputed forward all-reduces
     again; fsdp's runs after the unit's pre-backward all-gather), so fp32 results equal to 1e-5."""
-    kw = {**GPT, **OPTIONS.get(strategy, {})}
-    plain = mpkit.train(strategy, world, **kw)
-    run = mpkit.train(strategy, world, recompute=mode, **kw)
+    kw = OPTIONS.get(strategy, {})
+    plain = trained(strategy, world, **kw)
+    run = mpkit.train(strategy, world, recompute=mode, **GPT, **kw)
     assert max(abs(a - b) for a, b in zip(run.losses, plain.losses)) <= 1e-5
     assert all((run.params[k] - plain.params[k]).abs().max() <= 1e-5 for k in plain.params)
     acts = [_activations(r) for r in (plain, run)]
@@ -209,11 +217,12 @@ def test_cost_model_prices_autocast_messages_as_fp32_an_upper_bound(strategy):
     apply): exact for an fp32 run; a bf16 run sends its autocast outputs (tp's forward partial
     sums, cp's K/V) in bf16 and its gradients' messages partly in fp32, so fewer bytes than priced."""
     from test_program_matches_run import MACHINE
-    kw = dict(model="gpt", steps=2)
     predicted = _comm_bytes(mpkit.sim.predict(strategy, hardware=MACHINE, world_size=2, model="gpt",
                                               precision="bf16").trace.events, 0)
-    fp32 = _comm_bytes(mpkit.train(strategy, 2, **kw).trace.events, 1)
-    bf16 = _comm_bytes(mpkit.train(strategy, 2, precision="bf16", **kw).trace.events, 1)
+    # the runs the bf16 test compares (GPT: SGD, where predict assumes Adam; tp's and cp's messages
+    # are the forward's and backward's, the same under either optimizer)
+    fp32 = _comm_bytes(trained(strategy, 2).trace.events, 1)
+    bf16 = _comm_bytes(trained(strategy, 2, precision="bf16").trace.events, 1)
     assert predicted == fp32 and fp32 / 2 <= bf16 < fp32, (predicted, fp32, bf16)
 
 
@@ -254,8 +263,7 @@ def test_fsdp_bf16_next_to_torchs_mixed_precision_policy():
     and each recipe is more than 1e-5 from fsdp in fp32 (seen: ours 7.9e-5, torch's 3.5e-4; a
     precision that did nothing would give the fp32 run's own losses, a gap of ~0)."""
     theirs, seen = mpkit.launch(_torch_fsdp_bf16, 2, timeout=90)[0]
-    ours = mpkit.train("fsdp", 2, precision="bf16", **GPT)
-    fp32 = mpkit.train("fsdp", 2, **GPT)
+    ours, fp32 = trained("fsdp", 2, precision="bf16"), trained("fsdp", 2)
     gap = lambda a, b: max(abs(x - y) for x, y in zip(a, b))  # noqa: E731
     assert gap(ours.losses, theirs) <= TOL["bf16"]
     assert gap(reference("bf16").losses, theirs) <= TOL["bf16"]

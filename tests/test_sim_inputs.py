@@ -115,18 +115,48 @@ def test_per_rank_reads_of_a_trace_scan_it_once():
     assert [e.kind for e in trace.of_rank(5)] == ["forward"] * 3 + ["send"]
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("first", ["mpkit.sim.planner", "mpkit.sim.planner()", "import mpkit.widgets.planwidget",
-                                   "import mpkit.costmodel.plan", "import mpkit.widgets.whatif"])
-def test_sim_plan_stays_the_function_whatever_was_imported_first(first):
+PROBES = ["mpkit.sim.planner", "mpkit.sim.planner()", "import mpkit.widgets.planwidget", "import mpkit.costmodel.plan",
+          "import mpkit.widgets.whatif"]
+# One interpreter imports the third-party packages the probes would (~9 s of the ~10 s a fresh one took
+# per probe) and forks a child per probe: no mpkit module is imported before the child's own first line,
+# which is what the import order is about. A child's traceback, then its exit code, follow a marker.
+FORKS = """import os, sys, traceback
+import ipywidgets, matplotlib.figure, torch, torch.distributed.tensor
+for code in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            exec(code, {})
+        except BaseException:
+            traceback.print_exc(file=sys.stdout)
+            sys.stdout.flush()
+            os._exit(1)
+        os._exit(0)
+    print("\\n@@exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def probed():
+    """Each probe's (exit code, traceback), from one subprocess."""
+    codes = [(f"import importlib, mpkit.sim\n{first}\n"
+              "assert callable(mpkit.sim.plan) and callable(mpkit.sim.whatif), (mpkit.sim.plan, mpkit.sim.whatif)\n"
+              "from mpkit.sim import plan\n"
+              "assert plan('gpt3-175b', '8x8xH100-ib', gpus=64, global_batch=512).best is not None\n"
+              "assert importlib.import_module('mpkit.costmodel.plan').plan is plan\n") for first in PROBES]
+    out = subprocess.run([sys.executable, "-c", FORKS, *codes], capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr
+    parts = out.stdout.split("\n@@exit ")
+    assert len(parts) == len(PROBES) + 1, out.stdout + out.stderr
+    return {first: (int(part.split("\n", 1)[0]), before) for first, before, part in zip(PROBES, parts, parts[1:])}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("first", PROBES)
+def test_sim_plan_stays_the_function_whatever_was_imported_first(first, probed):
     """In a fresh process the widget first imported the submodule mpkit.sim.plan, which Python binds
     to the package's attribute: mpkit.sim.plan(...) then raised "'module' object is not callable".
     The planner's module now lives in ``mpkit.costmodel``, so no submodule of ``mpkit.sim`` shares a
     public name."""
-    code = (f"import importlib, mpkit.sim\n{first}\n"
-            "assert callable(mpkit.sim.plan) and callable(mpkit.sim.whatif), (mpkit.sim.plan, mpkit.sim.whatif)\n"
-            "from mpkit.sim import plan\n"
-            "assert plan('gpt3-175b', '8x8xH100-ib', gpus=64, global_batch=512).best is not None\n"
-            "assert importlib.import_module('mpkit.costmodel.plan').plan is plan\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=110)
-    assert out.returncode == 0, out.stderr
+    code, traceback = probed[first]
+    assert code == 0, traceback

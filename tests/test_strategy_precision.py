@@ -23,14 +23,21 @@ TOL = {"bf16": 1e-3, "fp16": 1e-3}
 CASES = [("dp", 2, {}), ("dp", 4, {}), ("zero1", 2, {}), ("zero1", 4, {}),
          ("pp", 2, {"schedule": "gpipe"}), ("pp", 4, {"schedule": "1f1b"})]
 
-_refs = {}
+_runs = {}
+
+
+def trained(strategy, world, **kw):
+    """``mpkit.train`` with GPT, once per configuration for the session: this file's tests and
+    test_precision_strategies.py read the same fp32 twins and references (read only, never under a
+    monkeypatch), so each is launched once, not once per test that compares with it."""
+    key = (strategy, world, tuple(sorted(kw.items())))
+    if key not in _runs:
+        _runs[key] = mpkit.train(strategy, world, **GPT, **kw)
+    return _runs[key]
 
 
 def reference(precision, **kw):
-    key = (precision, tuple(sorted(kw.items())))
-    if key not in _refs:
-        _refs[key] = mpkit.train("single", 1, precision=precision, **GPT, **kw)
-    return _refs[key]
+    return trained("single", 1, precision=precision, **kw)
 
 
 def _close(run, ref, tol):
@@ -46,7 +53,7 @@ def test_bf16_matches_single_bf16(strategy, world, options):
     assert all(e["precision"] == "bf16" for e in run.extra)
     # autocast applied on this strategy's ranks: the matmuls' saved inputs are 2-byte, so fewer
     # activation bytes than the same strategy in fp32
-    fp32 = mpkit.train(strategy, world, **GPT, **options)
+    fp32 = trained(strategy, world, **options)
     assert max(m["activations"] for m in run.memory_by_category()) < max(
         m["activations"] for m in fp32.memory_by_category())
 
@@ -108,7 +115,7 @@ def test_recompute_equals_none_with_fewer_activations(strategy, world, options, 
     Full keeps only each layer's input: fewer activation bytes. Selective recomputes the
     attention core only, which torch's fused attention already stores as little more than its
     output (no s x s matrix): it may save almost nothing here, never more than full."""
-    plain = mpkit.train(strategy, world, **GPT, **options)
+    plain = trained(strategy, world, **options)
     run = mpkit.train(strategy, world, recompute=mode, **GPT, **options)
     assert max(abs(a - b) for a, b in zip(run.losses, plain.losses)) <= 1e-5
     assert all((run.params[k] - plain.params[k]).abs().max() <= 1e-5 for k in plain.params)
