@@ -186,6 +186,7 @@ class Recorder:
     def __init__(self, rank: int, status_dir: str):
         self.rank, self.calls, self.active, self.inside, self.phase = rank, [], False, False, None
         self.pending = set()   # asynchronous works not waited on yet
+        self.seq = 0
         self.status = Path(status_dir) / f"rank{rank}.json"
         self.errors = Path(status_dir) / f"error{rank}.json"
         self.reference = ReferenceWatch()
@@ -217,8 +218,14 @@ class Recorder:
         self.calls.append(call)
         return call
 
-    def _set_status(self, what: str, ko: str | None = None) -> None:
-        self.status.write_text(json.dumps({"what": what, "ko": ko or _STATES_KO.get(what, what)}), encoding="utf-8")
+    def _set_status(self, what: str, ko: str | None = None, waits_on: Call | None = None) -> None:
+        """Write what this rank does; ``seq`` changes with every write, ``on`` is the call it blocks in and
+        ``posted`` its calls not waited on yet (what :class:`_Hopeless` matches against its peers')."""
+        self.seq += 1
+        on = None if waits_on is None else [waits_on.kind, waits_on.peer]
+        posted = [[w._call.kind, w._call.peer] for w in self.pending]
+        self.status.write_text(json.dumps({"what": what, "ko": ko or _STATES_KO.get(what, what), "seq": self.seq,
+                                           "on": on, "posted": posted}), encoding="utf-8")
 
     def _wrap(self, method, original):
         recorder, kind = self, KINDS[method]
@@ -312,10 +319,11 @@ class _Watched:
 
     def wait(self, *args, **kwargs):
         if self._call.blocking:
-            self._recorder._set_status(f"{self._call.describe()}, waiting", f"{self._call.describe_ko()}에서 기다리는 중")
+            self._recorder._set_status(f"{self._call.describe()}, waiting", f"{self._call.describe_ko()}에서 기다리는 중",
+                                       self._call)
         else:
             self._recorder._set_status(f"{self._call.describe()}, waiting in wait()",
-                                       f"{self._call.describe_ko()}의 wait()에서 기다리는 중")
+                                       f"{self._call.describe_ko()}의 wait()에서 기다리는 중", self._call)
         result = self._work.wait(*args, **kwargs)
         self._recorder.pending.discard(self)
         self._recorder._set_status(RUNNING if self._recorder.active else RETURNED)
@@ -367,14 +375,50 @@ _EXACT = {int: int.__int__, float: float.__float__, complex: complex.__complex__
           bytes: bytes.__bytes__}
 
 
+SETTLE_S = 1.0  # how long a hopeless picture must stay the same: far above a small message's latency on a busy machine
+
+
+class _Hopeless:
+    """Whether no rank can go on any more, from the status files: every rank still running is blocked in
+    a message or collective that nothing can complete (its peer returned, or waits on something else, and
+    posted nothing that matches), and no rank wrote a new status for ``SETTLE_S``. A rank running the
+    learner's code (a loop, real work, a sleep before a send) keeps the world alive until the timeout."""
+
+    def __init__(self, status_dir, world_size):
+        self.status_dir, self.world_size = status_dir, world_size
+        self.picture, self.since = None, 0.0
+
+    def __call__(self, running) -> bool:
+        statuses = _statuses(self.status_dir, self.world_size, "status")
+        picture = (running, tuple(statuses.get(r, {}).get("seq") for r in range(self.world_size)))
+        now = time.monotonic()
+        if picture != self.picture:
+            self.picture, self.since = picture, now
+        if not all(statuses.get(r, {}).get("on") for r in running):
+            return False
+        if any(self._can_finish(r, statuses, running) for r in running):
+            return False
+        return now - self.since >= SETTLE_S
+
+    def _can_finish(self, rank, statuses, running) -> bool:
+        kind, peer = statuses[rank]["on"]
+        if kind not in ("send", "recv"):  # a collective: only if every rank is in one of the same kind
+            return len(running) == self.world_size and all(statuses[r]["on"][0] == kind for r in running)
+        match = ["recv" if kind == "send" else "send", rank]
+        return any(match in statuses[p].get("posted", []) or [match[0], None] in statuses[p].get("posted", [])
+                   for p in (statuses if peer is None else [peer]) if p != rank and p in statuses)
+
+
 def run(body, world_size: int, args=(), timeout: float = 6.0) -> list[dict]:
     """``body(ctx, recorder, *args)`` on ``world_size`` ranks; per rank ``{"out", "calls"}``, made
-    :func:`plain`. Raises :class:`LearnerCrashed`, :class:`Stuck` or ``UsedReference`` (the learner
-    called mpkit's own mechanism); a failure of mpkit's own code propagates."""
+    :func:`plain`. Raises :class:`LearnerCrashed`, :class:`Stuck` (at ``timeout``, or as soon as
+    :class:`_Hopeless` sees a deadlock) or ``UsedReference`` (the learner called mpkit's own
+    mechanism); a failure of mpkit's own code propagates."""
     with tempfile.TemporaryDirectory(prefix="mpkit-exercise-") as status_dir:
         try:
             results = list(launch(_rank_main, world_size, args=(body, status_dir, tuple(args)), timeout=timeout,
-                                  backend="gloo", trace=False, memory=False))  # simulated devices, also beside GPUs
+                                  backend="gloo", trace=False, memory=False,  # simulated devices, also beside GPUs
+                                  hopeless=_Hopeless(status_dir, world_size)))
         except LaunchTimeout:
             statuses = _statuses(status_dir, world_size, "status")
             late = "had not started (a busy machine?)"
