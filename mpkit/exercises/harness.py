@@ -6,8 +6,9 @@ the process group (``ProcessGroup``/``Backend`` methods, so ``dist.all_reduce``,
 with ``from torch.distributed import ...`` before the check, ``group.allreduce([t])`` and
 ``batch_isend_irecv`` are all seen) — kind, global peer rank, elements, which phase of the step — so a checker
 can tell a ring from an all-reduce, count the all-reduces of a forward, or see a bucket that is
-too large. Before a call blocks, the rank writes what it waits on to a status file: when the world
-does not finish within ``timeout``, the checker says which ranks waited on what. An exception in
+too large. Before a call blocks, the rank writes what it waits on to a status file: when every rank
+still running is blocked in a call that nothing can complete (``_Hopeless``), or the world does not
+finish within ``timeout`` (a loop), the checker says which ranks waited on what. An exception in
 the learner's code comes back with the learner's own lines, not mpkit's or torch's.
 
 The harness itself makes no collective on the learner's group (the comparison happens in the
@@ -107,7 +108,7 @@ class LearnerCrashed(Exception):
 
 
 class Stuck(Exception):
-    """The world did not finish in time; ``waits[rank]`` is what that rank was doing (``waits_ko``: the
+    """No rank could go on, or the world did not finish in time; ``waits[rank]`` is what that rank was doing (``waits_ko``: the
     same in Korean). In a world of one process there is no learner's rank to name: that process is
     the checker running the learner's function."""
 
