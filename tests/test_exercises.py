@@ -1,6 +1,7 @@
 """The exercise checker: every reference solution passes every case within the time a learner
 waits, a stub is "not done yet", a crash shows the learner's own lines, a deadlock ends (as soon as no
-rank can go on; a loop at the timeout) with what each rank waited on, results land in the learner's results file, and bad calls are refused.
+rank can go on; a loop at the timeout) with what each rank waited on, results land in the learner's
+results file, and bad calls are refused.
 
 The wrong and unusual-but-correct solutions live in tests/exercise_attempts/ (one module per
 exercise, written without reading the references) and are run by test_exercise_attempts.py.
