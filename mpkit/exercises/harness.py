@@ -109,8 +109,8 @@ class LearnerCrashed(Exception):
 
 class Stuck(Exception):
     """No rank could go on, or the world did not finish in time; ``waits[rank]`` is what that rank was
-    doing (``waits_ko``: the same in Korean). In a world of one process there is no learner's rank to name: that process is
-    the checker running the learner's function."""
+    doing (``waits_ko``: the same in Korean). In a world of one process there is no learner's rank to
+    name: that process is the checker running the learner's function."""
 
     def __init__(self, waits: dict, waits_ko: dict | None = None):
         super().__init__(str(waits))
