@@ -221,12 +221,19 @@ class Recorder:
 
     def _set_status(self, what: str, ko: str | None = None, waits_on: Call | None = None) -> None:
         """Write what this rank does; ``seq`` changes with every write, ``on`` is the call it blocks in and
-        ``posted`` its calls not waited on yet (what :class:`_Hopeless` matches against its peers')."""
+        ``posted`` its calls not completed yet (what :class:`_Hopeless` matches against its peers')."""
         self.seq += 1
         on = None if waits_on is None else [waits_on.kind, waits_on.peer]
-        posted = [[w._call.kind, w._call.peer] for w in self.pending]
+        posted = [[w._call.kind, w._call.peer] for w in self.pending] + ([on] if on else [])
         self.status.write_text(json.dumps({"what": what, "ko": ko or _STATES_KO.get(what, what), "seq": self.seq,
                                            "on": on, "posted": posted}), encoding="utf-8")
+
+    def _waiting(self, call: Call, in_wait: bool) -> None:
+        if in_wait:
+            self._set_status(f"{call.describe()}, waiting in wait()", f"{call.describe_ko()}의 wait()에서 기다리는 중",
+                             call)
+        else:
+            self._set_status(f"{call.describe()}, waiting", f"{call.describe_ko()}에서 기다리는 중", call)
 
     def _wrap(self, method, original):
         recorder, kind = self, KINDS[method]
@@ -238,10 +245,12 @@ class Recorder:
             call = recorder.record(kind, _peer(method, group, args, kwargs), _first_tensor((args, kwargs)),
                                    _blocking(caller), caller)
             recorder.inside = True
+            recorder._waiting(call, in_wait=False)  # gloo may block in the call itself (a peer that does not exist)
             try:
                 work = original(group, *args, **kwargs)
             finally:
                 recorder.inside = False
+                recorder._set_status(RUNNING)
             return work if work is None else _Watched(work, recorder, call)
         watched.__name__ = watched.__qualname__ = method
         return watched
@@ -319,12 +328,7 @@ class _Watched:
         recorder.pending.add(self)
 
     def wait(self, *args, **kwargs):
-        if self._call.blocking:
-            self._recorder._set_status(f"{self._call.describe()}, waiting", f"{self._call.describe_ko()}에서 기다리는 중",
-                                       self._call)
-        else:
-            self._recorder._set_status(f"{self._call.describe()}, waiting in wait()",
-                                       f"{self._call.describe_ko()}의 wait()에서 기다리는 중", self._call)
+        self._recorder._waiting(self._call, in_wait=not self._call.blocking)
         result = self._work.wait(*args, **kwargs)
         self._recorder.pending.discard(self)
         self._recorder._set_status(RUNNING if self._recorder.active else RETURNED)
