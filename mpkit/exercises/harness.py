@@ -380,6 +380,8 @@ _EXACT = {int: int.__int__, float: float.__float__, complex: complex.__complex__
           bytes: bytes.__bytes__}
 
 
+# status files are written around every recorded call: in memory where Linux offers it (25 us a write, not 100-400)
+_MEMORY_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 SETTLE_S = 1.0  # how long a hopeless picture must stay the same: far above a small message's latency on a busy machine
 
 
@@ -419,7 +421,7 @@ def run(body, world_size: int, args=(), timeout: float = 6.0) -> list[dict]:
     :func:`plain`. Raises :class:`LearnerCrashed`, :class:`Stuck` (at ``timeout``, or as soon as
     :class:`_Hopeless` sees a deadlock) or ``UsedReference`` (the learner called mpkit's own
     mechanism); a failure of mpkit's own code propagates."""
-    with tempfile.TemporaryDirectory(prefix="mpkit-exercise-") as status_dir:
+    with tempfile.TemporaryDirectory(prefix="mpkit-exercise-", dir=_MEMORY_DIR) as status_dir:
         try:
             results = list(launch(_rank_main, world_size, args=(body, status_dir, tuple(args)), timeout=timeout,
                                   backend="gloo", trace=False, memory=False,  # simulated devices, also beside GPUs
