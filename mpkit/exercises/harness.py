@@ -388,8 +388,9 @@ SETTLE_S = 1.0  # how long a hopeless picture must stay the same: far above a sm
 class _Hopeless:
     """Whether no rank can go on any more, from the status files: every rank still running is blocked in
     a message or collective that nothing can complete (its peer returned, or waits on something else, and
-    posted nothing that matches), and no rank wrote a new status for ``SETTLE_S``. A rank running the
-    learner's code (a loop, real work, a sleep before a send) keeps the world alive until the timeout."""
+    posted nothing that matches; or one of them messages a rank that does not exist), and no rank wrote
+    a new status for ``SETTLE_S``. A rank running the learner's code (a loop, real work, a sleep before
+    a send) keeps the world alive until the timeout."""
 
     def __init__(self, status_dir, world_size):
         self.status_dir, self.world_size = status_dir, world_size
@@ -403,9 +404,15 @@ class _Hopeless:
             self.picture, self.since = picture, now
         if not all(statuses.get(r, {}).get("on") for r in running):
             return False
-        if any(self._can_finish(r, statuses, running) for r in running):
+        if not any(self._to_nobody(statuses[r]["on"]) for r in running) and \
+                any(self._can_finish(r, statuses, running) for r in running):
             return False
         return now - self.since >= SETTLE_S
+
+    def _to_nobody(self, on) -> bool:
+        """A message to or from a rank that does not exist: gloo never completes it (or worse)."""
+        kind, peer = on
+        return kind in ("send", "recv") and peer is not None and not 0 <= peer < self.world_size
 
     def _can_finish(self, rank, statuses, running) -> bool:
         kind, peer = statuses[rank]["on"]
