@@ -6,8 +6,9 @@ the process group (``ProcessGroup``/``Backend`` methods, so ``dist.all_reduce``,
 with ``from torch.distributed import ...`` before the check, ``group.allreduce([t])`` and
 ``batch_isend_irecv`` are all seen) — kind, global peer rank, elements, which phase of the step — so a checker
 can tell a ring from an all-reduce, count the all-reduces of a forward, or see a bucket that is
-too large. Before a call blocks, the rank writes what it waits on to a status file: when the world
-does not finish within ``timeout``, the checker says which ranks waited on what. An exception in
+too large. Before a call blocks, the rank writes what it waits on to a status file: when every rank
+still running is blocked in a call that nothing can complete (``_Hopeless``), or the world does not
+finish within ``timeout`` (a loop), the checker says which ranks waited on what. An exception in
 the learner's code comes back with the learner's own lines, not mpkit's or torch's.
 
 The harness itself makes no collective on the learner's group (the comparison happens in the
@@ -107,9 +108,9 @@ class LearnerCrashed(Exception):
 
 
 class Stuck(Exception):
-    """The world did not finish in time; ``waits[rank]`` is what that rank was doing (``waits_ko``: the
-    same in Korean). In a world of one process there is no learner's rank to name: that process is
-    the checker running the learner's function."""
+    """No rank could go on, or the world did not finish in time; ``waits[rank]`` is what that rank was
+    doing (``waits_ko``: the same in Korean). In a world of one process there is no learner's rank to
+    name: that process is the checker running the learner's function."""
 
     def __init__(self, waits: dict, waits_ko: dict | None = None):
         super().__init__(str(waits))
@@ -186,6 +187,7 @@ class Recorder:
     def __init__(self, rank: int, status_dir: str):
         self.rank, self.calls, self.active, self.inside, self.phase = rank, [], False, False, None
         self.pending = set()   # asynchronous works not waited on yet
+        self.seq = 0
         self.status = Path(status_dir) / f"rank{rank}.json"
         self.errors = Path(status_dir) / f"error{rank}.json"
         self.reference = ReferenceWatch()
@@ -217,8 +219,21 @@ class Recorder:
         self.calls.append(call)
         return call
 
-    def _set_status(self, what: str, ko: str | None = None) -> None:
-        self.status.write_text(json.dumps({"what": what, "ko": ko or _STATES_KO.get(what, what)}), encoding="utf-8")
+    def _set_status(self, what: str, ko: str | None = None, waits_on: Call | None = None) -> None:
+        """Write what this rank does; ``seq`` changes with every write, ``on`` is the call it blocks in and
+        ``posted`` its calls not completed yet (what :class:`_Hopeless` matches against its peers')."""
+        self.seq += 1
+        on = None if waits_on is None else [waits_on.kind, waits_on.peer]
+        posted = [[w._call.kind, w._call.peer] for w in self.pending] + ([on] if on else [])
+        self.status.write_text(json.dumps({"what": what, "ko": ko or _STATES_KO.get(what, what), "seq": self.seq,
+                                           "on": on, "posted": posted}), encoding="utf-8")
+
+    def _waiting(self, call: Call, in_wait: bool) -> None:
+        if in_wait:
+            self._set_status(f"{call.describe()}, waiting in wait()", f"{call.describe_ko()}의 wait()에서 기다리는 중",
+                             call)
+        else:
+            self._set_status(f"{call.describe()}, waiting", f"{call.describe_ko()}에서 기다리는 중", call)
 
     def _wrap(self, method, original):
         recorder, kind = self, KINDS[method]
@@ -230,10 +245,12 @@ class Recorder:
             call = recorder.record(kind, _peer(method, group, args, kwargs), _first_tensor((args, kwargs)),
                                    _blocking(caller), caller)
             recorder.inside = True
+            recorder._waiting(call, in_wait=False)  # gloo may block in the call itself (a peer that does not exist)
             try:
                 work = original(group, *args, **kwargs)
             finally:
                 recorder.inside = False
+                recorder._set_status(RUNNING)
             return work if work is None else _Watched(work, recorder, call)
         watched.__name__ = watched.__qualname__ = method
         return watched
@@ -311,11 +328,7 @@ class _Watched:
         recorder.pending.add(self)
 
     def wait(self, *args, **kwargs):
-        if self._call.blocking:
-            self._recorder._set_status(f"{self._call.describe()}, waiting", f"{self._call.describe_ko()}에서 기다리는 중")
-        else:
-            self._recorder._set_status(f"{self._call.describe()}, waiting in wait()",
-                                       f"{self._call.describe_ko()}의 wait()에서 기다리는 중")
+        self._recorder._waiting(self._call, in_wait=not self._call.blocking)
         result = self._work.wait(*args, **kwargs)
         self._recorder.pending.discard(self)
         self._recorder._set_status(RUNNING if self._recorder.active else RETURNED)
@@ -367,14 +380,59 @@ _EXACT = {int: int.__int__, float: float.__float__, complex: complex.__complex__
           bytes: bytes.__bytes__}
 
 
+# status files are written around every recorded call: in memory where Linux offers it (25 us a write, not 100-400)
+_MEMORY_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+SETTLE_S = 1.0  # how long a hopeless picture must stay the same: far above a small message's latency on a busy machine
+
+
+class _Hopeless:
+    """Whether no rank can go on any more, from the status files: every rank still running is blocked in
+    a message or collective that nothing can complete (its peer returned, or waits on something else, and
+    posted nothing that matches; or one of them messages a rank that does not exist), and no rank wrote
+    a new status for ``SETTLE_S``. A rank running the learner's code (a loop, real work, a sleep before
+    a send) keeps the world alive until the timeout."""
+
+    def __init__(self, status_dir, world_size):
+        self.status_dir, self.world_size = status_dir, world_size
+        self.picture, self.since = None, 0.0
+
+    def __call__(self, running) -> bool:
+        statuses = _statuses(self.status_dir, self.world_size, "status")
+        picture = (running, tuple(statuses.get(r, {}).get("seq") for r in range(self.world_size)))
+        now = time.monotonic()
+        if picture != self.picture:
+            self.picture, self.since = picture, now
+        if not all(statuses.get(r, {}).get("on") for r in running):
+            return False
+        if not any(self._to_nobody(statuses[r]["on"]) for r in running) and \
+                any(self._can_finish(r, statuses, running) for r in running):
+            return False
+        return now - self.since >= SETTLE_S
+
+    def _to_nobody(self, on) -> bool:
+        """A message to or from a rank that does not exist: gloo never completes it (or worse)."""
+        kind, peer = on
+        return kind in ("send", "recv") and peer is not None and not 0 <= peer < self.world_size
+
+    def _can_finish(self, rank, statuses, running) -> bool:
+        kind, peer = statuses[rank]["on"]
+        if kind not in ("send", "recv"):  # a collective: only if every rank is in one of the same kind
+            return len(running) == self.world_size and all(statuses[r]["on"][0] == kind for r in running)
+        match = ["recv" if kind == "send" else "send", rank]
+        return any(match in statuses[p].get("posted", []) or [match[0], None] in statuses[p].get("posted", [])
+                   for p in (statuses if peer is None else [peer]) if p != rank and p in statuses)
+
+
 def run(body, world_size: int, args=(), timeout: float = 6.0) -> list[dict]:
     """``body(ctx, recorder, *args)`` on ``world_size`` ranks; per rank ``{"out", "calls"}``, made
-    :func:`plain`. Raises :class:`LearnerCrashed`, :class:`Stuck` or ``UsedReference`` (the learner
-    called mpkit's own mechanism); a failure of mpkit's own code propagates."""
-    with tempfile.TemporaryDirectory(prefix="mpkit-exercise-") as status_dir:
+    :func:`plain`. Raises :class:`LearnerCrashed`, :class:`Stuck` (at ``timeout``, or as soon as
+    :class:`_Hopeless` sees a deadlock) or ``UsedReference`` (the learner called mpkit's own
+    mechanism); a failure of mpkit's own code propagates."""
+    with tempfile.TemporaryDirectory(prefix="mpkit-exercise-", dir=_MEMORY_DIR) as status_dir:
         try:
             results = list(launch(_rank_main, world_size, args=(body, status_dir, tuple(args)), timeout=timeout,
-                                  backend="gloo", trace=False, memory=False))  # simulated devices, also beside GPUs
+                                  backend="gloo", trace=False, memory=False,  # simulated devices, also beside GPUs
+                                  hopeless=_Hopeless(status_dir, world_size)))
         except LaunchTimeout:
             statuses = _statuses(status_dir, world_size, "status")
             late = "had not started (a busy machine?)"

@@ -101,6 +101,7 @@ class ReferenceWatch:
 
     def __init__(self):
         self.allowed, self.found = set(), None   # found: (qualified name, path) of the first reference call
+        self._in_reference = {}  # code object -> whether its module is reference code (the hook sees every call)
 
     def provide(self, objects, _seen=None) -> None:
         """Allow what the exercise hands the learner: the reference objects among ``objects`` (the
@@ -152,7 +153,13 @@ class ReferenceWatch:
         return None
 
     def _profile(self, frame, event, arg):
-        if event == "call" and self.found is None and _is_reference(_module(frame)):
+        if event != "call" or self.found is not None:
+            return
+        code = frame.f_code
+        reference = self._in_reference.get(code)
+        if reference is None:
+            reference = self._in_reference[code] = _is_reference(_module(frame))
+        if reference:
             self.look(frame)
 
     def start(self) -> None:

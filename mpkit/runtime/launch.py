@@ -144,7 +144,7 @@ def _death_reason(exitcode):
 
 
 def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memory=None, trace=True,
-           memory=True) -> LaunchResult:
+           memory=True, hopeless=None) -> LaunchResult:
     """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return ``[result of rank 0, rank 1, ...]``.
 
     A rank that raises -> ``LaunchError`` naming it, with its traceback; a rank that dies ->
@@ -152,6 +152,8 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
     naming the ranks still running. In every case all ranks are gone when this returns.
     Inside a torchrun world this rank joins it instead (result on rank 0, None elsewhere).
     ``device_memory="64MiB"`` gives each simulated device a capacity (out-of-memory like a GPU).
+    ``hopeless(running)``, asked every ``POLL_S`` with the ranks that have not returned, may end
+    the world before ``timeout`` (``LaunchTimeout`` the same): the exercise checker's deadlock watch.
     """
     _check_not_nested()
     _check_args(fn, world_size, args, timeout, backend)
@@ -187,7 +189,7 @@ def launch(fn, world_size=4, args=(), timeout=60.0, backend=None, *, device_memo
             procs.append(proc)
             conns.append(reader)
         listener.close()  # rank 0 holds its own copy
-        messages = _collect(procs, conns, float(timeout))
+        messages = _collect(procs, conns, float(timeout), hopeless)
     finally:
         listener.close()
         try:
@@ -241,7 +243,10 @@ def _peer_lost(kind, payload) -> bool:
     return kind not in ("ok", "died", "unpicklable") and any(s in payload.get("summary", "") for s in PEER_LOST)
 
 
-def _collect(procs, conns, timeout):
+POLL_S = 0.1  # how often a launch with ``hopeless`` asks it
+
+
+def _collect(procs, conns, timeout, hopeless=None):
     """Wait for each rank's result; raise on the first failure, death or the deadline.
     A rank first reports that it joined the process group, then its result: a timeout can then
     tell a world that never came up from ranks stuck inside ``fn``. A rank whose error only says a
@@ -258,8 +263,10 @@ def _collect(procs, conns, timeout):
             if remaining <= 0 or time.monotonic() >= consequence[3]:
                 _raise_for(*consequence[:3])
             remaining = min(remaining, consequence[3] - time.monotonic())
-        if remaining <= 0:
+        if remaining <= 0 or (hopeless is not None and consequence is None and hopeless(frozenset(pending))):
             raise _timeout(sorted(pending), joined, len(procs), timeout)
+        if hopeless is not None:
+            remaining = min(remaining, POLL_S)
         ready = wait([conns[r] for r in pending] + [procs[r].sentinel for r in pending], timeout=remaining)
         for rank in sorted(pending):
             conn, proc = conns[rank], procs[rank]
