@@ -263,8 +263,11 @@ def check(name: str, fn, lang: str = "ko", timeout: float = 6.0, record: bool = 
         except harness.Stuck as stuck:
             stuck_in = case
             waited = time.monotonic() - started
-            results.append(failed(case, Text(f"{waited:.0f}초 안에 끝나지 않았습니다.", f"did not finish within {waited:.0f} s.")
-                                  + stuck.text(),
+            ended = (Text(f"{waited:.0f}초 안에 끝나지 않았습니다.", f"did not finish within {waited:.0f} s.")
+                     if waited >= timeout else  # a loop, or a wait nothing was seen to block; else a deadlock, ended early
+                     Text(f"{waited:.1f}초 뒤에 멈췄습니다: 어느 랭크도 더 나아갈 수 없었습니다.",
+                          f"stopped after {waited:.1f} s: no rank could go on."))
+            results.append(failed(case, ended + stuck.text(),
                                   _stuck_hint(stuck)))
     result = CheckResult(name, lang, results)
     if record:
