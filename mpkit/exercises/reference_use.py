@@ -16,6 +16,9 @@ import os
 import sys
 import threading
 
+import torch.nn.modules.module as module
+import torch.optim.optimizer as optimizer
+
 from mpkit.exercises.result import Text
 
 TRUST = "MPKIT_EXERCISES_TRUST_REFERENCE"
@@ -174,9 +177,6 @@ class ReferenceWatch:
 
 def _global_hooks() -> list:
     """The hooks torch runs for every optimizer and module (``register_optimizer_step_pre_hook``...)."""
-    import torch.nn.modules.module as module
-    import torch.optim.optimizer as optimizer
-
     tables = [getattr(optimizer, name, {}) for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")]
     tables += [getattr(module, name, {}) for name in ("_global_forward_pre_hooks", "_global_forward_hooks",
                                                        "_global_backward_pre_hooks", "_global_backward_hooks")]
