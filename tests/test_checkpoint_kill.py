@@ -41,26 +41,36 @@ def assert_holds_step(path, step):
         assert all(torch.equal(opt.state[p][k], want_opt.state[q][k]) for k in want_opt.state[q])
 
 
-def writer(directory, first):
-    """The forked child: save step after step until killed."""
+def writer(directory, first, ready):
+    """The forked child: save step after step until killed; says on ``ready`` (a pipe) when its first
+    save starts, so the parent's random instant counts from there, not from a fork whose cost varies."""
     torch.set_num_threads(1)  # a forked child of a torch process (see DESIGN: OpenMP after fork)
     step = first
+    model, opt = model_at(step)
+    os.write(ready, b"s")
     while True:
-        model, opt = model_at(step)
         checkpoint.save(directory / f"step_{step:06d}", model, opt, step=step)
         step += 1
+        model, opt = model_at(step)
 
 
 def run_writer(directory, first, seconds):
+    read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child never returns
         try:
-            writer(directory, first)
+            os.close(read_end)
+            writer(directory, first, write_end)
         finally:
             os._exit(1)
-    time.sleep(seconds)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 1) == b"s", "the writer died before its first save"
+        time.sleep(seconds)
+    finally:
+        os.close(read_end)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 @pytest.mark.timeout(120)
