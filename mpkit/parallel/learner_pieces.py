@@ -39,6 +39,7 @@ from torch import nn
 
 from mpkit.observe import active
 from mpkit.observe.comm import TracedWork, group_label, nbytes
+from mpkit.parallel.checks import global_rank
 from mpkit.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 # piece name -> (the exercise it must pass, the mesh group it runs on)
@@ -65,8 +66,13 @@ _scope = _Scope()
 _installed = False
 
 
-def _global(group, rank):
-    return None if rank is None else dist.get_global_rank(group, int(rank))
+def _in_group(name, bound, group) -> None:
+    """A call's group= set to the piece's ``group``, and its root or peer (``ROOTS``), a rank of that
+    group, turned into the global rank torch takes."""
+    bound.arguments["group"] = group
+    root = ROOTS.get(name)
+    if bound.arguments.get(root) is not None:
+        bound.arguments[root] = global_rank(group, int(bound.arguments[root]))
 
 
 def _wrap(name, original):
@@ -78,9 +84,8 @@ def _wrap(name, original):
         bound = signature.bind_partial(*args, **kwargs)
         if bound.arguments.get("group") is not None:  # a group of its own (mpkit's Comm records those)
             return original(*args, **kwargs)
-        group = bound.arguments["group"] = _scope.group  # the piece's group, peers and roots as its ranks
-        if name in ROOTS and ROOTS[name] in bound.arguments:
-            bound.arguments[ROOTS[name]] = _global(group, bound.arguments[ROOTS[name]])
+        group = _scope.group  # the piece's group, peers and roots as its ranks
+        _in_group(name, bound, group)
         tensors = [v for v in bound.arguments.values() if isinstance(v, torch.Tensor)]
         trace, start = active.trace(), active.trace().now()
         event = dict(bytes=nbytes(tensors[0]) if tensors and name not in ("recv", "irecv") else 0,
@@ -147,10 +152,7 @@ class GroupComm:
         def call(*args, **kwargs):
             bound = signature.bind_partial(*args, **kwargs)
             if bound.arguments.get("group") is None:
-                bound.arguments["group"] = self.group
-                root = ROOTS.get(name)
-                if root in bound.arguments:
-                    bound.arguments[root] = _global(self.group, bound.arguments[root])
+                _in_group(name, bound, self.group)
             _scope.inside = True  # Comm records the event itself
             try:
                 return method(*bound.args, **bound.kwargs)
